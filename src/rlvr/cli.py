@@ -1,0 +1,159 @@
+"""The `rlvr` command line: it parses arguments and calls the library, nothing more."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlvr.config import (
+    ConfigError,
+    RLConfig,
+    SFTConfig,
+    describe_fields,
+    preset_info,
+    preset_names,
+    resolve_config,
+)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train language models to reason with verifiable rewards.")
+console = Console()
+
+
+def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """First argument is a YAML config file unless it is a key=value override."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code=2)
+
+
+def _print_fields(model: type) -> None:
+    table = Table("key", "default", "meaning")
+    for key, default, doc in describe_fields(model):
+        table.add_row(key, default, doc)
+    console.print(table)
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def train(
+    args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")] = None,
+    preset: Annotated[str | None, typer.Option(help="Start from a preset (see `rlvr presets`)")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint of train.output_dir")] = False,
+    help_config: Annotated[bool, typer.Option("--help-config", help="List every config key")] = False,
+) -> None:
+    """Online RL: `rlvr train [CONFIG.yaml] [--preset NAME] [key=value ...]`."""
+    if help_config:
+        _print_fields(RLConfig)
+        return
+    config_path, overrides = _split_args(args or [])
+    try:
+        cfg = resolve_config(config_path, preset, overrides)
+    except ConfigError as exc:
+        _fail(str(exc))
+    from rlvr.training.rl import train as run_train
+
+    run_dir = run_train(cfg, resume=resume)
+    console.print(f"run directory: {run_dir}")
+
+
+@app.command()
+def sft(
+    args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")] = None,
+    help_config: Annotated[bool, typer.Option("--help-config", help="List every config key")] = False,
+) -> None:
+    """Cold-start supervised fine-tuning on a task's worked solutions."""
+    if help_config:
+        _print_fields(SFTConfig)
+        return
+    config_path, overrides = _split_args(args or [])
+    try:
+        cfg = resolve_config(config_path, None, overrides, model=SFTConfig)
+    except ConfigError as exc:
+        _fail(str(exc))
+    from rlvr.training.sft import run_sft
+
+    console.print(f"model saved to {run_sft(cfg)}")
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[str, typer.Option(help="Model directory, or `tiny`")],
+    task: Annotated[str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")] = "arithmetic",
+    k: Annotated[int, typer.Option(help="Samples per problem (pass@k, maj@k)")] = 8,
+    samples: Annotated[int, typer.Option(help="Held-out problems to evaluate")] = 500,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation budget")] = 64,
+    template: Annotated[str, typer.Option(help="chat, r1, qwen_math or none")] = "chat",
+    data_path: Annotated[str | None, typer.Option(help="Local data file (task file/gsm8k/math)")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    output: Annotated[Path | None, typer.Option(help="Append the result to this JSONL file")] = None,
+) -> None:
+    """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
+    from rlvr.config import DataConfig, ModelConfig
+    from rlvr.data.tasks import load_task
+    from rlvr.evaluation.evaluate import evaluate
+    from rlvr.models.loading import load_model_and_tokenizer
+
+    try:
+        data = DataConfig(task=task, path=data_path, template=template, test_size=samples)
+    except ValueError as exc:
+        _fail(str(exc))
+    policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model))
+    problems = load_task(data)
+    result = evaluate(policy, tokenizer, problems.test[:samples], reward=problems.reward,
+                      template=template, k=k, temperature=temperature,
+                      max_new_tokens=max_new_tokens, seed=seed)
+    result = {"model": model, "task": task, **result}
+    table = Table("metric", "value")
+    for key, value in result.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    if output is not None:
+        with output.open("a") as handle:
+            handle.write(json.dumps(result) + "\n")
+
+
+@app.command()
+def demo(
+    output_dir: Annotated[Path, typer.Option(help="Where everything lands")] = Path("runs/demo"),
+) -> None:
+    """The embedded default: tiny model, cold-start SFT, eval, GRPO, eval again, report."""
+    from rlvr.demo import run_demo
+
+    run_demo(output_dir)
+
+
+@app.command()
+def presets() -> None:
+    """Every preset, one line each, with its paper."""
+    table = Table("preset", "what it does", "paper")
+    for name in preset_names():
+        description, paper = preset_info(name)
+        table.add_row(name, description, paper)
+    console.print(table)
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories")],
+    output: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/report.png)")] = None,
+) -> None:
+    """Plot reward, accuracy, length, entropy, KL and clip fraction of runs, overlaid."""
+    from rlvr.tracking.report import plot_runs
+
+    out = output or run_dirs[0] / "report.png"
+    try:
+        plot_runs(run_dirs, out)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"wrote {out}")

@@ -1,0 +1,387 @@
+"""The configuration tree: pydantic models, YAML presets and dotted command-line overrides.
+
+Every field carries a one-line docstring (shown by `rlvr train --help-config`). Unknown keys are
+errors that name the key and the closest valid one; the fully resolved tree is saved as
+`config.yaml` in each run directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, field docstrings are kept."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    hidden_size: int = 256
+    """Hidden width of the built-in tiny Qwen2 model."""
+    num_layers: int = 4
+    """Number of transformer blocks of the tiny model."""
+    num_heads: int = 4
+    """Attention heads of the tiny model."""
+    intermediate_size: int = 768
+    """MLP width of the tiny model."""
+
+
+class ModelConfig(Section):
+    name_or_path: str = "tiny"
+    """`tiny` (the built-in offline model), a local Hugging Face model directory, or a hub name."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for training and rollout."""
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    """Shape of the built-in tiny model (used only when name_or_path is `tiny`)."""
+
+
+class DataConfig(Section):
+    task: str = "arithmetic"
+    """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
+    path: str | None = None
+    """Local JSONL/Parquet/JSON file: the dataset for task `file`, or a local copy for gsm8k/math."""
+    test_path: str | None = None
+    """Optional local held-out file for task `file`; otherwise the last data.test_size rows."""
+    prompt_column: str = "prompt"
+    """Column holding the question in data.path."""
+    answer_column: str = "answer"
+    """Column holding the gold final answer in data.path."""
+    template: Literal["chat", "r1", "qwen_math", "none"] = "chat"
+    """Prompt template: the tokenizer's chat template, R1 think/answer, Qwen-Math boxed, or raw."""
+    train_size: int = 20000
+    """Number of training problems generated for synthetic tasks."""
+    test_size: int = 500
+    """Number of held-out problems (generated, or held back from the file)."""
+    seed: int = 1234
+    """Seed of the synthetic task generator (independent of train.seed)."""
+    max_digits: int = 3
+    """Arithmetic task: largest operand length in digits."""
+    max_terms: int = 3
+    """Arithmetic task: largest number of operands."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf"] = "hf"
+    """Rollout engine: `hf` (in-process, KV cache)."""
+    prompts_per_step: int = 32
+    """Distinct prompts sampled per RL step."""
+    samples_per_prompt: int = 8
+    """Completions per prompt: the group size G."""
+    temperature: float = 1.0
+    """Sampling temperature; it also divides the logits of every log-prob the trainer computes."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_new_tokens: int = 64
+    """Generation budget per completion; longer completions are truncated."""
+    batch_size: int = 512
+    """Most sequences decoded at once by the in-process engine."""
+
+
+class ClipConfig(Section):
+    low: float = 0.2
+    """Lower PPO clip range: the ratio is clipped at 1 - low."""
+    high: float = 0.2
+    """Upper PPO clip range: the ratio is clipped at 1 + high (DAPO clip-higher raises it)."""
+
+
+class KLConfig(Section):
+    coef: float = 0.0
+    """KL coefficient beta to the frozen reference (0 = no reference model is loaded)."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman 2020): k1 in the reward or k2 in the loss are unbiased."""
+    in_reward: bool = False
+    """Subtract beta * KL from the reward instead of adding it to the loss."""
+
+
+class EntropyConfig(Section):
+    coef: float = 0.0
+    """Entropy bonus coefficient (the loss subtracts coef * entropy)."""
+
+
+class AlgorithmConfig(Section):
+    advantage: str = "grpo"
+    """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`)."""
+    std_normalization: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
+    epsilon: float = 1e-6
+    """Added to the std before dividing."""
+    loss: str = "ppo_clip"
+    """Policy loss (see `rlvr.algorithms.POLICY_LOSSES`)."""
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    """How token losses become one number, over the whole optimizer step."""
+    clip: ClipConfig = Field(default_factory=ClipConfig)
+    """PPO ratio clipping."""
+    kl: KLConfig = Field(default_factory=KLConfig)
+    """KL regularisation to the reference model."""
+    entropy: EntropyConfig = Field(default_factory=EntropyConfig)
+    """Entropy regularisation."""
+
+
+class RewardSpec(Section):
+    name: str
+    """A registered reward (`math`, `format`, `countdown`) or `package.module:function`."""
+    weight: float = 1.0
+    """Weight of this reward in the total."""
+
+
+class RewardConfig(Section):
+    functions: list[RewardSpec] | None = None
+    """Weighted rewards; default: the task's verifier with weight 1."""
+    timeout_s: float = 5.0
+    """Hard timeout of one verifier call; a timeout scores 0 and is counted."""
+
+
+class TrainConfig(Section):
+    steps: int = 100
+    """Number of RL steps (one rollout batch each)."""
+    lr: float = 1e-6
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up optimizer steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Cosine floor as a fraction of the peak learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    epochs: int = 1
+    """Passes over each rollout batch (PPO epochs); above 1, old log-probs are computed."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over a rollout batch; above 1, old log-probs are computed."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one forward/backward micro-batch (padding included)."""
+    seed: int = 0
+    """Seed of sampling, initialisation and prompt order."""
+    output_dir: str = "runs/rl"
+    """Run directory."""
+    save_every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    log_samples: int = 4
+    """Prompt/completion examples written to samples.jsonl per step."""
+    max_nonfinite_steps: int = 3
+    """Stop the run after this many consecutive steps with a non-finite loss or gradient."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+
+
+class EvalConfig(Section):
+    samples: int = 500
+    """Held-out problems to evaluate."""
+    k: int = 8
+    """Samples per problem for pass@k and maj@k."""
+    temperature: float = 1.0
+    """Sampling temperature during evaluation."""
+    max_new_tokens: int | None = None
+    """Generation budget (default: rollout.max_new_tokens)."""
+
+
+class RLConfig(Section):
+    """The whole configuration of `rlvr train`."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy to train."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Task, dataset and prompt template."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Sampling."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantages, losses and regularisers."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward functions."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Optimisation and bookkeeping."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Evaluation settings."""
+    preset: str | None = None
+    """Name of the preset this config started from (informational)."""
+
+
+class ConfigError(ValueError):
+    """A config file, preset or override that does not fit the config tree."""
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(_valid_keys(annotation, prefix + name + "."))
+    return keys
+
+
+def _explain(error: ValidationError, root: type[BaseModel], source: str) -> ConfigError:
+    valid = _valid_keys(root)
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"unknown config key {key!r}{hint}")
+        else:
+            lines.append(f"config key {key!r}: {item['msg']}")
+    return ConfigError(f"{source}: " + "; ".join(lines))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``algorithm.clip.high=0.28`` -> (["algorithm", "clip", "high"], 0.28) with YAML typing."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _set_nested(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """Recursive dict merge; values of `update` win."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def preset_names() -> list[str]:
+    """Names of the YAML presets shipped in `rlvr/presets/`."""
+    folder = resources.files("rlvr.presets")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> dict:
+    """The raw dict of a shipped preset (its `paper` and `description` keys removed)."""
+    names = preset_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint} (available: {', '.join(names)})")
+    text = resources.files("rlvr.presets").joinpath(f"{name}.yaml").read_text()
+    tree = yaml.safe_load(text) or {}
+    tree.pop("paper", None)
+    tree.pop("description", None)
+    tree["preset"] = name
+    return tree
+
+
+def preset_info(name: str) -> tuple[str, str]:
+    """(description, paper) of a shipped preset, for `rlvr presets`."""
+    text = resources.files("rlvr.presets").joinpath(f"{name}.yaml").read_text()
+    tree = yaml.safe_load(text) or {}
+    return str(tree.get("description", "")), str(tree.get("paper", ""))
+
+
+def resolve_config(
+    config_path: str | Path | None = None,
+    preset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: type[BaseModel] = RLConfig,
+    base: dict | None = None,
+) -> Any:
+    """Merge, in order: `base`, the preset, the YAML file, then the dotted overrides; validate."""
+    tree: dict = dict(base or {})
+    if preset:
+        tree = deep_merge(tree, load_preset(preset))
+    source = "config"
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config sections")
+        if "preset" in loaded and isinstance(loaded["preset"], str) and not preset:
+            tree = deep_merge(tree, load_preset(loaded["preset"]))
+        tree = deep_merge(tree, loaded)
+        source = str(path)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_nested(tree, key, value)
+        source = f"{source} + overrides" if "overrides" not in source else source
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        raise _explain(exc, model, source) from None
+
+
+def save_config(config: BaseModel, path: Path) -> None:
+    """Write the fully resolved config as YAML."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every leaf field, for `--help-config`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe_fields(annotation, prefix + name + "."))
+        else:
+            default = field.default if field.default_factory is None else field.default_factory()
+            rows.append((prefix + name, repr(default), field.description or ""))
+    return rows
+
+
+class SFTTrainConfig(Section):
+    steps: int = 300
+    """Optimizer steps of supervised fine-tuning."""
+    batch_size: int = 64
+    """Worked solutions per optimizer step."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 20
+    """Linear warm-up optimizer steps."""
+    schedule: Literal["constant", "cosine"] = "cosine"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.1
+    """Cosine floor as a fraction of the peak learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one forward/backward micro-batch."""
+    seed: int = 0
+    """Seed of initialisation and example order."""
+    output_dir: str = "runs/sft"
+    """Where the fine-tuned model (Hugging Face format) is written."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+
+
+class SFTConfig(Section):
+    """The whole configuration of `rlvr sft`: cold-start fine-tuning on worked solutions."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model to fine-tune."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Task whose worked solutions are the targets."""
+    sft: SFTTrainConfig = Field(default_factory=SFTTrainConfig)
+    """Optimisation and output."""

@@ -1,0 +1,70 @@
+"""Tasks: where problems come from and which verifier scores them.
+
+A task is a train split, a held-out split and the name of its correctness reward. Built-in
+synthetic tasks are generated offline; `gsm8k` and `math` come from the hub (or data.path);
+`file` reads a local JSONL/Parquet/JSON file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlvr.config import DataConfig
+from rlvr.data.problem import Problem
+from rlvr.data.synthetic import synthetic_splits
+
+
+@dataclass
+class Task:
+    """The problems of one task and the reward that checks them."""
+
+    name: str
+    train: list[Problem]
+    test: list[Problem]
+    reward: str
+    """Name of the registered correctness reward (`math`, `countdown`)."""
+
+
+def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[list, list]:
+    if len(problems) <= test_size:
+        raise ValueError(
+            f"{source} has {len(problems)} rows, not more than data.test_size={test_size}; "
+            "lower data.test_size or give data.test_path"
+        )
+    return problems[:-test_size], problems[-test_size:]
+
+
+def load_task(cfg: DataConfig) -> Task:
+    """Build the task named by `cfg.task`."""
+    from rlvr.data import loaders
+
+    if cfg.task == "arithmetic":
+        train, test = synthetic_splits(
+            "arithmetic", train_size=cfg.train_size, test_size=cfg.test_size, seed=cfg.seed,
+            max_digits=cfg.max_digits, max_terms=cfg.max_terms,
+        )
+        return Task("arithmetic", train, test, "math")
+    if cfg.task == "countdown":
+        train, test = synthetic_splits(
+            "countdown", train_size=cfg.train_size, test_size=cfg.test_size, seed=cfg.seed
+        )
+        return Task("countdown", train, test, "countdown")
+    if cfg.task in ("gsm8k", "math"):
+        load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
+        train = load(split="train", path=cfg.path)
+        test = load(split="test", path=cfg.test_path) if cfg.test_path or not cfg.path else None
+        if test is None:
+            train, test = _hold_out(train, cfg.test_size, cfg.path or cfg.task)
+        return Task(cfg.task, train, test[: cfg.test_size], "math")
+    if cfg.task == "file":
+        if not cfg.path:
+            raise ValueError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
+        columns = {"prompt_column": cfg.prompt_column, "answer_column": cfg.answer_column}
+        problems = loaders.load_file(cfg.path, **columns)
+        if cfg.test_path:
+            return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")
+        train, test = _hold_out(problems, cfg.test_size, cfg.path)
+        return Task("file", train, test, "math")
+    raise ValueError(
+        f"unknown data.task {cfg.task!r}; choose from arithmetic, countdown, gsm8k, math, file"
+    )

@@ -1,0 +1,50 @@
+"""Prompt templates: how a raw question becomes the text the policy continues.
+
+- `chat`: the tokenizer's own chat template, one user turn, generation prompt added.
+- `r1`: DeepSeek-R1-Zero's plain-text conversation with think/answer tags (Guo et al. 2025).
+- `qwen_math`: Qwen2.5-Math's system prompt asking for a boxed answer (used by Dr. GRPO).
+- `none`: the question as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from transformers import PreTrainedTokenizerBase
+
+R1_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant "
+    "solves it. The assistant first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer. The reasoning process and answer are enclosed within "
+    "<think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning process "
+    "here </think> <answer> answer here </answer>.\nUser: {question}\nAssistant: <think>"
+)
+QWEN_MATH_PROMPT = (
+    "<|im_start|>system\nPlease reason step by step, and put your final answer within "
+    "\\boxed{{}}.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def _chat(question: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "data.template=chat needs a tokenizer with a chat template; this one has none "
+            "(use data.template=r1, qwen_math or none)"
+        )
+    messages = [{"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+TEMPLATES: dict[str, Callable[[str, PreTrainedTokenizerBase], str]] = {
+    "chat": _chat,
+    "r1": lambda question, _tok: R1_PROMPT.format(question=question),
+    "qwen_math": lambda question, _tok: QWEN_MATH_PROMPT.format(question=question),
+    "none": lambda question, _tok: question,
+}
+
+
+def apply_template(name: str, question: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """Render `question` with the named template."""
+    if name not in TEMPLATES:
+        raise KeyError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
+    return TEMPLATES[name](question, tokenizer)

@@ -1,0 +1,61 @@
+"""Evaluate a policy on held-out problems: pass@1, pass@k, maj@k, lengths, truncation."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import PreTrainedModel
+
+from rlvr.data.problem import Problem
+from rlvr.data.templates import apply_template
+from rlvr.evaluation.metrics import mean_majority_at_k, mean_pass_at_k
+from rlvr.models.loading import eos_token_ids
+from rlvr.rewards import compose_rewards, extract_answer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.rewarding import reward_columns
+
+
+def evaluate(
+    model: PreTrainedModel, tokenizer, problems: list[Problem], *, reward: str,
+    template: str = "chat", k: int = 8, temperature: float = 1.0, top_p: float = 1.0,
+    max_new_tokens: int = 64, seed: int = 0, batch_size: int = 512,
+) -> dict[str, float]:
+    """Sample `k` completions per problem and score them with the `reward` verifier.
+
+    pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
+    uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
+    """
+    start = time.perf_counter()
+    texts = [apply_template(template, p.question, tokenizer) for p in problems]
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    generator = torch.Generator().manual_seed(seed)
+    eos = eos_token_ids(model, tokenizer)
+    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
+    out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
+    completions = [
+        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
+        for c in out.completion_ids
+    ]
+    sample_problems = [problems[i] for i in out.prompt_index]
+    scored = compose_rewards([(reward, 1.0)])(
+        [texts[i] for i in out.prompt_index], completions, reward_columns(sample_problems)
+    )
+    correct = [score >= 1.0 for score in scored.total]
+    answers = [extract_answer(c) for c in completions]
+    per_problem = [correct[i * k:(i + 1) * k] for i in range(len(problems))]
+    votes = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
+    lengths = [len(c) for c in out.completion_ids]
+    return {
+        "problems": len(problems),
+        "k": k,
+        "pass@1": mean_pass_at_k(per_problem, 1),
+        f"pass@{k}": mean_pass_at_k(per_problem, k),
+        f"maj@{k}": mean_majority_at_k(votes, per_problem, k),
+        "response_length/mean": sum(lengths) / len(lengths),
+        "truncated_frac": sum(f == "length" for f in out.finish_reason) / len(lengths),
+        "reward/errors": scored.errors,
+        "reward/timeouts": scored.timeouts,
+        "seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,67 @@
+"""Loading and saving policies: the built-in tiny model or any Hugging Face causal LM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedTokenizerBase as Tokenizer
+
+from rlvr.config import ModelConfig
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model path or name that cannot be loaded."""
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, Tokenizer]:
+    """Build the tiny model (`name_or_path: tiny`) or load a local directory / hub name."""
+    if cfg.name_or_path == "tiny":
+        tokenizer = build_tiny_tokenizer()
+        t = cfg.tiny
+        model = build_tiny_model(
+            tokenizer, hidden_size=t.hidden_size, num_layers=t.num_layers,
+            num_heads=t.num_heads, intermediate_size=t.intermediate_size, seed=seed,
+        )
+        return model.to(DTYPES[cfg.dtype]), tokenizer
+    return load_pretrained(cfg.name_or_path, cfg.dtype)
+
+
+def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrainedModel, Tokenizer]:
+    """Load a causal LM and its tokenizer from a local HF directory or a hub name."""
+    path = Path(name_or_path)
+    looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"model.name_or_path {name_or_path!r}: no Hugging Face model there "
+            f"({'missing config.json' if path.is_dir() else 'path does not exist'})"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    except OSError as exc:
+        raise ModelLoadError(
+            f"model.name_or_path {name_or_path!r} could not be loaded ({exc}); give a local "
+            "model directory, or `tiny` for the built-in model, when the hub is unreachable"
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: Tokenizer) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    configured = model.generation_config.eos_token_id
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
+def save_pretrained(model: PreTrainedModel, tokenizer: Tokenizer, directory: Path) -> None:
+    """Save model (safetensors) and tokenizer in Hugging Face format."""
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)

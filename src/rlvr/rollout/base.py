@@ -1,0 +1,50 @@
+"""The rollout contract: what every engine (in-process HF, vLLM) takes and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled."""
+
+    n: int = 1
+    """Completions per prompt (the group size)."""
+    temperature: float = 1.0
+    """Logits are divided by this; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus threshold (1.0 = off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    max_new_tokens: int = 64
+    """Generation budget per completion."""
+
+
+@dataclass
+class Rollout:
+    """Completions for a list of prompts, `n` per prompt, in prompt-major order."""
+
+    prompt_index: list[int]
+    """For each completion, the index of its prompt in the input list (the group id)."""
+    completion_ids: list[list[int]]
+    """Sampled token ids, including the EOS token when one was sampled."""
+    logprobs: list[list[float]]
+    """Log-probability of each sampled token under the temperature-scaled policy."""
+    finish_reason: list[str]
+    """`stop` (an EOS was sampled) or `length` (the budget ran out: truncated)."""
+
+
+class RolloutEngine(Protocol):
+    """Anything that samples completions for token-id prompts."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        """Sample `params.n` completions for each prompt."""
+        ...
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """Make the engine sample from the current weights of `model`."""
+        ...

@@ -1,0 +1,140 @@
+"""The in-process rollout engine: batched sampling from a Hugging Face model with a KV cache.
+
+Departures from `model.generate`, all for speed and for the trainer's needs:
+- each prompt is prefilled once and its KV cache repeated for its `n` samples;
+- finished sequences are dropped from the batch, so late tokens cost only the live rows;
+- the sampling log-prob of every token is returned, computed from the temperature-scaled
+  logits before top-p/top-k truncation (the distribution the trainer's log-probs use).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from rlvr.rollout.base import Rollout, SamplingParams
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack token lists right-aligned: (input_ids, attention_mask), both [batch, max_len]."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k set and outside the top-p nucleus to -inf."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return (tokens, log-probs under the temperature-scaled logits)."""
+    logits = logits.float()
+    if params.temperature <= 0:
+        tokens = logits.argmax(-1)
+        return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / params.temperature
+    logprobs = scaled.log_softmax(-1)
+    probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFRolloutEngine:
+    """Samples from the policy module itself, so weight sync is free."""
+
+    def __init__(
+        self, model: nn.Module, eos_ids: list[int], pad_id: int, batch_size: int = 512,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.model = model
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+        self.generator = generator
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """The in-process engine shares the trainer's module."""
+        self.model = model
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        """Sample `params.n` completions per prompt, `batch_size` sequences at a time."""
+        per_chunk = max(1, self.batch_size // params.n)
+        out = Rollout([], [], [], [])
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), per_chunk):
+                chunk = prompts[start:start + per_chunk]
+                self._generate_chunk(chunk, params, start, out)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.inference_mode()
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, offset: int, out: Rollout
+    ) -> None:
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]
+        n = params.n
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, 0)
+        attention_mask = attention_mask.repeat_interleave(n, 0)
+        next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
+        rows = len(prompts) * n
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logps: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        live = torch.arange(rows, device=device)
+        eos = self.eos_ids.to(device)
+        for step in range(params.max_new_tokens):
+            token, logp = sample_tokens(logits, params, self.generator)
+            for row, tok, lp in zip(live.tolist(), token.tolist(), logp.tolist()):
+                tokens[row].append(tok)
+                logps[row].append(lp)
+            done = torch.isin(token, eos)
+            for row in live[done].tolist():
+                finish[row] = "stop"
+            if step == params.max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                live, token = live[keep], token[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
+            attention_mask = torch.cat(
+                [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
+            )
+            logits = self.model(
+                input_ids=token[:, None], attention_mask=attention_mask,
+                position_ids=next_position[:, None], past_key_values=cache, use_cache=True,
+            ).logits[:, -1]
+            next_position = next_position + 1
+        out.prompt_index.extend(offset + r // n for r in range(rows))
+        out.completion_ids.extend(tokens)
+        out.logprobs.extend(logps)
+        out.finish_reason.extend(finish)

@@ -1,0 +1,72 @@
+"""The `RolloutBatch`: one RL step's samples; each stage of the step adds fields to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from rlvr.data.problem import Problem
+
+
+@dataclass
+class RolloutBatch:
+    """N samples (prompts_per_step x samples_per_prompt, minus what filters drop).
+
+    Per-token tensors are completion-aligned, [N, T] with T the longest completion.
+    """
+
+    problems: list[Problem]
+    """The problem of each sample."""
+    prompt_ids: list[list[int]]
+    """Prompt token ids of each sample."""
+    completion_ids: list[list[int]]
+    """Sampled completion token ids (EOS included when sampled)."""
+    prompt_texts: list[str]
+    """Templated prompt text of each sample."""
+    completion_texts: list[str]
+    """Decoded completion (special tags kept, the final EOS dropped)."""
+    group_ids: torch.Tensor
+    """[N] long: samples of the same prompt share an id."""
+    truncated: torch.Tensor
+    """[N] bool: the generation budget ran out before an EOS."""
+    response_mask: torch.Tensor
+    """[N, T] 1 on completion tokens that are trained on."""
+    rollout_logprobs: torch.Tensor
+    """[N, T] sampling log-probs reported by the rollout engine."""
+    rewards: torch.Tensor | None = None
+    """[N] total reward."""
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Unweighted reward of each reward function, by name."""
+    correct: torch.Tensor | None = None
+    """[N] bool: the task verifier accepted the answer."""
+    advantages: torch.Tensor | None = None
+    """[N, T] per-token advantages."""
+    old_logprobs: torch.Tensor | None = None
+    """[N, T] log-probs of the policy before this step's updates (when several updates)."""
+    ref_logprobs: torch.Tensor | None = None
+    """[N, T] log-probs of the frozen reference model (when KL is on)."""
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Completion length of each sample in tokens."""
+        return [len(c) for c in self.completion_ids]
+
+    def select(self, keep: torch.Tensor) -> RolloutBatch:
+        """The samples at indices `keep` (a filter's tool), every field kept aligned."""
+        idx = keep.tolist()
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                values[f.name] = value[keep]
+            elif isinstance(value, dict):
+                values[f.name] = {k: v[keep] for k, v in value.items()}
+            elif isinstance(value, list):
+                values[f.name] = [value[i] for i in idx]
+            else:
+                values[f.name] = value
+        return RolloutBatch(**values)

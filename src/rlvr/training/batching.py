@@ -1,0 +1,144 @@
+"""From variable-length samples to model inputs, and from logits to token log-probs.
+
+Layout of a micro-batch: each row is its prompt left-padded to the micro-batch's longest prompt,
+then its completion right-padded to the longest completion. All completions therefore start at
+the same column, and the model only has to produce logits for the last `T + 1` positions
+(`logits_to_keep`), where `logits[:, t]` scores completion token `t` (DESIGN rule 3).
+Per-token tensors of a whole batch (`response_mask`, `old_logprobs`, `advantages`, ...) are
+completion-aligned, shape [num_samples, max_completion_len].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs for a few samples and the index of those samples in the batch."""
+
+    rows: torch.Tensor
+    """Indices of these samples in the batch."""
+    input_ids: torch.Tensor
+    """[b, P + T] prompt (left-padded) then completion (right-padded)."""
+    attention_mask: torch.Tensor
+    """[b, P + T] 1 on real tokens."""
+    position_ids: torch.Tensor
+    """[b, P + T] positions counted from each row's first real token."""
+    completion_ids: torch.Tensor
+    """[b, T] completion tokens (padding where the mask is 0)."""
+    response_mask: torch.Tensor
+    """[b, T] 1 on completion tokens, from lengths, never from token ids (DESIGN rule 2)."""
+
+
+def response_mask_from_lengths(lengths: list[int], width: int | None = None) -> torch.Tensor:
+    """[N, width] float mask with ones on the first `lengths[i]` positions of row i."""
+    width = max(lengths, default=0) if width is None else width
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()
+
+
+def collate(
+    prompts: list[list[int]], completions: list[list[int]], rows: list[int], pad_id: int
+) -> MicroBatch:
+    """Build the model inputs for samples `rows` (see the module docstring for the layout)."""
+    p_width = max(len(prompts[r]) for r in rows)
+    t_width = max(max(len(completions[r]) for r in rows), 1)
+    b = len(rows)
+    input_ids = torch.full((b, p_width + t_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, p_width + t_width), dtype=torch.long)
+    lengths = []
+    for i, r in enumerate(rows):
+        prompt, completion = prompts[r], completions[r]
+        input_ids[i, p_width - len(prompt):p_width] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, p_width - len(prompt):p_width + len(completion)] = 1
+        if completion:
+            input_ids[i, p_width:p_width + len(completion)] = torch.tensor(completion)
+        lengths.append(len(completion))
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return MicroBatch(
+        rows=torch.tensor(rows, dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        completion_ids=input_ids[:, p_width:],
+        response_mask=response_mask_from_lengths(lengths, t_width),
+    )
+
+
+def token_budget_micro_batches(
+    rows: list[int], seq_lengths: list[int], max_tokens: int
+) -> list[list[int]]:
+    """Group rows (sorted by length) so that rows x longest length stays within `max_tokens`.
+
+    Sorting keeps padding low; a single sequence longer than the budget gets its own group.
+    """
+    order = sorted(rows, key=lambda r: seq_lengths[r])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for r in order:
+        if current and (len(current) + 1) * seq_lengths[r] > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(r)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _logprobs_chunk(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+
+
+def _entropy_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logprobs = (logits.float() / temperature).log_softmax(-1)
+    return -(logprobs.exp() * logprobs).sum(-1)
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[token], computed `chunk_size` rows at a time.
+
+    Uses `gather - logsumexp`, so no [tokens, vocab] log-softmax is kept for backward
+    (DESIGN rule 7); temperature divides the logits first (rule 1).
+    """
+    flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
+    parts = [
+        _logprobs_chunk(flat_logits[i:i + chunk_size], flat_tokens[i:i + chunk_size], temperature)
+        for i in range(0, flat_tokens.shape[0], chunk_size)
+    ]
+    return torch.cat(parts).reshape(tokens.shape)
+
+
+def token_entropy(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
+) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position, chunked.
+
+    With gradients enabled each chunk is recomputed in backward (activation checkpointing), so
+    only one chunk's [rows, vocab] probabilities are alive at a time.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for i in range(0, flat.shape[0], chunk_size):
+        chunk = flat[i:i + chunk_size]
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            parts.append(checkpoint(_entropy_chunk, chunk, temperature, use_reentrant=False))
+        else:
+            parts.append(_entropy_chunk(chunk, temperature))
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def forward_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """Logits [b, T, vocab] that score the micro-batch's completion tokens."""
+    width = mb.completion_ids.shape[1]
+    logits = model(
+        input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+        use_cache=False, logits_to_keep=width + 1,
+    ).logits
+    return logits[:, :width]

@@ -1,0 +1,62 @@
+"""Checkpoints: HF model + tokenizer + trainer state, written atomically.
+
+A checkpoint is written to `checkpoints/.step-N.tmp` and renamed to `checkpoints/step-N` only
+when complete, so resume never sees a half-written folder (a stale `.tmp` is ignored).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.models.loading import save_pretrained
+
+STATE_FILE = "trainer_state.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global random state a run touches."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: torch.nn.Module, tokenizer: Any, state: dict[str, Any]
+) -> Path:
+    """Write `run_dir/checkpoints/step-{step}` atomically; return its path."""
+    folder = run_dir / "checkpoints"
+    final, tmp = folder / f"step-{step}", folder / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_pretrained(model, tokenizer, tmp)
+    torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return None
+    done = [p for p in folder.glob("step-*") if (p / STATE_FILE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state saved next to the model weights."""
+    return torch.load(checkpoint / STATE_FILE, weights_only=False)

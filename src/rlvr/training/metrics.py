@@ -1,0 +1,49 @@
+"""The per-step metrics of `metrics.jsonl` (names are a user-facing contract, see DESIGN.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.config import RLConfig
+from rlvr.training.batch import RolloutBatch
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.float().mean()) if values.numel() else float("nan")
+
+
+def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Share of groups whose rewards are all equal (they carry no GRPO signal)."""
+    groups = group_ids.unique()
+    flat = [bool((rewards[group_ids == g] == rewards[group_ids == g][0]).all()) for g in groups]
+    return sum(flat) / max(len(flat), 1)
+
+
+def step_metrics(
+    sampled: RolloutBatch, trained: RolloutBatch, totals: dict[str, float],
+    grad_norms: list[float], cfg: RLConfig,
+) -> dict[str, float]:
+    """Rollout statistics from every sample, update statistics from the trained ones."""
+    lengths = torch.tensor(sampled.lengths, dtype=torch.float32)
+    correct = sampled.correct
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    passes = cfg.train.epochs
+    metrics = {
+        "reward/mean": _mean(sampled.rewards),
+        "reward/std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
+        "accuracy": _mean(correct),
+        "response_length/mean": _mean(lengths),
+        "response_length/correct": _mean(lengths[correct]),
+        "response_length/incorrect": _mean(lengths[~correct]),
+        "truncated_frac": _mean(sampled.truncated),
+        "zero_std_frac": zero_std_fraction(sampled.rewards, sampled.group_ids),
+        "entropy": totals.get("entropy_sum", float("nan")) / tokens,
+        "kl": totals["kl_sum"] / tokens if trained.ref_logprobs is not None else 0.0,
+        "clip_frac": totals.get("clip_tokens", 0.0) / tokens,
+        "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+        "loss": totals.get("loss", float("nan")) / max(passes * cfg.train.mini_batches, 1),
+        "trained_samples": len(trained),
+    }
+    for name, values in sampled.reward_parts.items():
+        metrics[f"reward/{name}"] = _mean(values)
+    return metrics

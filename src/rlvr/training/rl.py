@@ -1,0 +1,228 @@
+"""Online RL, top to bottom: sample -> reward -> filter -> advantages -> update -> log.
+
+One function, `train`, is the whole loop; every formula it uses is a registered pure function
+in `rlvr.algorithms`, selected by name from the config.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
+from rlvr.config import RLConfig, save_config
+from rlvr.data.sampler import EpochSampler
+from rlvr.data.tasks import Task, load_task
+from rlvr.data.templates import apply_template
+from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng_state,
+    save_checkpoint,
+)
+from rlvr.training.metrics import step_metrics
+from rlvr.training.rewarding import RewardScorer
+from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
+from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
+from rlvr.tracking.progress import StepProgress
+
+BatchFilter = Callable[[RolloutBatch], RolloutBatch]
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+def rollout_batch(
+    engine: HFRolloutEngine, tokenizer, task: Task, indices: list[int], cfg: RLConfig
+) -> RolloutBatch:
+    """Sample G completions for each chosen problem."""
+    problems = [task.train[i] for i in indices]
+    texts = [apply_template(cfg.data.template, p.question, tokenizer) for p in problems]
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    r = cfg.rollout
+    params = SamplingParams(r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
+    out = engine.generate(prompt_ids, params)
+    lengths = [len(c) for c in out.completion_ids]
+    width = max(lengths)
+    logprobs = torch.zeros(len(lengths), width)
+    for i, lp in enumerate(out.logprobs):
+        logprobs[i, : len(lp)] = torch.tensor(lp)
+    eos = set(eos_token_ids(engine.model, tokenizer))
+    completions = [
+        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
+        for c in out.completion_ids
+    ]
+    batch = RolloutBatch(
+        problems=[problems[g] for g in out.prompt_index],
+        prompt_ids=[prompt_ids[g] for g in out.prompt_index],
+        completion_ids=out.completion_ids,
+        prompt_texts=[texts[g] for g in out.prompt_index],
+        completion_texts=completions,
+        group_ids=torch.tensor([indices[g] for g in out.prompt_index]),
+        truncated=torch.tensor([f == "length" for f in out.finish_reason]),
+        response_mask=response_mask_from_lengths(lengths, width),
+        rollout_logprobs=logprobs,
+    )
+    return batch
+
+
+def train(
+    cfg: RLConfig, *, resume: bool = False, filters: tuple[BatchFilter, ...] = (),
+    show_progress: bool = True,
+) -> Path:
+    """Run online RL as configured; return the run directory."""
+    run_dir = Path(cfg.train.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    algo, r = cfg.algorithm, cfg.rollout
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    reference = None
+    if algo.kl.coef > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    task = load_task(cfg.data)
+    sampler = EpochSampler(len(task.train), cfg.train.seed)
+    generator = torch.Generator().manual_seed(cfg.train.seed)
+
+    updates_per_step = cfg.train.epochs * cfg.train.mini_batches
+    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas)
+    scheduler = build_scheduler(
+        optimizer, warmup_steps=cfg.train.warmup_steps,
+        total_steps=cfg.train.steps * updates_per_step, schedule=cfg.train.schedule,
+        min_lr_ratio=cfg.train.min_lr_ratio,
+    )
+    start_step, bad_steps = 0, 0
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+        weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
+        model.load_state_dict(weights.state_dict())
+        state = load_trainer_state(checkpoint)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["sampler"])
+        generator.set_state(state["generator"])
+        restore_rng_state(state["rng"])
+        start_step, bad_steps = state["step"], state["bad_steps"]
+        kept = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start_step]
+        (run_dir / "metrics.jsonl").write_text("")
+        with JsonlWriter(run_dir / "metrics.jsonl") as w:
+            for m in kept:
+                w.write(m)
+    elif (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()
+
+    engine = HFRolloutEngine(
+        model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, r.batch_size, generator
+    )
+    rewarder = RewardScorer(cfg, task)
+    settings = LossSettings(algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens,
+                            tokenizer.pad_token_id)
+    budget, pad = cfg.train.micro_batch_tokens, tokenizer.pad_token_id
+
+    def checkpoint_state() -> dict:
+        return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "sampler": sampler.state_dict(), "generator": generator.get_state(),
+                "bad_steps": bad_steps}
+
+    metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
+    samples_log = JsonlWriter(run_dir / "samples.jsonl")
+    progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress)
+    with metrics_log, samples_log, progress:
+        for step in range(start_step + 1, cfg.train.steps + 1):
+            t0 = time.perf_counter()
+            batch = rollout_batch(engine, tokenizer, task, sampler.next(r.prompts_per_step), cfg)
+            t1 = time.perf_counter()
+            scored = rewarder(batch)
+            full_batch = batch
+            for keep in filters:
+                batch = keep(batch)
+            t2 = time.perf_counter()
+
+            model.train()
+            if reference is not None:
+                batch.ref_logprobs = batch_logprobs(reference, batch, r.temperature, budget, pad)
+            if updates_per_step > 1:
+                batch.old_logprobs = batch_logprobs(model, batch, r.temperature, budget, pad)
+            rewards = batch.rewards
+            if reference is not None and algo.kl.in_reward:
+                kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch.rollout_logprobs, batch.ref_logprobs)
+                rewards = rewards - algo.kl.coef * (kl * batch.response_mask).sum(-1)
+            advantages = ADVANTAGES.get(algo.advantage)(
+                rewards, batch.group_ids, std_normalization=algo.std_normalization,
+                epsilon=algo.epsilon,
+            )
+            batch.advantages = advantages[:, None] * batch.response_mask
+
+            totals: dict[str, float] = {}
+            grad_norms, skipped = [], 0
+            for _epoch in range(cfg.train.epochs):
+                order = torch.randperm(len(batch)).tolist()
+                for part in range(cfg.train.mini_batches):
+                    rows = order[part :: cfg.train.mini_batches]
+                    optimizer.zero_grad(set_to_none=True)
+                    stats = minibatch_backward(model, batch, rows, settings)
+                    for key, value in stats.items():
+                        totals[key] = totals.get(key, 0.0) + value
+                    max_norm = cfg.train.max_grad_norm or float("inf")
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+                    if not (math.isfinite(stats["loss"]) and math.isfinite(grad_norm)):
+                        skipped += 1
+                        optimizer.zero_grad(set_to_none=True)
+                        continue
+                    grad_norms.append(grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+            bad_steps = bad_steps + 1 if skipped else 0
+            if skipped:
+                warnings.warn(f"step {step}: non-finite loss or gradient, {skipped} update(s) "
+                              "skipped", stacklevel=1)
+                if bad_steps >= cfg.train.max_nonfinite_steps:
+                    raise NonFiniteError(
+                        f"{bad_steps} consecutive steps had a non-finite loss or gradient; "
+                        "stopping (lower train.lr or check the reward)"
+                    )
+            t3 = time.perf_counter()
+
+            metrics = step_metrics(full_batch, batch, totals, grad_norms, cfg)
+            metrics.update({
+                "step": step, "lr": scheduler.get_last_lr()[0], "skipped_updates": skipped,
+                "reward/errors": scored.errors, "reward/timeouts": scored.timeouts,
+                "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/train": t3 - t2,
+                "time/step": t3 - t0,
+                "tokens_per_s": sum(full_batch.lengths) / max(t3 - t0, 1e-9),
+            })
+            metrics_log.write(metrics)
+            for i in range(min(cfg.train.log_samples, len(full_batch))):
+                samples_log.write({
+                    "step": step, "prompt": full_batch.prompt_texts[i],
+                    "completion": full_batch.completion_texts[i],
+                    "answer": full_batch.problems[i].answer,
+                    "reward": float(full_batch.rewards[i]),
+                })
+            for message in scored.error_examples[:2]:
+                samples_log.write({"step": step, "reward_error": message})
+            progress.update(step, metrics)
+            if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
+                step == cfg.train.steps
+            ):
+                save_checkpoint(run_dir, step, model, tokenizer, checkpoint_state())
+    return run_dir

@@ -1,0 +1,86 @@
+"""Cold-start supervised fine-tuning on worked solutions (DeepSeek-R1's cold start, in small).
+
+The loss is the mean negative log-likelihood of the completion tokens (solution + EOS) over the
+whole optimizer step; prompt tokens are context only.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr.config import SFTConfig, save_config
+from rlvr.data.tasks import load_task
+from rlvr.data.templates import apply_template
+from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
+from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.training.batching import (
+    collate,
+    forward_logits,
+    token_budget_micro_batches,
+    token_logprobs,
+)
+from rlvr.training.optim import build_optimizer, build_scheduler
+
+
+def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
+    """Fine-tune on the task's worked solutions; save the model to `cfg.sft.output_dir`."""
+    s = cfg.sft
+    out_dir = Path(s.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out_dir / "config.yaml")
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    torch.manual_seed(s.seed)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
+    task = load_task(cfg.data)
+    examples = [p for p in task.train if p.solution]
+    if not examples:
+        raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on")
+    prompts = [
+        tokenizer(apply_template(cfg.data.template, p.question, tokenizer),
+                  add_special_tokens=False)["input_ids"]
+        for p in examples
+    ]
+    targets = [
+        tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for p in examples
+    ]
+    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    optimizer = build_optimizer(model, s.lr, s.weight_decay)
+    scheduler = build_scheduler(optimizer, warmup_steps=s.warmup_steps, total_steps=s.steps,
+                                schedule=s.schedule, min_lr_ratio=s.min_lr_ratio)
+    order_rng = random.Random(s.seed)
+    order: list[int] = []
+    model.train()
+    start = time.perf_counter()
+    with JsonlWriter(out_dir / "metrics.jsonl") as log:
+        for step in range(1, s.steps + 1):
+            if len(order) < s.batch_size:
+                fresh = list(range(len(examples)))
+                order_rng.shuffle(fresh)
+                order.extend(fresh)
+            rows, order = order[: s.batch_size], order[s.batch_size:]
+            num_tokens = float(sum(len(targets[r]) for r in rows))
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for mb_rows in token_budget_micro_batches(rows, seq_lengths, s.micro_batch_tokens):
+                mb = collate(prompts, targets, mb_rows, tokenizer.pad_token_id)
+                logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids)
+                loss = -(logprobs * mb.response_mask).sum() / num_tokens
+                loss.backward()
+                total += float(loss.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), s.max_grad_norm or float("inf")
+            )
+            optimizer.step()
+            scheduler.step()
+            log.write({"step": step, "loss": total, "grad_norm": float(grad_norm),
+                       "lr": scheduler.get_last_lr()[0], "time": time.perf_counter() - start})
+            if show_progress and (step % 50 == 0 or step == s.steps):
+                print(f"sft step {step}/{s.steps}  loss {total:.4f}", flush=True)
+    save_pretrained(model, tokenizer, out_dir)
+    return out_dir

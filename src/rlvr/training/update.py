@@ -1,0 +1,95 @@
+"""The policy update: losses over token-budget micro-batches, normalised over the optimizer step.
+
+Every micro-batch loss is divided by the token / sequence count of the WHOLE mini-batch
+(DESIGN rule 4), so accumulating gradients over any micro-batch split gives the gradient of the
+full-batch loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.config import AlgorithmConfig
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.batching import (
+    collate,
+    forward_logits,
+    token_budget_micro_batches,
+    token_entropy,
+    token_logprobs,
+)
+
+
+@dataclass
+class LossSettings:
+    """What the loss needs besides the batch (plain values, no config objects in the maths)."""
+
+    algorithm: AlgorithmConfig
+    temperature: float
+    max_len: int
+    micro_batch_tokens: int
+    pad_id: int
+
+
+def micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
+    """Token-budget micro-batches of `rows` (prompt + completion length decides the cost)."""
+    seq_lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    return token_budget_micro_batches(rows, seq_lengths, budget)
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model: nn.Module, batch: RolloutBatch, temperature: float, budget: int, pad_id: int
+) -> torch.Tensor:
+    """[N, T] log-probs of every completion token under `model` (no gradient)."""
+    out = torch.zeros_like(batch.response_mask)
+    for rows in micro_batches(batch, list(range(len(batch))), budget):
+        mb = collate(batch.prompt_ids, batch.completion_ids, rows, pad_id)
+        lp = token_logprobs(forward_logits(model, mb), mb.completion_ids, temperature)
+        out[mb.rows, : lp.shape[1]] = lp * mb.response_mask
+    return out
+
+
+def minibatch_backward(
+    model: nn.Module, batch: RolloutBatch, rows: list[int], s: LossSettings
+) -> dict[str, float]:
+    """Accumulate the gradient of the mini-batch `rows`; return summed statistics."""
+    algo = s.algorithm
+    policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
+    num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
+    norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": s.max_len}
+    stats = {"loss": 0.0, "clip_tokens": 0.0, "entropy_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0}
+    for mb_rows in micro_batches(batch, rows, s.micro_batch_tokens):
+        mb = collate(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
+        width = mb.completion_ids.shape[1]
+        mask = batch.response_mask[mb.rows, :width]
+        logits = forward_logits(model, mb)
+        logprobs = token_logprobs(logits, mb.completion_ids, s.temperature)
+        old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb.rows, :width]
+        out = policy_loss(
+            logprobs, old, batch.advantages[mb.rows, :width], mask,
+            clip_low=algo.clip.low, clip_high=algo.clip.high,
+        )
+        loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
+        if batch.ref_logprobs is not None:
+            kl = KL_ESTIMATORS.get(algo.kl.estimator)(logprobs, batch.ref_logprobs[mb.rows, :width])
+            if not algo.kl.in_reward:
+                loss = loss + algo.kl.coef * aggregate(algo.aggregation, kl, mask, **norm)
+            stats["kl_sum"] += float((kl.detach() * mask).sum())
+        if algo.entropy.coef:
+            entropy = token_entropy(logits, s.temperature)
+            loss = loss - algo.entropy.coef * aggregate(algo.aggregation, entropy, mask, **norm)
+        else:
+            with torch.no_grad():
+                entropy = token_entropy(logits.detach(), s.temperature)
+        loss.backward()
+        stats["loss"] += float(loss.detach())
+        stats["clip_tokens"] += float((out.clipped.float() * mask).sum())
+        stats["entropy_sum"] += float((entropy.detach() * mask).sum())
+        stats["tokens"] += float(mask.sum())
+    return stats
