@@ -24,7 +24,7 @@ class Section(BaseModel):
 
 class TinyModelConfig(Section):
     hidden_size: int = 256
-    """Hidden width of the built-in tiny Qwen2 model."""
+    """Hidden width of the built-in tiny Llama model."""
     num_layers: int = 4
     """Number of transformer blocks of the tiny model."""
     num_heads: int = 4

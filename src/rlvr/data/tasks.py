@@ -36,8 +36,6 @@ def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[lis
 
 def load_task(cfg: DataConfig) -> Task:
     """Build the task named by `cfg.task`."""
-    from rlvr.data import loaders
-
     if cfg.task == "arithmetic":
         train, test = synthetic_splits(
             "arithmetic", train_size=cfg.train_size, test_size=cfg.test_size, seed=cfg.seed,
@@ -49,6 +47,8 @@ def load_task(cfg: DataConfig) -> Task:
             "countdown", train_size=cfg.train_size, test_size=cfg.test_size, seed=cfg.seed
         )
         return Task("countdown", train, test, "countdown")
+    from rlvr.data import loaders  # imports `datasets`: only when a task reads data
+
     if cfg.task in ("gsm8k", "math"):
         load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
         train = load(split="train", path=cfg.path)

@@ -1,8 +1,8 @@
-"""The tiny built-in model: a character-level tokenizer and a few-million-parameter Qwen2.
+"""The tiny built-in model: a character-level tokenizer and a few-million-parameter Llama.
 
 It is built offline (no hub access), so tests and `rlvr demo` run anywhere. The tokenizer is a
 byte-free character vocabulary (printable ASCII plus newline) with the R1/ChatML tags as single
-special tokens; the model is a standard `transformers` Qwen2 causal LM, so everything that works
+special tokens; the model is a standard `transformers` Llama causal LM, so everything that works
 on it works on real Hugging Face checkpoints too.
 """
 
@@ -12,15 +12,18 @@ import string
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, LlamaConfig, LlamaForCausalLM
 
 PAD, EOS, UNK = "<|pad|>", "<|im_end|>", "<|unk|>"
-CHAT_TAGS = ["<|im_start|>", "<think>", "</think>", "<answer>", "</answer>"]
+ROLE_TAGS = ["<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TAGS = [*ROLE_TAGS, "<|im_start|>", "<think>", "</think>", "<answer>", "</answer>"]
+# A compact chat template (one role token per turn): a character-level model pays for every
+# character of boilerplate in every forward pass.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|im_end|>"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
 
@@ -53,9 +56,9 @@ def build_tiny_model(
     intermediate_size: int = 768,
     max_position_embeddings: int = 1024,
     seed: int = 0,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2-architecture causal LM sized for a CPU (≈3M parameters)."""
-    config = Qwen2Config(
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama-architecture causal LM sized for a CPU (≈3M parameters)."""
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -71,7 +74,7 @@ def build_tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model

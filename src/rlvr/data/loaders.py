@@ -1,0 +1,298 @@
+"""Load problems from local files (JSONL, JSON, Parquet) and from the Hugging Face hub.
+
+Local files (`data.task=file`): one problem per row, extra columns kept in `Problem.columns`
+for reward functions. Nothing is skipped silently: a malformed line or a row without a usable
+question or answer raises `DatasetError` naming the file and the 1-based row (and JSONL line).
+
+Hub datasets with a known field mapping (`data.task=gsm8k` or `math`):
+
+- GSM8K (`openai/gsm8k`, config `main`): the answer is the text after ``####``, commas
+  removed. The worked solution (for cold-start SFT) is the reasoning before ``####`` without
+  the ``<<48/2=24>>`` calculator annotations, then a last line ``The answer is 72.``
+- MATH (`DigitalLearningGmbH/MATH-lighteval`: the 7,500 / 5,000 train/test split of Hendrycks
+  et al. 2021 with `problem`, `solution`, `level`, `type`; the split verl's recipes use): the
+  answer is the content of the last ``\\boxed{...}`` of the solution. For MATH-500 use
+  ``load_hub("HuggingFaceH4/MATH-500", "test", mapping=math_problem)``.
+
+`data.path` replaces the hub with a local JSONL/JSON/Parquet file of the same shape, which is
+also the way to train where the hub cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from rlvr.data.problem import Problem
+
+GSM8K_HUB = "openai/gsm8k"
+GSM8K_CONFIG = "main"
+MATH_HUB = "DigitalLearningGmbH/MATH-lighteval"
+SUPPORTED_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".parquet")
+
+_CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
+
+Row = dict[str, Any]
+
+
+class DatasetError(ValueError):
+    """Data that cannot become problems; the message names the file (or dataset) and row."""
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not valid UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read file ({e.strerror or e})") from None
+
+
+def _parse_json(path: Path, text: str, line: int | None = None) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {line if line is not None else e.lineno}"
+        raise DatasetError(f"{path}, {where}: malformed JSON ({e.msg}, column {e.colno})") from None
+
+
+def _jsonl_values(path: Path, text: str) -> list[tuple[str, Any]]:
+    values: list[tuple[str, Any]] = []
+    # split on "\n" only: JSON strings may legally hold U+2028 that splitlines() would cut.
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            value = _parse_json(path, line, line_no)
+            values.append((f"row {len(values) + 1} (line {line_no})", value))
+    return values
+
+
+def _json_values(path: Path, text: str) -> list[tuple[str, Any]]:
+    if text.lstrip().startswith("{"):  # JSON Lines saved as .json (as `datasets` accepts)
+        return _jsonl_values(path, text)
+    value = _parse_json(path, text)
+    if not isinstance(value, list):
+        raise DatasetError(
+            f"{path}: expected a JSON list of objects (or JSON Lines), got {type(value).__name__}"
+        )
+    return [(f"row {index}", item) for index, item in enumerate(value, start=1)]
+
+
+def _parquet_values(path: Path) -> list[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: cannot read Parquet file ({e})") from None
+    return [(f"row {index}", row) for index, row in enumerate(table.to_pylist(), start=1)]
+
+
+def read_rows(path: str | Path) -> list[tuple[str, Row]]:
+    """Every row of a local JSONL/JSON/Parquet file as ``(location, row)``, in file order.
+
+    `location` names the row in messages (``"row 3 (line 5)"``). A missing, unreadable, empty
+    or unsupported file, malformed JSON or a row that is not an object raises `DatasetError`.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_EXTENSIONS:
+        raise DatasetError(
+            f"{path}: unsupported file type {suffix or '(no extension)'!r}; "
+            f"supported: {', '.join(SUPPORTED_EXTENSIONS)}"
+        )
+    if not path.is_file():
+        problem = "not a file" if path.exists() else "no such file (dataset file not found)"
+        raise DatasetError(f"{path}: {problem}")
+    if suffix == ".parquet":
+        rows = _parquet_values(path)
+    elif suffix == ".json":
+        rows = _json_values(path, _read_text(path))
+    else:
+        rows = _jsonl_values(path, _read_text(path))
+    if not rows:
+        raise DatasetError(f"{path}: the file has no rows")
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path}, {where}: expected an object, got {type(row).__name__}")
+    return rows
+
+
+def _as_text(value: Any) -> str | None:
+    """A non-empty string for a string or a finite number (ints without ``.0``); else None."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, (numbers.Real, Decimal)):  # Decimal: Parquet decimal columns
+        number = float(value)
+        if not math.isfinite(number):
+            return None
+        return str(int(number)) if number.is_integer() else repr(number)
+    return None
+
+
+def _describe(value: Any) -> str:
+    if value is None or isinstance(value, str):
+        return "null" if value is None else "an empty string"
+    return f"a {type(value).__name__} ({str(value)[:40]!r})"
+
+
+def _required_text(row: Row, column: str) -> str:
+    """The value of `column` as text, or a `DatasetError` that lists the row's columns."""
+    if column not in row:
+        raise DatasetError(f"missing column {column!r}; this row has columns {list(row)}")
+    text = _as_text(row[column])
+    if text is None:
+        raise DatasetError(
+            f"column {column!r} is {_describe(row[column])}, expected a non-empty string or "
+            f"a number; this row has columns {list(row)}"
+        )
+    return text
+
+
+def _map_rows(
+    path: str | Path, rows: list[tuple[str, Row]], mapping: Callable[[Row], Problem]
+) -> list[Problem]:
+    problems = []
+    for where, row in rows:
+        try:
+            problems.append(mapping(row))
+        except DatasetError as e:
+            raise DatasetError(f"{path}, {where}: {e}") from None
+    return problems
+
+
+def load_file(
+    path: str | Path,
+    *,
+    prompt_column: str = "prompt",
+    answer_column: str = "answer",
+    solution_column: str | None = None,
+) -> list[Problem]:
+    """Problems from a local ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file.
+
+    Each row needs a non-empty string or number in `prompt_column` and `answer_column`
+    (numbers become strings, ``42.0`` -> ``"42"``). `solution_column`, when given, must be
+    present in every row; its value may be null. All other columns go to `Problem.columns`.
+    """
+    used = {prompt_column, answer_column} | ({solution_column} if solution_column else set())
+
+    def mapping(row: Row) -> Problem:
+        question = _required_text(row, prompt_column)
+        answer = _required_text(row, answer_column).strip()
+        solution = None
+        if solution_column is not None and row.get(solution_column, "") is not None:
+            solution = _required_text(row, solution_column)  # raises when missing or empty
+        columns = {key: value for key, value in row.items() if key not in used}
+        return Problem(question=question, answer=answer, solution=solution, columns=columns)
+
+    return _map_rows(path, read_rows(path), mapping)
+
+
+def gsm8k_problem(row: Row) -> Problem:
+    """A GSM8K row (`question`, `answer` = reasoning then ``#### 72``) as a problem.
+
+    The answer is the text after the last ``####``, commas removed (``1,000`` -> ``1000``).
+    The solution is the reasoning with ``<<...>>`` calculator annotations removed, then the
+    line ``The answer is 72.``
+    """
+    question = _required_text(row, "question")
+    raw = _required_text(row, "answer")
+    reasoning, marker, final = raw.rpartition("####")
+    if not marker:
+        raise DatasetError(f"GSM8K answer has no '####' final-answer marker: {raw[-80:]!r}")
+    answer = final.replace(",", "").strip()
+    if not answer:
+        raise DatasetError(f"GSM8K answer is empty after '####': {raw[-80:]!r}")
+    reasoning = _CALCULATOR_ANNOTATION.sub("", reasoning).strip()
+    last_line = f"The answer is {answer}."
+    solution = f"{reasoning}\n{last_line}" if reasoning else last_line
+    columns = {key: value for key, value in row.items() if key not in ("question", "answer")}
+    return Problem(question=question, answer=answer, solution=solution, columns=columns)
+
+
+def math_problem(row: Row) -> Problem:
+    """A MATH row (`problem`, `solution`, `level`, `type`) as a problem.
+
+    The answer is the content of the last ``\\boxed{...}`` in the solution (nested braces
+    kept: ``\\frac{1}{2}``); a row without one falls back to a non-empty `answer` field (as
+    MATH-500 has). The solution is kept as it is; other fields (`level`, `type`, ...) go to
+    `Problem.columns`.
+    """
+    from rlvr.rewards.extract import last_boxed_content  # written alongside; import lazily
+
+    question = _required_text(row, "problem")
+    solution = _required_text(row, "solution")
+    answer = last_boxed_content(solution)
+    if answer is None or not answer.strip():
+        answer = _as_text(row.get("answer"))
+    if answer is None:
+        raise DatasetError(f"MATH solution has no \\boxed{{...}} answer: {solution[-80:]!r}")
+    columns = {k: v for k, v in row.items() if k not in ("problem", "solution", "answer")}
+    return Problem(question=question, answer=answer.strip(), solution=solution, columns=columns)
+
+
+def load_hub(
+    name: str,
+    split: str,
+    *,
+    mapping: Callable[[Row], Problem],
+    data_files: str | None = None,
+    config: str | None = None,
+) -> list[Problem]:
+    """Load `split` of the hub dataset `name` (optional `config`) and map every row.
+
+    `data_files` is passed to `datasets.load_dataset` (e.g. ``load_hub("json", "train",
+    data_files="x.jsonl", mapping=...)``). A failed load or a bad row raises `DatasetError`
+    naming the dataset, split and 0-based row index.
+    """
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, config, data_files=data_files, split=split)
+    except Exception as e:
+        offline = isinstance(e, (ConnectionError, TimeoutError))
+        reason = "the Hugging Face hub is unreachable" if offline else "loading failed"
+        raise DatasetError(
+            f"cannot load dataset {name!r} split {split!r}: {reason} ({type(e).__name__}: {e}). "
+            "Without hub access, download it elsewhere and pass the local JSONL/Parquet file "
+            "as data.path"
+        ) from e
+    problems = []
+    for index, row in enumerate(dataset):
+        try:
+            problems.append(mapping(row))
+        except DatasetError as e:
+            raise DatasetError(f"{name} (split {split!r}), row index {index}: {e}") from None
+    if not problems:
+        raise DatasetError(f"dataset {name!r} split {split!r} has no rows")
+    return problems
+
+
+def load_gsm8k(split: str = "train", path: str | None = None) -> list[Problem]:
+    """GSM8K problems: `openai/gsm8k` (config `main`) from the hub, or a local file at `path`.
+
+    A local file has GSM8K's columns (`question`, `answer` with ``####``) and is the split.
+    """
+    if path is not None:
+        return _map_rows(path, read_rows(path), gsm8k_problem)
+    return load_hub(GSM8K_HUB, split, mapping=gsm8k_problem, config=GSM8K_CONFIG)
+
+
+def load_math(split: str = "train", path: str | None = None) -> list[Problem]:
+    """MATH problems: `DigitalLearningGmbH/MATH-lighteval` from the hub, or a local file.
+
+    A local file has MATH's columns (`problem`, `solution` with ``\\boxed{}``) and is the split.
+    """
+    if path is not None:
+        return _map_rows(path, read_rows(path), math_problem)
+    return load_hub(MATH_HUB, split, mapping=math_problem)

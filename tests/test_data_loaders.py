@@ -1,0 +1,282 @@
+"""Local dataset files and the GSM8K / MATH mappings, all offline (the hub is never contacted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlvr.config import DataConfig
+from rlvr.data import loaders
+from rlvr.data.loaders import (
+    DatasetError,
+    gsm8k_problem,
+    load_file,
+    load_gsm8k,
+    load_hub,
+    load_math,
+    math_problem,
+)
+from rlvr.data.tasks import load_task
+
+ROWS = [
+    {"q": "What is 2+3?", "gold": "5", "source": "toy", "difficulty": 1},
+    {"q": "What is 7*6?", "gold": "42", "source": "toy", "difficulty": 2},
+]
+
+# Two rows in the shape of openai/gsm8k (the first is its real first training row).
+GSM8K_ROWS = [
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+        "many clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "A shop sells 250 pens a day. How many pens does it sell in 4 days?",
+        "answer": "It sells 250*4 = <<250*4=1000>>1000 pens.\n#### 1,000",
+    },
+]
+
+MATH_ROW = {
+    "problem": "What is $\\frac{2}{4}$ in lowest terms?",
+    "level": "Level 1",
+    "type": "Prealgebra",
+    "solution": "Divide by $2$: $\\frac{2}{4} = \\boxed{\\frac{1}{2}}$.",
+}
+
+
+def write_jsonl(path: Path, rows: list[dict], blank_lines: bool = False) -> Path:
+    lines = [json.dumps(row) for row in rows]
+    sep = "\n\n  \n" if blank_lines else "\n"
+    path.write_text(sep.join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def check_toy_problems(problems: list) -> None:
+    assert [p.question for p in problems] == ["What is 2+3?", "What is 7*6?"]
+    assert [p.answer for p in problems] == ["5", "42"]
+    assert problems[1].columns == {"source": "toy", "difficulty": 2}
+    assert all(p.solution is None for p in problems)
+
+
+def test_jsonl_round_trip_with_custom_columns_and_blank_lines(tmp_path):
+    path = write_jsonl(tmp_path / "toy.jsonl", ROWS, blank_lines=True)
+    check_toy_problems(load_file(path, prompt_column="q", answer_column="gold"))
+
+
+def test_parquet_round_trip(tmp_path):
+    path = tmp_path / "toy.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    check_toy_problems(load_file(str(path), prompt_column="q", answer_column="gold"))
+
+
+def test_json_list_and_json_lines_saved_as_json(tmp_path):
+    path = tmp_path / "toy.json"
+    path.write_text(json.dumps(ROWS), encoding="utf-8")
+    check_toy_problems(load_file(path, prompt_column="q", answer_column="gold"))
+    write_jsonl(path, ROWS)  # JSON Lines under a .json name, as `datasets` also accepts
+    check_toy_problems(load_file(path, prompt_column="q", answer_column="gold"))
+
+
+def test_solution_column_is_taken_out_of_columns(tmp_path):
+    rows = [
+        {"prompt": "1+1?", "answer": "2", "worked": "1+1=2", "id": 0},
+        {"prompt": "2+2?", "answer": "4", "worked": None, "id": 1},
+    ]
+    problems = load_file(write_jsonl(tmp_path / "s.jsonl", rows), solution_column="worked")
+    assert [p.solution for p in problems] == ["1+1=2", None]
+    assert problems[0].columns == {"id": 0}
+    with pytest.raises(DatasetError, match=r"row 1 \(line 1\): missing column 'steps'"):
+        load_file(tmp_path / "s.jsonl", solution_column="steps")
+
+
+def test_numeric_answers_become_strings(tmp_path):
+    rows = [
+        {"prompt": "a", "answer": 42},
+        {"prompt": "b", "answer": 42.0},
+        {"prompt": "c", "answer": 2.5},
+        {"prompt": "d", "answer": -7},
+    ]
+    problems = load_file(write_jsonl(tmp_path / "n.jsonl", rows))
+    assert [p.answer for p in problems] == ["42", "42", "2.5", "-7"]
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"prompt": ["a"], "answer": pa.array([42.0], pa.float64())}), path)
+    assert load_file(path)[0].answer == "42"
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": \n')
+    with pytest.raises(DatasetError, match="malformed JSON") as info:
+        load_file(path)
+    assert str(path) in str(info.value) and "line 3" in str(info.value)
+
+
+def test_missing_answer_column_names_file_row_and_column(tmp_path):
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "solution": "x", "level": 3}]
+    path = write_jsonl(tmp_path / "missing.jsonl", rows)
+    with pytest.raises(DatasetError) as info:
+        load_file(path)
+    message = str(info.value)
+    assert str(path) in message and "row 2 (line 2)" in message
+    assert "missing column 'answer'" in message
+    assert "['prompt', 'solution', 'level']" in message  # the columns the row does have
+
+
+def test_missing_column_in_parquet_names_row(tmp_path):
+    path = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    with pytest.raises(DatasetError, match=r"q\.parquet, row 1: missing column 'prompt'"):
+        load_file(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "described"),
+    [(None, "null"), ("   ", "an empty string"), (["x"], "a list"), (True, "a bool")],
+)
+def test_unusable_prompt_values_are_errors(tmp_path, value, described):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": value, "answer": "1"}])
+    with pytest.raises(DatasetError) as info:
+        load_file(path)
+    message = str(info.value)
+    assert str(path) in message and "row 1" in message
+    assert f"column 'prompt' is {described}" in message
+
+
+def test_row_that_is_not_an_object(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text('[{"prompt": "a", "answer": "1"}, "oops"]')
+    with pytest.raises(DatasetError, match=r"list\.json, row 2: expected an object, got str"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "blank.jsonl", "empty.json", "empty.parquet"])
+def test_empty_files_are_errors(tmp_path, name):
+    path = tmp_path / name
+    if name == "blank.jsonl":
+        path.write_text("\n  \n\n")
+    elif name == "empty.json":
+        path.write_text("[]")
+    elif name == "empty.parquet":
+        pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), path)
+    else:
+        path.write_text("")
+    with pytest.raises(DatasetError, match="has no rows") as info:
+        load_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_unsupported_extension_lists_supported_ones(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("prompt,answer\na,1\n")
+    with pytest.raises(DatasetError, match=r"unsupported file type '\.csv'.*\.jsonl.*\.parquet"):
+        load_file(path)
+
+
+def test_missing_file_names_the_path(tmp_path):
+    path = tmp_path / "nowhere.jsonl"
+    with pytest.raises(DatasetError, match="no such file") as info:
+        load_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_gsm8k_mapping_on_real_rows():
+    natalia = gsm8k_problem(GSM8K_ROWS[0])
+    assert natalia.question.startswith("Natalia sold clips to 48 of her friends")
+    assert natalia.answer == "72"
+    assert natalia.solution == (
+        "Natalia sold 48/2 = 24 clips in May.\n"
+        "Natalia sold 48+24 = 72 clips altogether in April and May.\n"
+        "The answer is 72."
+    )
+    assert "<<" not in natalia.solution and natalia.columns == {}
+    pens = gsm8k_problem(GSM8K_ROWS[1])
+    assert pens.answer == "1000"
+    assert pens.solution == "It sells 250*4 = 1000 pens.\nThe answer is 1000."
+
+
+def test_gsm8k_mapping_without_marker_is_an_error():
+    with pytest.raises(DatasetError, match="no '####'"):
+        gsm8k_problem({"question": "q", "answer": "just 5"})
+    with pytest.raises(DatasetError, match="missing column 'question'"):
+        gsm8k_problem({"answer": "#### 5"})
+
+
+def test_math_mapping_keeps_nested_braces_and_metadata():
+    problem = math_problem(MATH_ROW)
+    assert problem.question == MATH_ROW["problem"]
+    assert problem.answer == "\\frac{1}{2}"
+    assert problem.solution == MATH_ROW["solution"]
+    assert problem.columns == {"level": "Level 1", "type": "Prealgebra"}
+    row = {**MATH_ROW, "solution": "First $\\boxed{3}$, then $\\boxed{\\sqrt{x^{2}}}$."}
+    assert math_problem(row).answer == "\\sqrt{x^{2}}"  # the last box wins
+
+
+def test_math_mapping_without_box_is_an_error():
+    with pytest.raises(DatasetError, match="no \\\\boxed"):
+        math_problem({**MATH_ROW, "solution": "The answer is one half."})
+
+
+def test_load_gsm8k_and_math_from_local_files(tmp_path):
+    problems = load_gsm8k(split="train", path=str(write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS)))
+    assert [p.answer for p in problems] == ["72", "1000"]
+    math_path = tmp_path / "m.parquet"
+    pq.write_table(pa.Table.from_pylist([MATH_ROW]), math_path)
+    assert load_math(split="test", path=str(math_path))[0].answer == "\\frac{1}{2}"
+
+
+def test_bad_gsm8k_row_in_local_file_names_file_and_row(tmp_path):
+    rows = [GSM8K_ROWS[0], {"question": "q", "answer": "no marker"}]
+    path = write_jsonl(tmp_path / "g.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"g\.jsonl, row 2 \(line 2\): GSM8K answer has no"):
+        load_gsm8k(path=str(path))
+
+
+def test_load_task_gsm8k_from_a_local_path(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS * 3)
+    task = load_task(DataConfig(task="gsm8k", path=str(path), test_size=2))
+    assert (len(task.train), len(task.test), task.reward) == (4, 2, "math")
+
+
+def test_unreachable_hub_tells_the_user_to_pass_a_local_file(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DatasetError) as info:
+        load_gsm8k(split="train")
+    message = str(info.value)
+    assert "'openai/gsm8k'" in message and "unreachable" in message and "data.path" in message
+    assert isinstance(info.value.__cause__, ConnectionError)
+
+
+def test_load_hub_passes_arguments_and_names_a_bad_row(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, *, data_files=None, split=None):
+        calls.append((name, config, data_files, split))
+        return [GSM8K_ROWS[0], {"question": "q", "answer": "no marker"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    with pytest.raises(DatasetError, match=r"openai/gsm8k \(split 'test'\), row index 1: GSM8K"):
+        load_gsm8k(split="test")
+    assert calls == [(loaders.GSM8K_HUB, "main", None, "test")]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: [MATH_ROW])
+    assert load_math(split="train")[0].columns == {"level": "Level 1", "type": "Prealgebra"}
+
+
+def test_load_hub_with_local_data_files_through_datasets(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    path = write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS)  # the packaged `json` builder: offline
+    problems = load_hub("json", "train", mapping=gsm8k_problem, data_files=str(path))
+    assert [p.answer for p in problems] == ["72", "1000"]

@@ -1,0 +1,84 @@
+"""Synthetic tasks, templates and the resumable prompt sampler."""
+
+import random
+from fractions import Fraction
+
+import pytest
+
+from rlvr.config import DataConfig
+from rlvr.data.sampler import EpochSampler
+from rlvr.data.synthetic import arithmetic_problem, countdown_problem, synthetic_splits
+from rlvr.data.tasks import load_task
+from rlvr.data.templates import apply_template
+from rlvr.models.tiny import build_tiny_tokenizer
+
+
+def test_arithmetic_solution_steps_are_correct():
+    rng = random.Random(0)
+    for _ in range(200):
+        problem = arithmetic_problem(rng, max_digits=3, max_terms=4)
+        expression = problem.question.removeprefix("What is ").removesuffix("?")
+        assert str(eval(expression)) == problem.answer  # trusted, generated text
+        steps = problem.solution.split("<think>")[1].split("</think>")[0].split("\n")
+        for step in steps:
+            lhs, rhs = step.split("=")
+            assert eval(lhs) == int(rhs)
+        assert problem.solution.endswith(f"<answer>{problem.answer}</answer>")
+
+
+def test_countdown_recorded_solution_reaches_the_target():
+    rng = random.Random(1)
+    for _ in range(200):
+        problem = countdown_problem(rng)
+        expression = problem.solution.split("<answer>")[1].split("</answer>")[0]
+        value = eval(expression.replace("/", "*Fraction(1)/"), {"Fraction": Fraction})
+        assert value == problem.columns["target"] == int(problem.answer)
+        used = sorted(int(t) for t in expression.replace("(", " ").replace(")", " ")
+                      .replace("+", " ").replace("-", " ").replace("*", " ").replace("/", " ")
+                      .split())
+        assert used == sorted(problem.columns["numbers"])
+
+
+def test_splits_are_disjoint_deterministic_and_test_is_stable():
+    train, test = synthetic_splits("arithmetic", train_size=300, test_size=100, seed=5)
+    assert not {p.question for p in train} & {p.question for p in test}
+    assert len({p.question for p in train}) == 300
+    _, test_again = synthetic_splits("arithmetic", train_size=50, test_size=100, seed=5)
+    assert [p.question for p in test] == [p.question for p in test_again]
+
+
+def test_too_small_task_space_is_an_error():
+    with pytest.raises(ValueError, match="distinct"):
+        synthetic_splits("arithmetic", train_size=5000, test_size=10, seed=0,
+                         max_digits=1, max_terms=2)
+
+
+def test_load_task_names_its_verifier():
+    task = load_task(DataConfig(task="countdown", train_size=20, test_size=5))
+    assert task.reward == "countdown" and len(task.train) == 20 and len(task.test) == 5
+    with pytest.raises(ValueError, match="unknown data.task 'algebra'"):
+        load_task(DataConfig(task="algebra"))
+    with pytest.raises(ValueError, match="data.path"):
+        load_task(DataConfig(task="file"))
+
+
+def test_templates():
+    tok = build_tiny_tokenizer()
+    assert apply_template("chat", "Q?", tok) == "<|user|>Q?<|im_end|><|assistant|>"
+    assert apply_template("r1", "Q?", tok).endswith("User: Q?\nAssistant: <think>")
+    assert "\\boxed{}" in apply_template("qwen_math", "Q?", tok)
+    assert apply_template("none", "Q?", tok) == "Q?"
+    with pytest.raises(KeyError, match="unknown data.template"):
+        apply_template("alpaca", "Q?", tok)
+
+
+def test_sampler_covers_each_epoch_and_resumes_exactly():
+    sampler = EpochSampler(10, seed=3)
+    first_epoch = sampler.next(10)
+    assert sorted(first_epoch) == list(range(10))
+    sampler.next(4)
+    state = sampler.state_dict()
+    expected = sampler.next(13)
+    resumed = EpochSampler(10, seed=3)
+    resumed.load_state_dict(state)
+    assert resumed.next(13) == expected

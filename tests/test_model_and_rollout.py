@@ -1,0 +1,156 @@
+"""Tiny model, HF-format round trip, the rollout engine and the training-side log-probs."""
+
+import pytest
+import torch
+
+from rlvr.models.loading import ModelLoadError, load_pretrained, save_pretrained
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine, filter_logits, left_pad
+from rlvr.training.batching import (
+    collate,
+    forward_logits,
+    token_budget_micro_batches,
+    token_entropy,
+    token_logprobs,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = build_tiny_tokenizer()
+    return build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128), tokenizer
+
+
+def test_tokenizer_is_character_level_with_single_token_tags(tiny):
+    _, tok = tiny
+    ids = tok("<think>12+3</think><answer>15</answer>", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2 + 4 + 2 + 2
+    assert tok.decode(ids) == "<think>12+3</think><answer>15</answer>"
+    assert tok.pad_token_id != tok.eos_token_id
+
+
+def test_checkpoint_round_trip_in_hf_format(tiny, tmp_path):
+    model, tok = tiny
+    save_pretrained(model, tok, tmp_path / "m")
+    loaded, loaded_tok = load_pretrained(str(tmp_path / "m"))
+    ids = torch.tensor([tok("What is 1+2?")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded_tok.chat_template == tok.chat_template
+    text = "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<think>12</think>"
+    assert loaded_tok(text)["input_ids"] == tok(text)["input_ids"]
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_pretrained(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="missing config.json"):
+        load_pretrained(str(tmp_path / "empty"))
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6], [7]], pad_id=0)
+    assert ids.tolist() == [[5, 6], [0, 7]]
+    assert mask.tolist() == [[1, 1], [0, 1]]
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    # nucleus 0.7: 0.5 alone < 0.7, 0.5 + 0.3 >= 0.7, so the first two survive
+    assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+
+
+def _prompts(tok):
+    questions = ["What is 1+2?", "What is 345+678-9?", "What is 7?"]
+    return [tok(q, add_special_tokens=False)["input_ids"] for q in questions]
+
+
+def test_rollout_logprobs_match_an_unpadded_forward(tiny):
+    model, tok = tiny
+    engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id,
+                             generator=torch.Generator().manual_seed(0))
+    prompts = _prompts(tok)
+    out = engine.generate(prompts, SamplingParams(n=3, temperature=0.7, max_new_tokens=12))
+    assert out.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for i, completion in enumerate(out.completion_ids):
+        prompt = prompts[out.prompt_index[i]]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0] / 0.7
+        expected = logits.log_softmax(-1)[len(prompt) - 1 : -1].gather(
+            -1, torch.tensor(completion)[:, None]).squeeze(-1)
+        assert torch.allclose(expected, torch.tensor(out.logprobs[i]), atol=1e-4)
+
+
+def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
+    model, tok = tiny
+    # make EOS overwhelmingly likely after one token by biasing the output layer
+    biased = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128)
+    biased.lm_head = torch.nn.Linear(64, len(tok), bias=True)
+    with torch.no_grad():
+        biased.lm_head.weight.zero_()
+        biased.lm_head.bias.fill_(-20.0)
+        biased.lm_head.bias[tok.eos_token_id] = 0.0
+        biased.lm_head.bias[tok.convert_tokens_to_ids("7")] = 0.0
+    engine = HFRolloutEngine(biased, [tok.eos_token_id], tok.pad_token_id,
+                             generator=torch.Generator().manual_seed(1))
+    out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=30))
+    lengths = [len(c) for c in out.completion_ids]
+    assert min(lengths) < 30  # some rows stopped early and others went on
+    for completion, reason in zip(out.completion_ids, out.finish_reason):
+        if reason == "stop":
+            assert completion[-1] == tok.eos_token_id
+            assert tok.eos_token_id not in completion[:-1]
+        else:
+            assert len(completion) == 30 and tok.eos_token_id not in completion
+
+
+def test_same_seed_same_samples(tiny):
+    model, tok = tiny
+    runs = []
+    for _ in range(2):
+        engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id,
+                                 generator=torch.Generator().manual_seed(3))
+        runs.append(engine.generate(_prompts(tok), SamplingParams(n=2, max_new_tokens=8)))
+    assert runs[0].completion_ids == runs[1].completion_ids
+
+
+def test_collated_logprobs_equal_unpadded_ones(tiny):
+    model, _ = tiny
+    prompts, completions = [[3, 40, 41], [3, 40, 41, 42, 43]], [[50, 51, 1], [52]]
+    mb = collate(prompts, completions, [0, 1], pad_id=0)
+    assert mb.response_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids, temperature=0.5)
+    for row, (p, c) in enumerate(zip(prompts, completions)):
+        with torch.no_grad():
+            full = (model(torch.tensor([p + c])).logits[0] / 0.5).log_softmax(-1)
+        for t, token in enumerate(c):
+            assert logprobs[row, t].item() == pytest.approx(full[len(p) - 1 + t, token].item(),
+                                                            abs=1e-5)
+
+
+def test_chunked_logprobs_and_entropy_match_direct_formulas():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    tokens = torch.randint(0, 11, (3, 5))
+    direct = (logits / 2).log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+    chunked = token_logprobs(logits, tokens, temperature=2.0, chunk_size=4)
+    assert torch.allclose(direct, chunked, atol=1e-6)
+    p = (logits / 2).softmax(-1)
+    direct_entropy = -(p * p.log()).sum(-1)
+    chunked_entropy = token_entropy(logits, temperature=2.0, chunk_size=4)
+    assert torch.allclose(direct_entropy, chunked_entropy, atol=1e-6)
+    (g1,) = torch.autograd.grad(direct_entropy.sum(), logits)
+    (g2,) = torch.autograd.grad(chunked_entropy.sum(), logits)
+    assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_token_budget_micro_batches():
+    lengths = [10, 50, 20, 40, 30]
+    groups = token_budget_micro_batches(list(range(5)), lengths, max_tokens=80)
+    assert sorted(r for g in groups for r in g) == [0, 1, 2, 3, 4]
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(lengths[r] for r in group) <= 80
+    assert token_budget_micro_batches([0], [500], max_tokens=80) == [[0]]
