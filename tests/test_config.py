@@ -6,8 +6,9 @@ from rlvr.config import ConfigError, RLConfig, SFTConfig, preset_names, resolve_
 
 
 def test_defaults_and_overrides_are_typed():
-    cfg = resolve_config(overrides=["algorithm.clip.high=0.28", "train.steps=7",
-                                    "data.task=countdown"])
+    cfg = resolve_config(
+        overrides=["algorithm.clip.high=0.28", "train.steps=7", "data.task=countdown"]
+    )
     assert cfg.algorithm.clip.high == 0.28
     assert cfg.train.steps == 7
     assert cfg.data.task == "countdown"
@@ -39,7 +40,9 @@ def test_unknown_key_names_the_closest_valid_one():
 def test_unknown_key_in_file_names_file_and_key(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("rollout:\n  temprature: 0.6\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml.*'rollout\.temprature'.*'rollout\.temperature'"):
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml.*'rollout\.temprature'.*'rollout\.temperature'"
+    ):
         resolve_config(path)
 
 

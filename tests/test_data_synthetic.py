@@ -33,9 +33,16 @@ def test_countdown_recorded_solution_reaches_the_target():
         expression = problem.solution.split("<answer>")[1].split("</answer>")[0]
         value = eval(expression.replace("/", "*Fraction(1)/"), {"Fraction": Fraction})
         assert value == problem.columns["target"] == int(problem.answer)
-        used = sorted(int(t) for t in expression.replace("(", " ").replace(")", " ")
-                      .replace("+", " ").replace("-", " ").replace("*", " ").replace("/", " ")
-                      .split())
+        used = sorted(
+            int(t)
+            for t in expression.replace("(", " ")
+            .replace(")", " ")
+            .replace("+", " ")
+            .replace("-", " ")
+            .replace("*", " ")
+            .replace("/", " ")
+            .split()
+        )
         assert used == sorted(problem.columns["numbers"])
 
 
@@ -49,16 +56,17 @@ def test_splits_are_disjoint_deterministic_and_test_is_stable():
 
 def test_too_small_task_space_is_an_error():
     with pytest.raises(ValueError, match="distinct"):
-        synthetic_splits("arithmetic", train_size=5000, test_size=10, seed=0,
-                         max_digits=1, max_terms=2)
+        synthetic_splits(
+            "arithmetic", train_size=5000, test_size=10, seed=0, max_digits=1, max_terms=2
+        )
 
 
 def test_load_task_names_its_verifier():
     task = load_task(DataConfig(task="countdown", train_size=20, test_size=5))
     assert task.reward == "countdown" and len(task.train) == 20 and len(task.test) == 5
-    with pytest.raises(ValueError, match="unknown data.task 'algebra'"):
+    with pytest.raises(ValueError, match=r"unknown data\.task 'algebra'"):
         load_task(DataConfig(task="algebra"))
-    with pytest.raises(ValueError, match="data.path"):
+    with pytest.raises(ValueError, match=r"data\.path"):
         load_task(DataConfig(task="file"))
 
 
@@ -68,7 +76,7 @@ def test_templates():
     assert apply_template("r1", "Q?", tok).endswith("User: Q?\nAssistant: <think>")
     assert "\\boxed{}" in apply_template("qwen_math", "Q?", tok)
     assert apply_template("none", "Q?", tok) == "Q?"
-    with pytest.raises(KeyError, match="unknown data.template"):
+    with pytest.raises(KeyError, match=r"unknown data\.template"):
         apply_template("alpaca", "Q?", tok)
 
 

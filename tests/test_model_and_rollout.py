@@ -19,7 +19,9 @@ from rlvr.training.batching import (
 @pytest.fixture(scope="module")
 def tiny():
     tokenizer = build_tiny_tokenizer()
-    return build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128), tokenizer
+    return build_tiny_model(
+        tokenizer, hidden_size=64, num_layers=2, intermediate_size=128
+    ), tokenizer
 
 
 def test_tokenizer_is_character_level_with_single_token_tags(tiny):
@@ -46,7 +48,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_pretrained(str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelLoadError, match="missing config.json"):
+    with pytest.raises(ModelLoadError, match=r"missing config\.json"):
         load_pretrained(str(tmp_path / "empty"))
 
 
@@ -70,8 +72,9 @@ def _prompts(tok):
 
 def test_rollout_logprobs_match_an_unpadded_forward(tiny):
     model, tok = tiny
-    engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id,
-                             generator=torch.Generator().manual_seed(0))
+    engine = HFRolloutEngine(
+        model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(0)
+    )
     prompts = _prompts(tok)
     out = engine.generate(prompts, SamplingParams(n=3, temperature=0.7, max_new_tokens=12))
     assert out.prompt_index == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -79,13 +82,16 @@ def test_rollout_logprobs_match_an_unpadded_forward(tiny):
         prompt = prompts[out.prompt_index[i]]
         with torch.no_grad():
             logits = model(torch.tensor([prompt + completion])).logits[0] / 0.7
-        expected = logits.log_softmax(-1)[len(prompt) - 1 : -1].gather(
-            -1, torch.tensor(completion)[:, None]).squeeze(-1)
+        expected = (
+            logits.log_softmax(-1)[len(prompt) - 1 : -1]
+            .gather(-1, torch.tensor(completion)[:, None])
+            .squeeze(-1)
+        )
         assert torch.allclose(expected, torch.tensor(out.logprobs[i]), atol=1e-4)
 
 
 def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
-    model, tok = tiny
+    _, tok = tiny
     # make EOS overwhelmingly likely after one token by biasing the output layer
     biased = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128)
     biased.lm_head = torch.nn.Linear(64, len(tok), bias=True)
@@ -94,8 +100,9 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
         biased.lm_head.bias.fill_(-20.0)
         biased.lm_head.bias[tok.eos_token_id] = 0.0
         biased.lm_head.bias[tok.convert_tokens_to_ids("7")] = 0.0
-    engine = HFRolloutEngine(biased, [tok.eos_token_id], tok.pad_token_id,
-                             generator=torch.Generator().manual_seed(1))
+    engine = HFRolloutEngine(
+        biased, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
+    )
     out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=30))
     lengths = [len(c) for c in out.completion_ids]
     assert min(lengths) < 30  # some rows stopped early and others went on
@@ -111,8 +118,9 @@ def test_same_seed_same_samples(tiny):
     model, tok = tiny
     runs = []
     for _ in range(2):
-        engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id,
-                                 generator=torch.Generator().manual_seed(3))
+        engine = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(3)
+        )
         runs.append(engine.generate(_prompts(tok), SamplingParams(n=2, max_new_tokens=8)))
     assert runs[0].completion_ids == runs[1].completion_ids
 
@@ -127,8 +135,9 @@ def test_collated_logprobs_equal_unpadded_ones(tiny):
         with torch.no_grad():
             full = (model(torch.tensor([p + c])).logits[0] / 0.5).log_softmax(-1)
         for t, token in enumerate(c):
-            assert logprobs[row, t].item() == pytest.approx(full[len(p) - 1 + t, token].item(),
-                                                            abs=1e-5)
+            assert logprobs[row, t].item() == pytest.approx(
+                full[len(p) - 1 + t, token].item(), abs=1e-5
+            )
 
 
 def test_chunked_logprobs_and_entropy_match_direct_formulas():

@@ -20,8 +20,11 @@ from rlvr.config import (
     resolve_config,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Train language models to reason with verifiable rewards.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Train language models to reason with verifiable rewards.",
+)
 console = Console()
 
 
@@ -46,10 +49,18 @@ def _print_fields(model: type) -> None:
 
 @app.command(context_settings={"allow_extra_args": True})
 def train(
-    args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")] = None,
-    preset: Annotated[str | None, typer.Option(help="Start from a preset (see `rlvr presets`)")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint of train.output_dir")] = False,
-    help_config: Annotated[bool, typer.Option("--help-config", help="List every config key")] = False,
+    args: Annotated[
+        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Start from a preset (see `rlvr presets`)")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the latest checkpoint of train.output_dir")
+    ] = False,
+    help_config: Annotated[
+        bool, typer.Option("--help-config", help="List every config key")
+    ] = False,
 ) -> None:
     """Online RL: `rlvr train [CONFIG.yaml] [--preset NAME] [key=value ...]`."""
     if help_config:
@@ -68,8 +79,12 @@ def train(
 
 @app.command()
 def sft(
-    args: Annotated[list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")] = None,
-    help_config: Annotated[bool, typer.Option("--help-config", help="List every config key")] = False,
+    args: Annotated[
+        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
+    ] = None,
+    help_config: Annotated[
+        bool, typer.Option("--help-config", help="List every config key")
+    ] = False,
 ) -> None:
     """Cold-start supervised fine-tuning on a task's worked solutions."""
     if help_config:
@@ -88,15 +103,21 @@ def sft(
 @app.command("eval")
 def eval_cmd(
     model: Annotated[str, typer.Option(help="Model directory, or `tiny`")],
-    task: Annotated[str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")] = "arithmetic",
+    task: Annotated[
+        str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")
+    ] = "arithmetic",
     k: Annotated[int, typer.Option(help="Samples per problem (pass@k, maj@k)")] = 8,
     samples: Annotated[int, typer.Option(help="Held-out problems to evaluate")] = 500,
     temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget")] = 64,
     template: Annotated[str, typer.Option(help="chat, r1, qwen_math or none")] = "chat",
-    data_path: Annotated[str | None, typer.Option(help="Local data file (task file/gsm8k/math)")] = None,
+    data_path: Annotated[
+        str | None, typer.Option(help="Local data file (task file/gsm8k/math)")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    output: Annotated[Path | None, typer.Option(help="Append the result to this JSONL file")] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="Append the result to this JSONL file")
+    ] = None,
 ) -> None:
     """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
     from rlvr.config import DataConfig, ModelConfig
@@ -110,9 +131,17 @@ def eval_cmd(
         _fail(str(exc))
     policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model))
     problems = load_task(data)
-    result = evaluate(policy, tokenizer, problems.test[:samples], reward=problems.reward,
-                      template=template, k=k, temperature=temperature,
-                      max_new_tokens=max_new_tokens, seed=seed)
+    result = evaluate(
+        policy,
+        tokenizer,
+        problems.test[:samples],
+        reward=problems.reward,
+        template=template,
+        k=k,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+    )
     result = {"model": model, "task": task, **result}
     table = Table("metric", "value")
     for key, value in result.items():
@@ -146,7 +175,9 @@ def presets() -> None:
 @app.command()
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories")],
-    output: Annotated[Path | None, typer.Option(help="PNG path (default: RUN_DIR/report.png)")] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="PNG path (default: RUN_DIR/report.png)")
+    ] = None,
 ) -> None:
     """Plot reward, accuracy, length, entropy, KL and clip fraction of runs, overlaid."""
     from rlvr.tracking.report import plot_runs

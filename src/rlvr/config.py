@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, field docstrings are kept."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
 
 
 class TinyModelConfig(Section):
@@ -46,7 +48,7 @@ class DataConfig(Section):
     task: str = "arithmetic"
     """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
     path: str | None = None
-    """Local JSONL/Parquet/JSON file: the dataset for task `file`, or a local copy for gsm8k/math."""
+    """Local JSONL/Parquet/JSON file: the data of task `file`, or a local copy for gsm8k/math."""
     test_path: str | None = None
     """Optional local held-out file for task `file`; otherwise the last data.test_size rows."""
     prompt_column: str = "prompt"

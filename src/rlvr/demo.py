@@ -27,8 +27,13 @@ from rlvr.training.sft import run_sft
 DATA = {"task": "arithmetic", "max_digits": 2, "max_terms": 3, "template": "chat"}
 SFT = {"steps": 300, "lr": 2e-3, "batch_size": 64, "warmup_steps": 20}
 RL = [
-    "rollout.prompts_per_step=32", "rollout.samples_per_prompt=8", "rollout.temperature=1.0",
-    "rollout.max_new_tokens=48", "train.steps=60", "train.lr=2e-4", "train.warmup_steps=5",
+    "rollout.prompts_per_step=32",
+    "rollout.samples_per_prompt=8",
+    "rollout.temperature=1.0",
+    "rollout.max_new_tokens=48",
+    "train.steps=60",
+    "train.lr=2e-4",
+    "train.warmup_steps=5",
 ]
 EVAL_K, EVAL_PROBLEMS = 8, 500
 HEADLINE = ("pass@1", f"pass@{EVAL_K}", f"maj@{EVAL_K}", "response_length/mean", "truncated_frac")
@@ -36,28 +41,48 @@ HEADLINE = ("pass@1", f"pass@{EVAL_K}", f"maj@{EVAL_K}", "response_length/mean",
 
 def demo_configs(output_dir: Path, sft_steps: int, rl_steps: int) -> tuple[SFTConfig, RLConfig]:
     """The SFT and RL configs of the demo (shared data settings, RL starts from the SFT model)."""
-    sft_cfg = SFTConfig.model_validate({
-        "data": DATA, "sft": {**SFT, "steps": sft_steps, "output_dir": str(output_dir / "sft")},
-    })
-    overrides = [f"data.{k}={v}" for k, v in DATA.items()] + RL + [
-        f"model.name_or_path={output_dir / 'sft'}", f"train.output_dir={output_dir / 'rl'}",
-        f"train.steps={rl_steps}", f"eval.samples={EVAL_PROBLEMS}", f"eval.k={EVAL_K}",
-    ]
+    sft_cfg = SFTConfig.model_validate(
+        {
+            "data": DATA,
+            "sft": {**SFT, "steps": sft_steps, "output_dir": str(output_dir / "sft")},
+        }
+    )
+    overrides = (
+        [f"data.{k}={v}" for k, v in DATA.items()]
+        + RL
+        + [
+            f"model.name_or_path={output_dir / 'sft'}",
+            f"train.output_dir={output_dir / 'rl'}",
+            f"train.steps={rl_steps}",
+            f"eval.samples={EVAL_PROBLEMS}",
+            f"eval.k={EVAL_K}",
+        ]
+    )
     return sft_cfg, resolve_config(preset="grpo", overrides=overrides)
 
 
 def _evaluate(model_dir: Path, cfg: RLConfig, problems: list, reward: str) -> dict:
     model, tokenizer = load_pretrained(str(model_dir))
     return evaluate(
-        model, tokenizer, problems, reward=reward, template=cfg.data.template, k=cfg.eval.k,
-        temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+        model,
+        tokenizer,
+        problems,
+        reward=reward,
+        template=cfg.data.template,
+        k=cfg.eval.k,
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
     )
 
 
 def run_demo(
-    output_dir: Path, *, sft_steps: int = SFT["steps"], rl_steps: int = 60,
-    eval_problems: int = EVAL_PROBLEMS, console: Console | None = None,
+    output_dir: Path,
+    *,
+    sft_steps: int = SFT["steps"],
+    rl_steps: int = 60,
+    eval_problems: int = EVAL_PROBLEMS,
+    console: Console | None = None,
 ) -> dict:
     """Run the whole demo; write `summary.json`, `eval.jsonl` and `report.png` under output_dir."""
     console = console or Console()

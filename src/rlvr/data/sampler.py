@@ -32,7 +32,7 @@ class EpochSampler:
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
             take = min(count - len(picked), self.size - self.position)
-            picked.extend(self._order[self.position:self.position + take])
+            picked.extend(self._order[self.position : self.position + take])
             self.position += take
         return picked
 

@@ -20,13 +20,19 @@ def r1_solution(steps: list[str], answer: str) -> str:
 
 
 def arithmetic_problem(
-    rng: random.Random, *, min_digits: int = 1, max_digits: int = 3, min_terms: int = 2,
+    rng: random.Random,
+    *,
+    min_digits: int = 1,
+    max_digits: int = 3,
+    min_terms: int = 2,
     max_terms: int = 3,
 ) -> Problem:
     """One left-to-right chain such as ``What is 347+589-123?`` with one line per operation."""
     n_terms = rng.randint(min_terms, max_terms)
-    terms = [rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
-             for d in (rng.randint(min_digits, max_digits) for _ in range(n_terms))]
+    terms = [
+        rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
+        for d in (rng.randint(min_digits, max_digits) for _ in range(n_terms))
+    ]
     ops = [rng.choice("+-") for _ in range(n_terms - 1)]
     expression = str(terms[0]) + "".join(op + str(t) for op, t in zip(ops, terms[1:]))
     value, steps = terms[0], []
@@ -91,6 +97,7 @@ def _unique_problems(task: str, seed: int, **kwargs: int) -> Iterator[Problem]:
             misses += 1
             continue
         seen.add(problem.question)
+        misses = 0
         yield problem
 
 

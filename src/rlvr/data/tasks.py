@@ -38,8 +38,12 @@ def load_task(cfg: DataConfig) -> Task:
     """Build the task named by `cfg.task`."""
     if cfg.task == "arithmetic":
         train, test = synthetic_splits(
-            "arithmetic", train_size=cfg.train_size, test_size=cfg.test_size, seed=cfg.seed,
-            max_digits=cfg.max_digits, max_terms=cfg.max_terms,
+            "arithmetic",
+            train_size=cfg.train_size,
+            test_size=cfg.test_size,
+            seed=cfg.seed,
+            max_digits=cfg.max_digits,
+            max_terms=cfg.max_terms,
         )
         return Task("arithmetic", train, test, "math")
     if cfg.task == "countdown":

@@ -18,9 +18,18 @@ from rlvr.training.rewarding import reward_columns
 
 
 def evaluate(
-    model: PreTrainedModel, tokenizer, problems: list[Problem], *, reward: str,
-    template: str = "chat", k: int = 8, temperature: float = 1.0, top_p: float = 1.0,
-    max_new_tokens: int = 64, seed: int = 0, batch_size: int = 512,
+    model: PreTrainedModel,
+    tokenizer,
+    problems: list[Problem],
+    *,
+    reward: str,
+    template: str = "chat",
+    k: int = 8,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    batch_size: int = 512,
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier.
 
@@ -44,8 +53,8 @@ def evaluate(
     )
     correct = [score >= 1.0 for score in scored.total]
     answers = [extract_answer(c) for c in completions]
-    per_problem = [correct[i * k:(i + 1) * k] for i in range(len(problems))]
-    votes = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
+    per_problem = [correct[i * k : (i + 1) * k] for i in range(len(problems))]
+    votes = [answers[i * k : (i + 1) * k] for i in range(len(problems))]
     lengths = [len(c) for c in out.completion_ids]
     return {
         "problems": len(problems),

@@ -55,8 +55,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if not 0 <= c <= n:
         raise ValueError(f"pass_at_k: correct count c={c} must be in [0, n={n}]")
     if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: k={k} must be in [1, n={n}] (cannot estimate pass@{k} "
-                         f"from {n} samples)")
+        raise ValueError(
+            f"pass_at_k: k={k} must be in [1, n={n}] (cannot estimate pass@{k} from {n} samples)"
+        )
     if n - c < k:
         return 1.0
     prob_all_wrong = 1.0
@@ -111,8 +112,9 @@ def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int
         ValueError: if ``answers`` and ``correct`` differ in length, or k is not in [1, n].
     """
     if len(answers) != len(correct):
-        raise ValueError(f"majority_at_k: {len(answers)} answers but {len(correct)} "
-                         "correctness flags")
+        raise ValueError(
+            f"majority_at_k: {len(answers)} answers but {len(correct)} correctness flags"
+        )
     k = _as_int("k", k)
     if not 1 <= k <= len(answers):
         raise ValueError(f"majority_at_k: k={k} must be in [1, n={len(answers)}]")
@@ -140,12 +142,14 @@ def mean_majority_at_k(
             fails :func:`majority_at_k`'s checks (the message names the problem index).
     """
     if len(answers) != len(correct):
-        raise ValueError(f"mean_majority_at_k: answers for {len(answers)} problems but "
-                         f"correctness for {len(correct)}")
+        raise ValueError(
+            f"mean_majority_at_k: answers for {len(answers)} problems but "
+            f"correctness for {len(correct)}"
+        )
     if len(answers) == 0:
         raise ValueError("mean_majority_at_k: no problems given")
     total = 0.0
-    for index, (problem_answers, problem_correct) in enumerate(zip(answers, correct)):
+    for index, (problem_answers, problem_correct) in enumerate(zip(answers, correct, strict=True)):
         try:
             total += majority_at_k(problem_answers, problem_correct, k)
         except ValueError as exc:

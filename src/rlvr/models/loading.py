@@ -24,8 +24,12 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
         tokenizer = build_tiny_tokenizer()
         t = cfg.tiny
         model = build_tiny_model(
-            tokenizer, hidden_size=t.hidden_size, num_layers=t.num_layers,
-            num_heads=t.num_heads, intermediate_size=t.intermediate_size, seed=seed,
+            tokenizer,
+            hidden_size=t.hidden_size,
+            num_layers=t.num_layers,
+            num_heads=t.num_heads,
+            intermediate_size=t.intermediate_size,
+            seed=seed,
         )
         return model.to(DTYPES[cfg.dtype]), tokenizer
     return load_pretrained(cfg.name_or_path, cfg.dtype)

@@ -12,7 +12,7 @@ import string
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<|pad|>", "<|im_end|>", "<|unk|>"
 ROLE_TAGS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -33,7 +33,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     Every character is its own token (a BPE with an empty merge list), so arithmetic is seen digit
     by digit. The chat and reasoning tags are single added tokens; pad and EOS are distinct ids.
     """
-    chars = list(string.printable[:95]) + ["\n"]
+    chars = [*string.printable[:95], "\n"]
     specials = [PAD, EOS, UNK, *CHAT_TAGS]
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))

@@ -1,0 +1,72 @@
+"""Rewards: answer extraction, verification, the reward registry and weighted composition.
+
+- `extract_answer` / `last_boxed_content` pull a final answer out of text (`extract`).
+- `answers_match` compares answers exactly, then with math-verify under a hard, killable
+  timeout that raises `VerifierTimeout` (`verify`).
+- `register_reward` / `get_reward` name reward functions with TRL's signature
+  ``f(prompts, completions, **columns) -> list[float]`` (`registry`); ``math``, ``format`` and
+  ``countdown`` are built in (`builtin`).
+- `compose_rewards` sums weighted rewards into a `RewardOutput`, counting errors and
+  timeouts instead of raising (`compose`). A reward reports a verifier timeout by returning
+  NaN for that completion.
+"""
+
+from rlvr.rewards.builtin import (
+    TIMED_OUT,
+    countdown_reward,
+    countdown_score,
+    evaluate_countdown,
+    format_reward,
+    format_score,
+    math_reward,
+    math_score,
+)
+from rlvr.rewards.compose import RewardComposer, RewardOutput, compose_rewards
+from rlvr.rewards.extract import extract_answer, last_boxed_content, last_number
+from rlvr.rewards.registry import (
+    RewardFn,
+    UnknownRewardError,
+    get_reward,
+    list_rewards,
+    register_reward,
+)
+from rlvr.rewards.verify import (
+    VerifierError,
+    VerifierTimeout,
+    answers_match,
+    current_verifier_timeout,
+    normalize_answer,
+    parse_number,
+    shutdown_verifier_pool,
+    verifier_timeout,
+)
+
+__all__ = [
+    "TIMED_OUT",
+    "RewardComposer",
+    "RewardFn",
+    "RewardOutput",
+    "UnknownRewardError",
+    "VerifierError",
+    "VerifierTimeout",
+    "answers_match",
+    "compose_rewards",
+    "countdown_reward",
+    "countdown_score",
+    "current_verifier_timeout",
+    "evaluate_countdown",
+    "extract_answer",
+    "format_reward",
+    "format_score",
+    "get_reward",
+    "last_boxed_content",
+    "last_number",
+    "list_rewards",
+    "math_reward",
+    "math_score",
+    "normalize_answer",
+    "parse_number",
+    "register_reward",
+    "shutdown_verifier_pool",
+    "verifier_timeout",
+]

@@ -23,8 +23,8 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
     return ids, mask
 
 
@@ -61,7 +61,11 @@ class HFRolloutEngine:
     """Samples from the policy module itself, so weight sync is free."""
 
     def __init__(
-        self, model: nn.Module, eos_ids: list[int], pad_id: int, batch_size: int = 512,
+        self,
+        model: nn.Module,
+        eos_ids: list[int],
+        pad_id: int,
+        batch_size: int = 512,
         generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
@@ -82,7 +86,7 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             for start in range(0, len(prompts), per_chunk):
-                chunk = prompts[start:start + per_chunk]
+                chunk = prompts[start : start + per_chunk]
                 self._generate_chunk(chunk, params, start, out)
         finally:
             self.model.train(was_training)
@@ -97,8 +101,12 @@ class HFRolloutEngine:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]
         n = params.n
         cache.batch_repeat_interleave(n)
@@ -130,8 +138,11 @@ class HFRolloutEngine:
                 [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
             )
             logits = self.model(
-                input_ids=token[:, None], attention_mask=attention_mask,
-                position_ids=next_position[:, None], past_key_values=cache, use_cache=True,
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position[:, None],
+                past_key_values=cache,
+                use_cache=True,
             ).logits[:, -1]
             next_position = next_position + 1
         out.prompt_index.extend(offset + r // n for r in range(rows))

@@ -35,21 +35,22 @@ def to_jsonable(value: Any, _key: str = "") -> Any:
     """
     if value is None or isinstance(value, (bool, int, str)):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
+    if isinstance(value, float):  # includes numpy.float64, a float subclass
+        return float(value) if math.isfinite(value) else None
     if isinstance(value, Mapping):
         return {str(k): to_jsonable(v, f"{_key}.{k}" if _key else str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v, f"{_key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if callable(getattr(value, "detach", None)):  # torch.Tensor (possibly requiring grad)
+        value = value.detach()
     tolist = getattr(value, "tolist", None)  # torch.Tensor, numpy.ndarray, numpy scalars
     if callable(tolist):
-        if hasattr(value, "detach"):  # a tensor that requires grad
-            value = value.detach()
-        return to_jsonable(tolist() if not hasattr(value, "detach") else value.tolist(), _key)
-    raise TypeError(f"cannot log {type(value).__name__} as JSON"
-                    + (f" (key {_key!r})" if _key else ""))
+        return to_jsonable(tolist(), _key)
+    raise TypeError(
+        f"cannot log {type(value).__name__} as JSON" + (f" (key {_key!r})" if _key else "")
+    )
 
 
 class JsonlWriter:
@@ -68,8 +69,9 @@ class JsonlWriter:
     def write(self, record: Mapping[str, Any]) -> None:
         """Append `record` as one line (converted by :func:`to_jsonable`) and flush it."""
         if not isinstance(record, Mapping):
-            raise TypeError(f"{self.path}: a JSONL record must be a mapping, "
-                            f"got {type(record).__name__}")
+            raise TypeError(
+                f"{self.path}: a JSONL record must be a mapping, got {type(record).__name__}"
+            )
         if self._file.closed:
             raise ValueError(f"{self.path}: write to a closed JsonlWriter")
         line = json.dumps(to_jsonable(record), ensure_ascii=False, allow_nan=False)
@@ -88,7 +90,9 @@ class JsonlWriter:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()
@@ -113,10 +117,12 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise JsonlFormatError(path, number, f"malformed JSON ({exc.msg} at column "
-                                       f"{exc.colno})") from None
+                raise JsonlFormatError(
+                    path, number, f"malformed JSON ({exc.msg} at column {exc.colno})"
+                ) from None
             if not isinstance(record, dict):
-                raise JsonlFormatError(path, number, "expected a JSON object, got "
-                                       f"{type(record).__name__}")
+                raise JsonlFormatError(
+                    path, number, f"expected a JSON object, got {type(record).__name__}"
+                )
             records.append(record)
     return records

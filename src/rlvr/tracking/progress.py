@@ -13,8 +13,12 @@ class StepProgress:
     def __init__(self, total: int, start: int = 0, enabled: bool = True) -> None:
         self.enabled = enabled
         self._progress = Progress(
-            TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"), TimeRemainingColumn(), transient=False,
+            TextColumn("[bold]RL"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            transient=False,
         )
         self._task = self._progress.add_task("rl", total=total, completed=start, status="")
 
@@ -24,7 +28,9 @@ class StepProgress:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         if self.enabled:
@@ -32,6 +38,8 @@ class StepProgress:
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Advance to `step` and show its reward, accuracy and response length."""
-        status = (f"reward {metrics['reward/mean']:.3f}  acc {metrics['accuracy']:.3f}  "
-                  f"len {metrics['response_length/mean']:.1f}")
+        status = (
+            f"reward {metrics['reward/mean']:.3f}  acc {metrics['accuracy']:.3f}  "
+            f"len {metrics['response_length/mean']:.1f}"
+        )
         self._progress.update(self._task, completed=step, status=status)

@@ -53,10 +53,10 @@ def collate(
     lengths = []
     for i, r in enumerate(rows):
         prompt, completion = prompts[r], completions[r]
-        input_ids[i, p_width - len(prompt):p_width] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[i, p_width - len(prompt):p_width + len(completion)] = 1
+        input_ids[i, p_width - len(prompt) : p_width] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, p_width - len(prompt) : p_width + len(completion)] = 1
         if completion:
-            input_ids[i, p_width:p_width + len(completion)] = torch.tensor(completion)
+            input_ids[i, p_width : p_width + len(completion)] = torch.tensor(completion)
         lengths.append(len(completion))
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
@@ -109,7 +109,9 @@ def token_logprobs(
     """
     flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
     parts = [
-        _logprobs_chunk(flat_logits[i:i + chunk_size], flat_tokens[i:i + chunk_size], temperature)
+        _logprobs_chunk(
+            flat_logits[i : i + chunk_size], flat_tokens[i : i + chunk_size], temperature
+        )
         for i in range(0, flat_tokens.shape[0], chunk_size)
     ]
     return torch.cat(parts).reshape(tokens.shape)
@@ -126,7 +128,7 @@ def token_entropy(
     flat = logits.reshape(-1, logits.shape[-1])
     parts = []
     for i in range(0, flat.shape[0], chunk_size):
-        chunk = flat[i:i + chunk_size]
+        chunk = flat[i : i + chunk_size]
         if torch.is_grad_enabled() and chunk.requires_grad:
             parts.append(checkpoint(_entropy_chunk, chunk, temperature, use_reentrant=False))
         else:
@@ -138,7 +140,10 @@ def forward_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Logits [b, T, vocab] that score the micro-batch's completion tokens."""
     width = mb.completion_ids.shape[1]
     logits = model(
-        input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-        use_cache=False, logits_to_keep=width + 1,
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        use_cache=False,
+        logits_to_keep=width + 1,
     ).logits
     return logits[:, :width]

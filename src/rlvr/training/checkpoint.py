@@ -21,8 +21,11 @@ STATE_FILE = "trainer_state.pt"
 
 def rng_state() -> dict[str, Any]:
     """Every global random state a run touches."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

@@ -20,8 +20,11 @@ def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
 
 
 def step_metrics(
-    sampled: RolloutBatch, trained: RolloutBatch, totals: dict[str, float],
-    grad_norms: list[float], cfg: RLConfig,
+    sampled: RolloutBatch,
+    trained: RolloutBatch,
+    totals: dict[str, float],
+    grad_norms: list[float],
+    cfg: RLConfig,
 ) -> dict[str, float]:
     """Rollout statistics from every sample, update statistics from the trained ones."""
     lengths = torch.tensor(sampled.lengths, dtype=torch.float32)

@@ -9,7 +9,9 @@ from torch import nn
 
 
 def build_optimizer(
-    model: nn.Module, lr: float, weight_decay: float = 0.0,
+    model: nn.Module,
+    lr: float,
+    weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.AdamW:
     """AdamW over the trainable parameters."""
@@ -30,14 +32,21 @@ def lr_multiplier(
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
-    schedule: str = "cosine", min_lr_ratio: float = 0.0,
+    optimizer: torch.optim.Optimizer,
+    *,
+    warmup_steps: int,
+    total_steps: int,
+    schedule: str = "cosine",
+    min_lr_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR applying `lr_multiplier`; step it once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_multiplier(
-            step, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule,
+            step,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            schedule=schedule,
             min_lr_ratio=min_lr_ratio,
         ),
     )

@@ -35,10 +35,12 @@ class RewardScorer:
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
-        out = self.compose(batch.prompt_texts, batch.completion_texts,
-                           reward_columns(batch.problems))
+        out = self.compose(
+            batch.prompt_texts, batch.completion_texts, reward_columns(batch.problems)
+        )
         batch.rewards = torch.tensor(out.total, dtype=torch.float32)
-        batch.reward_parts = {k: torch.tensor(v, dtype=torch.float32)
-                              for k, v in out.per_reward.items()}
+        batch.reward_parts = {
+            k: torch.tensor(v, dtype=torch.float32) for k, v in out.per_reward.items()
+        }
         batch.correct = batch.reward_parts[self.verifier] >= 1.0
         return out

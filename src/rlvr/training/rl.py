@@ -24,6 +24,8 @@ from rlvr.data.templates import apply_template
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
+from rlvr.tracking.progress import StepProgress
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.checkpoint import (
@@ -33,11 +35,9 @@ from rlvr.training.checkpoint import (
     save_checkpoint,
 )
 from rlvr.training.metrics import step_metrics
-from rlvr.training.rewarding import RewardScorer
 from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.rewarding import RewardScorer
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
-from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
-from rlvr.tracking.progress import StepProgress
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
 
@@ -81,7 +81,10 @@ def rollout_batch(
 
 
 def train(
-    cfg: RLConfig, *, resume: bool = False, filters: tuple[BatchFilter, ...] = (),
+    cfg: RLConfig,
+    *,
+    resume: bool = False,
+    filters: tuple[BatchFilter, ...] = (),
     show_progress: bool = True,
 ) -> Path:
     """Run online RL as configured; return the run directory."""
@@ -104,8 +107,10 @@ def train(
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas)
     scheduler = build_scheduler(
-        optimizer, warmup_steps=cfg.train.warmup_steps,
-        total_steps=cfg.train.steps * updates_per_step, schedule=cfg.train.schedule,
+        optimizer,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=cfg.train.steps * updates_per_step,
+        schedule=cfg.train.schedule,
         min_lr_ratio=cfg.train.min_lr_ratio,
     )
     start_step, bad_steps = 0, 0
@@ -134,14 +139,19 @@ def train(
         model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, r.batch_size, generator
     )
     rewarder = RewardScorer(cfg, task)
-    settings = LossSettings(algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens,
-                            tokenizer.pad_token_id)
+    settings = LossSettings(
+        algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id
+    )
     budget, pad = cfg.train.micro_batch_tokens, tokenizer.pad_token_id
 
     def checkpoint_state() -> dict:
-        return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "sampler": sampler.state_dict(), "generator": generator.get_state(),
-                "bad_steps": bad_steps}
+        return {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "sampler": sampler.state_dict(),
+            "generator": generator.get_state(),
+            "bad_steps": bad_steps,
+        }
 
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
     samples_log = JsonlWriter(run_dir / "samples.jsonl")
@@ -164,10 +174,14 @@ def train(
                 batch.old_logprobs = batch_logprobs(model, batch, r.temperature, budget, pad)
             rewards = batch.rewards
             if reference is not None and algo.kl.in_reward:
-                kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch.rollout_logprobs, batch.ref_logprobs)
+                kl = KL_ESTIMATORS.get(algo.kl.estimator)(
+                    batch.rollout_logprobs, batch.ref_logprobs
+                )
                 rewards = rewards - algo.kl.coef * (kl * batch.response_mask).sum(-1)
             advantages = ADVANTAGES.get(algo.advantage)(
-                rewards, batch.group_ids, std_normalization=algo.std_normalization,
+                rewards,
+                batch.group_ids,
+                std_normalization=algo.std_normalization,
                 epsilon=algo.epsilon,
             )
             batch.advantages = advantages[:, None] * batch.response_mask
@@ -193,8 +207,10 @@ def train(
                     scheduler.step()
             bad_steps = bad_steps + 1 if skipped else 0
             if skipped:
-                warnings.warn(f"step {step}: non-finite loss or gradient, {skipped} update(s) "
-                              "skipped", stacklevel=1)
+                warnings.warn(
+                    f"step {step}: non-finite loss or gradient, {skipped} update(s) skipped",
+                    stacklevel=1,
+                )
                 if bad_steps >= cfg.train.max_nonfinite_steps:
                     raise NonFiniteError(
                         f"{bad_steps} consecutive steps had a non-finite loss or gradient; "
@@ -203,21 +219,31 @@ def train(
             t3 = time.perf_counter()
 
             metrics = step_metrics(full_batch, batch, totals, grad_norms, cfg)
-            metrics.update({
-                "step": step, "lr": scheduler.get_last_lr()[0], "skipped_updates": skipped,
-                "reward/errors": scored.errors, "reward/timeouts": scored.timeouts,
-                "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/train": t3 - t2,
-                "time/step": t3 - t0,
-                "tokens_per_s": sum(full_batch.lengths) / max(t3 - t0, 1e-9),
-            })
+            metrics.update(
+                {
+                    "step": step,
+                    "lr": scheduler.get_last_lr()[0],
+                    "skipped_updates": skipped,
+                    "reward/errors": scored.errors,
+                    "reward/timeouts": scored.timeouts,
+                    "time/rollout": t1 - t0,
+                    "time/reward": t2 - t1,
+                    "time/train": t3 - t2,
+                    "time/step": t3 - t0,
+                    "tokens_per_s": sum(full_batch.lengths) / max(t3 - t0, 1e-9),
+                }
+            )
             metrics_log.write(metrics)
             for i in range(min(cfg.train.log_samples, len(full_batch))):
-                samples_log.write({
-                    "step": step, "prompt": full_batch.prompt_texts[i],
-                    "completion": full_batch.completion_texts[i],
-                    "answer": full_batch.problems[i].answer,
-                    "reward": float(full_batch.rewards[i]),
-                })
+                samples_log.write(
+                    {
+                        "step": step,
+                        "prompt": full_batch.prompt_texts[i],
+                        "completion": full_batch.completion_texts[i],
+                        "answer": full_batch.problems[i].answer,
+                        "reward": float(full_batch.rewards[i]),
+                    }
+                )
             for message in scored.error_examples[:2]:
                 samples_log.write({"step": step, "reward_error": message})
             progress.update(step, metrics)

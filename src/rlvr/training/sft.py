@@ -41,8 +41,9 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     if not examples:
         raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on")
     prompts = [
-        tokenizer(apply_template(cfg.data.template, p.question, tokenizer),
-                  add_special_tokens=False)["input_ids"]
+        tokenizer(
+            apply_template(cfg.data.template, p.question, tokenizer), add_special_tokens=False
+        )["input_ids"]
         for p in examples
     ]
     targets = [
@@ -51,8 +52,13 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     ]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     optimizer = build_optimizer(model, s.lr, s.weight_decay)
-    scheduler = build_scheduler(optimizer, warmup_steps=s.warmup_steps, total_steps=s.steps,
-                                schedule=s.schedule, min_lr_ratio=s.min_lr_ratio)
+    scheduler = build_scheduler(
+        optimizer,
+        warmup_steps=s.warmup_steps,
+        total_steps=s.steps,
+        schedule=s.schedule,
+        min_lr_ratio=s.min_lr_ratio,
+    )
     order_rng = random.Random(s.seed)
     order: list[int] = []
     model.train()
@@ -63,7 +69,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
                 fresh = list(range(len(examples)))
                 order_rng.shuffle(fresh)
                 order.extend(fresh)
-            rows, order = order[: s.batch_size], order[s.batch_size:]
+            rows, order = order[: s.batch_size], order[s.batch_size :]
             num_tokens = float(sum(len(targets[r]) for r in rows))
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
@@ -78,8 +84,15 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
             )
             optimizer.step()
             scheduler.step()
-            log.write({"step": step, "loss": total, "grad_norm": float(grad_norm),
-                       "lr": scheduler.get_last_lr()[0], "time": time.perf_counter() - start})
+            log.write(
+                {
+                    "step": step,
+                    "loss": total,
+                    "grad_norm": float(grad_norm),
+                    "lr": scheduler.get_last_lr()[0],
+                    "time": time.perf_counter() - start,
+                }
+            )
             if show_progress and (step % 50 == 0 or step == s.steps):
                 print(f"sft step {step}/{s.steps}  loss {total:.4f}", flush=True)
     save_pretrained(model, tokenizer, out_dir)

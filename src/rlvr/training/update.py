@@ -70,10 +70,16 @@ def minibatch_backward(
         mask = batch.response_mask[mb.rows, :width]
         logits = forward_logits(model, mb)
         logprobs = token_logprobs(logits, mb.completion_ids, s.temperature)
-        old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb.rows, :width]
+        old = (
+            logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb.rows, :width]
+        )
         out = policy_loss(
-            logprobs, old, batch.advantages[mb.rows, :width], mask,
-            clip_low=algo.clip.low, clip_high=algo.clip.high,
+            logprobs,
+            old,
+            batch.advantages[mb.rows, :width],
+            mask,
+            clip_low=algo.clip.low,
+            clip_high=algo.clip.high,
         )
         loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
         if batch.ref_logprobs is not None:

@@ -1,0 +1,167 @@
+"""Built-in rewards: ``math`` (answer verification), ``format`` (R1 tags), ``countdown``.
+
+Each has TRL's signature ``f(prompts, completions, **columns) -> list[float]`` and scores 1.0 or
+0.0. A math-verify timeout is reported as ``float("nan")`` for that completion: the composer
+turns every NaN into a score of 0 and counts it in ``RewardOutput.timeouts``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from rlvr.rewards.extract import extract_answer
+from rlvr.rewards.registry import register_reward
+from rlvr.rewards.verify import (
+    VerifierError,
+    answers_match,
+    current_verifier_timeout,
+    parse_number,
+)
+
+TIMED_OUT = float("nan")
+"""The score a reward returns for a completion whose verifier timed out (counted, scores 0)."""
+
+
+# --------------------------------------------------------------------------- math
+
+
+def math_score(completion: str, gold: Any, timeout_s: float = 5.0) -> float:
+    """1.0 if the extracted answer of `completion` matches `gold`, 0.0 if not, NaN on timeout."""
+    if gold is None:
+        return 0.0
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    try:
+        return 1.0 if answers_match(predicted, str(gold), timeout_s=timeout_s) else 0.0
+    except VerifierError:  # a timeout, or a verifier worker that died
+        return TIMED_OUT
+
+
+@register_reward("math")
+def math_reward(
+    prompts: list[str], completions: list[str], answer: list[Any] | None = None, **_: Any
+) -> list[float]:
+    """Answer correctness against the ``answer`` column (NaN marks a verifier timeout)."""
+    if answer is None:
+        raise ValueError("the 'math' reward needs an 'answer' column")
+    timeout_s = current_verifier_timeout()
+    return [math_score(c, gold, timeout_s) for c, gold in zip(completions, answer, strict=True)]
+
+
+# --------------------------------------------------------------------------- format
+
+_R1_FORMAT = re.compile(
+    r"\s*(?:<think>)?(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL
+)
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+def format_score(completion: str) -> float:
+    """1.0 if `completion` is ``<think>…</think>`` then ``<answer>…</answer>`` and nothing else.
+
+    The opening ``<think>`` may be missing (the prompt template often emits it); each tag may
+    appear only once, the answer must not be empty, and only whitespace may surround the blocks.
+    """
+    match = _R1_FORMAT.fullmatch(completion)
+    if match is None or not match.group("answer").strip():
+        return 0.0
+    inner = match.group("think") + match.group("answer")
+    return 0.0 if any(tag in inner for tag in _TAGS) else 1.0
+
+
+@register_reward("format")
+def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """DeepSeek-R1's format reward: ``<think>…</think><answer>…</answer>`` → 1.0, else 0.0."""
+    return [format_score(c) for c in completions]
+
+
+# --------------------------------------------------------------------------- countdown
+
+_MAX_EXPRESSION_CHARS = 256
+_ALLOWED_CHARS = re.compile(r"[\d\s+\-*/()]+")
+_SYMBOLS = {"×": "*", "÷": "/", "−": "-", "\\times": "*", "\\div": "/", "\\cdot": "*"}
+_SYMBOLS |= {"\\left": "", "\\right": ""}
+_BINARY_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
+    """Exact value of an arithmetic AST; records each integer literal in `used`."""
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body, used)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        used.append(node.value)
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+        left, right = _evaluate(node.left, used), _evaluate(node.right, used)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ZeroDivisionError("division by zero")
+        return _BINARY_OPS[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand, used)
+    raise ValueError(f"{type(node).__name__} is not allowed in a countdown expression")
+
+
+def evaluate_countdown(expression: str, numbers: Sequence[int]) -> Fraction | None:
+    """Exact value of `expression`, or None if it is not a valid countdown expression.
+
+    Valid: integers, ``+ - * /`` (and unary minus) and parentheses only, each integer one of
+    `numbers`, used at most as many times as it is given. Parsed with `ast`, never evaluated by
+    Python; arithmetic is exact (`fractions.Fraction`).
+    """
+    for symbol, replacement in _SYMBOLS.items():
+        expression = expression.replace(symbol, replacement)
+    if len(expression) > _MAX_EXPRESSION_CHARS or not _ALLOWED_CHARS.fullmatch(expression):
+        return None
+    used: list[int] = []
+    try:
+        value = _evaluate(ast.parse(expression.strip(), mode="eval"), used)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+        return None
+    if Counter(used) - Counter(int(n) for n in numbers):
+        return None  # a number not given, or one given number used twice
+    return value
+
+
+def countdown_score(answer: str | None, numbers: Sequence[int], target: int) -> float:
+    """1.0 if `answer` is a valid expression over `numbers` equal to `target`, else 0.0.
+
+    A trailing ``= target`` (``(3+5)*3 = 24``) is accepted; any other ``=`` is not.
+    """
+    if answer is None:
+        return 0.0
+    if "=" in answer:
+        expression, _, result = answer.partition("=")
+        if "=" in result or parse_number(result) != Fraction(int(target)):
+            return 0.0
+        answer = expression
+    value = evaluate_countdown(answer, numbers)
+    return 1.0 if value is not None and value == int(target) else 0.0
+
+
+@register_reward("countdown")
+def countdown_reward(
+    prompts: list[str],
+    completions: list[str],
+    numbers: list[list[int]] | None = None,
+    target: list[int] | None = None,
+    **_: Any,
+) -> list[float]:
+    """Countdown (TinyZero): the answer expression reaches ``target`` using ``numbers``."""
+    if numbers is None or target is None:
+        raise ValueError("the 'countdown' reward needs 'numbers' and 'target' columns")
+    return [
+        countdown_score(extract_answer(c), nums, goal)
+        for c, nums, goal in zip(completions, numbers, target, strict=True)
+    ]

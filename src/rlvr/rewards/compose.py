@@ -1,0 +1,171 @@
+"""Weighted composition of reward functions, robust to errors and verifier timeouts.
+
+`compose_rewards([("math", 1.0), ("format", 0.1)])` returns a `RewardComposer`; calling it on a
+batch gives a `RewardOutput`: the weighted total per completion, each reward's unweighted
+scores, and counts of what went wrong. Nothing a reward function does stops training:
+
+- a call that raises (or returns the wrong number of scores) scores 0.0 for the completions of
+  that call and counts one error in `errors`, with its message in `error_examples`;
+- a score of NaN means "the verifier timed out" (the built-in ``math`` reward returns NaN for
+  a math-verify timeout): it scores 0.0 and counts one in `timeouts`;
+- ``None`` (TRL's "this reward does not apply to this sample") scores 0.0 and is not counted;
+  an infinite score scores 0.0 and counts as an error.
+
+Completions are split into at most `max_workers` contiguous chunks scored in a thread pool;
+results are put back in order, so the output does not depend on the scheduling. Reward
+functions must therefore be thread-safe when ``max_workers > 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.rewards.registry import RewardFn, get_reward
+from rlvr.rewards.verify import verifier_timeout
+
+_MAX_ERROR_EXAMPLES = 5
+
+
+@dataclass
+class RewardOutput:
+    """Scores of one batch of completions."""
+
+    total: list[float]
+    """Weighted sum of the rewards, one per completion."""
+    per_reward: dict[str, list[float]]
+    """Unweighted scores of each reward, by name, one per completion."""
+    errors: int = 0
+    """Reward-function calls that raised or returned malformed scores (scored 0.0)."""
+    timeouts: int = 0
+    """Completions whose verifier timed out or whose verifier worker died (scored 0.0)."""
+    error_examples: list[str] = field(default_factory=list)
+    """A few error messages, ``"name: ExceptionType: message"``."""
+
+
+@dataclass
+class _ChunkResult:
+    scores: list[float]
+    errors: int = 0
+    timeouts: int = 0
+    messages: list[str] = field(default_factory=list)
+
+
+def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """`chunks` contiguous, near-equal [start, end) ranges covering range(n)."""
+    chunks = max(1, min(chunks, n))
+    size, extra = divmod(n, chunks)
+    bounds, start = [], 0
+    for i in range(chunks):
+        end = start + size + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _convert(name: str, raw: Any, n: int) -> _ChunkResult:
+    """Validate a reward function's return value and turn it into floats."""
+    if raw is None or isinstance(raw, (str, bytes)) or len(raw) != n:
+        got = "None" if raw is None else f"{len(raw)} scores" if hasattr(raw, "__len__") else raw
+        raise ValueError(f"returned {got} for {n} completions")
+    result = _ChunkResult(scores=[])
+    for value in raw:
+        score = 0.0 if value is None else float(value)
+        if math.isnan(score):
+            result.timeouts += 1
+            score = 0.0
+        elif math.isinf(score):
+            result.errors += 1
+            result.messages.append(f"{name}: ValueError: non-finite score {score}")
+            score = 0.0
+        result.scores.append(score)
+    return result
+
+
+class RewardComposer:
+    """Weighted sum of named reward functions; call it on a batch to get a `RewardOutput`."""
+
+    def __init__(
+        self, specs: Sequence[tuple[str, float]], max_workers: int = 4, timeout_s: float = 5.0
+    ) -> None:
+        """Resolve every reward name now, so a typo fails before training starts."""
+        if not specs:
+            raise ValueError("compose_rewards needs at least one (name, weight) pair")
+        names = [name for name, _ in specs]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"reward(s) listed twice: {', '.join(duplicates)}")
+        self.weights: dict[str, float] = {name: float(weight) for name, weight in specs}
+        self.functions: dict[str, RewardFn] = {name: get_reward(name) for name in names}
+        self.max_workers = max(1, int(max_workers))
+        self.timeout_s = float(timeout_s)
+
+    def __repr__(self) -> str:
+        specs = ", ".join(f"{name}×{weight:g}" for name, weight in self.weights.items())
+        return f"RewardComposer({specs})"
+
+    def _score_chunk(
+        self, name: str, prompts: list[str], completions: list[str], columns: dict[str, list]
+    ) -> _ChunkResult:
+        """One call of reward `name` on one chunk; never raises."""
+        try:
+            with verifier_timeout(self.timeout_s):
+                raw = self.functions[name](prompts, completions, **columns)
+            return _convert(name, raw, len(completions))
+        except Exception as exc:
+            message = f"{name}: {type(exc).__name__}: {exc}"
+            return _ChunkResult([0.0] * len(completions), errors=1, messages=[message])
+
+    def __call__(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: dict[str, Sequence[Any]] | None = None,
+    ) -> RewardOutput:
+        """Score `completions` (aligned with `prompts` and with every list in `columns`)."""
+        n = len(completions)
+        columns = columns or {}
+        if len(prompts) != n:
+            raise ValueError(f"{len(prompts)} prompts for {n} completions")
+        for key, values in columns.items():
+            if len(values) != n:
+                rows = len(values)
+                raise ValueError(f"reward column {key!r} has {rows} rows for {n} completions")
+        bounds = _chunk_bounds(n, self.max_workers)
+        tasks = [
+            (name, list(prompts[a:b]), list(completions[a:b]),
+             {key: list(values[a:b]) for key, values in columns.items()})
+            for name in self.functions
+            for a, b in bounds
+        ]  # fmt: skip
+        if self.max_workers > 1 and len(tasks) > 1:
+            with ThreadPoolExecutor(min(self.max_workers, len(tasks))) as pool:
+                results = list(pool.map(lambda task: self._score_chunk(*task), tasks))
+        else:
+            results = [self._score_chunk(*task) for task in tasks]
+
+        output = RewardOutput(total=[0.0] * n, per_reward={name: [] for name in self.functions})
+        for (name, *_), result in zip(tasks, results, strict=True):
+            output.per_reward[name].extend(result.scores)
+            output.errors += result.errors
+            output.timeouts += result.timeouts
+            room = _MAX_ERROR_EXAMPLES - len(output.error_examples)
+            output.error_examples.extend(result.messages[: max(room, 0)])
+        for name, scores in output.per_reward.items():
+            weight = self.weights[name]
+            output.total = [t + weight * s for t, s in zip(output.total, scores, strict=True)]
+        return output
+
+
+def compose_rewards(
+    specs: Sequence[tuple[str, float]], max_workers: int = 4, timeout_s: float = 5.0
+) -> RewardComposer:
+    """A `RewardComposer` for `(name, weight)` pairs (registered names or import paths).
+
+    `max_workers` threads score chunks of completions in parallel (1 = sequential);
+    `timeout_s` is the hard timeout of one verifier call (see `rlvr.rewards.verify`).
+    """
+    return RewardComposer(specs, max_workers=max_workers, timeout_s=timeout_s)

@@ -1,0 +1,84 @@
+"""Reward registry: names → reward functions with TRL's signature.
+
+A reward function is ``f(prompts: list[str], completions: list[str], **columns) -> list[float]``
+where each column (``answer=[...]``, ``numbers=[...]``) is a list aligned with `completions`;
+this is the signature of TRL's ``reward_funcs``, so users can bring theirs unchanged.
+
+`get_reward` resolves a registered name or a ``"package.module:function"`` import path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+RewardFn = Callable[..., list[Any]]
+"""``f(prompts, completions, **columns) -> list[float]`` (TRL's reward-function signature)."""
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+class UnknownRewardError(KeyError):
+    """A reward name that is neither registered nor an importable ``module:function`` path."""
+
+    def __str__(self) -> str:  # KeyError would show the message with quotes around it
+        return str(self.args[0]) if self.args else ""
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering a reward function under `name`; a taken name is a ValueError."""
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY:
+            raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]!r})")
+        if ":" in name:
+            raise ValueError(f"reward name {name!r} may not contain ':' (used for import paths)")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def list_rewards() -> list[str]:
+    """The registered reward names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _import_reward(path: str) -> RewardFn:
+    """The function named by ``"package.module:function"``."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise UnknownRewardError(f"reward import path {path!r} must look like 'package.module:fn'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        message = f"cannot import module {module_name!r} of reward {path!r}: {exc}"
+        raise UnknownRewardError(message) from exc
+    fn: Any = module
+    for part in attribute.split("."):
+        if not hasattr(fn, part):
+            raise UnknownRewardError(f"module {module_name!r} has no attribute {attribute!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise UnknownRewardError(f"reward {path!r} is not callable")
+    return fn
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward function registered as `name`, or imported from ``"package.module:function"``.
+
+    Raises `UnknownRewardError` (a KeyError) naming the closest registered name otherwise.
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        return _import_reward(name)
+    valid = list_rewards()
+    closest = difflib.get_close_matches(name, valid, n=1, cutoff=0.0)
+    hint = f"; did you mean {closest[0]!r}?" if closest else "."
+    raise UnknownRewardError(
+        f"unknown reward {name!r}{hint} Registered rewards: {', '.join(valid)}; "
+        "a custom reward is given as 'package.module:function'."
+    )

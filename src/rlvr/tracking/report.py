@@ -1,0 +1,220 @@
+"""Report plots: the training curves of one run, or of several runs overlaid, as one PNG.
+
+Reads each run directory's `metrics.jsonl` (x axis = `step`) and draws one subplot per metric
+in a grid, one line per run, labelled with the run directory's name and coloured the same in
+every subplot. Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend
+switch, no display needed), so it is safe in training processes and on headless machines.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from rlvr.tracking.jsonl import read_jsonl
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "reward/mean",
+    "accuracy",
+    "response_length/mean",
+    "entropy",
+    "kl",
+    "clip_frac",
+)
+"""The curves of `rlvr report`: reward, accuracy, length, entropy, KL and clip fraction."""
+
+_COLUMNS = 3
+
+
+def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
+    """The records of `run_dir/metrics.jsonl`, sorted by `step`.
+
+    Raises:
+        FileNotFoundError: if `run_dir` is not a directory or has no `metrics.jsonl`.
+        ValueError: if a line is malformed or a record has no numeric `step`.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: run directory does not exist")
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{run_dir}: no metrics.jsonl in this directory (is it a run directory?)"
+        )
+    records = read_jsonl(path)
+    for index, record in enumerate(records, start=1):
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise ValueError(f"{path}: record {index} has no numeric 'step' (got {step!r})")
+    return sorted(records, key=lambda r: r["step"])
+
+
+def metric_series(
+    records: Sequence[dict], metric: str, source: str | os.PathLike[str] = "metrics.jsonl"
+) -> tuple[list[float], list[float]] | None:
+    """(steps, values) of `metric`, or None if no record logs it.
+
+    A step whose value is null (a NaN or inf that the writer nulled) is kept as NaN, so the
+    curve shows a gap there. A non-numeric value raises ValueError naming `source`.
+    """
+    steps: list[float] = []
+    values: list[float] = []
+    for record in records:
+        if metric not in record:
+            continue
+        value = record[metric]
+        if value is None:
+            value = math.nan
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(
+                f"{source}: metric {metric!r} at step {record['step']} is not a number ({value!r})"
+            )
+        steps.append(float(record["step"]))
+        values.append(float(value))
+    return (steps, values) if steps else None
+
+
+def ema_smooth(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average with TensorBoard's bias correction.
+
+    s_t = w * s_{t-1} + (1 - w) * x_t, reported as s_t / (1 - w^(m_t)), where m_t counts the
+    finite values seen so far. NaNs are passed through (and do not update the average).
+    `weight` = 0 returns the values unchanged.
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    if weight == 0.0:
+        return list(values)
+    smoothed: list[float] = []
+    average, seen = 0.0, 0
+    for x in values:
+        if not math.isfinite(x):
+            smoothed.append(math.nan)
+            continue
+        average = weight * average + (1.0 - weight) * x
+        seen += 1
+        smoothed.append(average / (1.0 - weight**seen))
+    return smoothed
+
+
+def _labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Each run's directory name; `parent/name` where two runs share a name."""
+    names = [d.resolve().name or str(d) for d in run_dirs]
+    return [
+        f"{d.resolve().parent.name}/{n}" if names.count(n) > 1 else n
+        for d, n in zip(run_dirs, names, strict=True)
+    ]
+
+
+def plot_runs(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    out_path: str | os.PathLike[str],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    *,
+    smoothing: float = 0.0,
+    title: str | None = None,
+    dpi: int = 120,
+) -> Path:
+    """Plot `metrics` of one or more runs (overlaid) against `step` and save a PNG.
+
+    Args:
+        run_dirs: run directories, each holding a `metrics.jsonl`.
+        out_path: the PNG to write (parent directories are created).
+        metrics: one subplot each, in a grid of up to three columns; any logged key works,
+            e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
+            that says "not logged".
+        smoothing: EMA weight in [0, 1) (TensorBoard-style); 0, the default, plots raw values.
+            When smoothing, the raw curve is drawn faintly behind the smoothed one.
+        title: figure title (default: none).
+        dpi: resolution of the PNG.
+
+    Returns:
+        `out_path` as a Path.
+
+    Raises:
+        ValueError: no run directories or no metrics given, or a malformed metrics file.
+        FileNotFoundError: a run directory (named in the message) lacks `metrics.jsonl`.
+    """
+    run_paths = [Path(d) for d in run_dirs]
+    if not run_paths:
+        raise ValueError("plot_runs: no run directories given")
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    if not metrics:
+        raise ValueError("plot_runs: no metrics to plot")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"plot_runs: smoothing must be in [0, 1), got {smoothing}")
+    runs = [load_run_metrics(d) for d in run_paths]
+    labels = _labels(run_paths)
+
+    columns = min(_COLUMNS, len(metrics))
+    rows = math.ceil(len(metrics) / columns)
+    fig = Figure(figsize=(4.6 * columns, 3.2 * rows + 0.6), dpi=dpi)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    handles: dict[str, object] = {}
+
+    for ax, metric in zip(axes, metrics, strict=False):
+        ax.set_title(metric, fontsize=10)
+        plotted = False
+        for run_dir, records, label, color in zip(run_paths, runs, labels, colors, strict=True):
+            series = metric_series(records, metric, run_dir / "metrics.jsonl")
+            if series is None:
+                continue
+            steps, values = series
+            marker = "o" if len(steps) == 1 else None
+            if smoothing > 0.0:
+                ax.plot(steps, values, color=color, alpha=0.25, linewidth=1.0)
+                values = ema_smooth(values, smoothing)
+            (line,) = ax.plot(steps, values, color=color, linewidth=1.5, marker=marker, label=label)
+            handles.setdefault(label, line)
+            plotted = True
+        if plotted:
+            ax.grid(alpha=0.3)
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                "not logged",
+                ha="center",
+                va="center",
+                color="0.5",
+                transform=ax.transAxes,
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+    for ax in axes[len(metrics) :]:
+        ax.set_visible(False)
+    for ax in axes[: len(metrics)]:
+        if ax.has_data():
+            ax.set_xlabel("step", fontsize=9)
+        ax.tick_params(labelsize=8)
+
+    top = 1.0
+    if title:
+        fig.suptitle(title)
+        top -= 0.5 / fig.get_figheight()
+    if handles:
+        ordered = [label for label in labels if label in handles]
+        fig.legend(
+            [handles[label] for label in ordered],
+            ordered,
+            loc="upper center",
+            ncol=min(len(ordered), 4),
+            fontsize=9,
+            frameon=False,
+            bbox_to_anchor=(0.5, top),
+        )
+        top -= (0.35 * math.ceil(len(ordered) / 4) + 0.1) / fig.get_figheight()
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, top))
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out

@@ -1,0 +1,177 @@
+"""Advantage estimators against hand-computed numbers and a slow per-group reference."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from rlvr.algorithms import ADVANTAGES, group_normalized_advantages, rloo_advantages
+
+EPS = 1e-6
+
+# Two groups of four; group 0 = [1, 0, 0, 0], group 1 = [1, 1, 0, 0].
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+GROUPS = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+# group 0: mean 0.25, centred [0.75, -0.25, -0.25, -0.25],
+#          Σ(centred²) = 0.5625 + 3·0.0625 = 0.75, unbiased var = 0.75/3 = 0.25, std = 0.5
+# group 1: mean 0.5, centred [0.5, 0.5, -0.5, -0.5], Σ = 1, var = 1/3, std = 0.5773503
+CENTRED = [0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5]
+GROUP_STD = [0.5] * 4 + [math.sqrt(1 / 3)] * 4
+# batch: mean 3/8 = 0.375; centred 0.625 (×3), -0.375 (×5);
+#        Σ = 3·0.390625 + 5·0.140625 = 1.875, unbiased var = 1.875/7, std = 0.5175492
+BATCH_STD = math.sqrt(1.875 / 7)
+
+
+def _close(actual, expected, atol=1e-6):
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
+
+
+def test_grpo_group_std():
+    adv = group_normalized_advantages(REWARDS, GROUPS, std_normalization="group")
+    # group 0: 0.75/0.5 = 1.5, -0.25/0.5 = -0.5; group 1: ±0.5/0.57735 = ±0.8660254
+    _close(adv, [c / (s + EPS) for c, s in zip(CENTRED, GROUP_STD, strict=True)])
+    _close(adv, [1.5, -0.5, -0.5, -0.5, 0.8660254, 0.8660254, -0.8660254, -0.8660254], atol=1e-5)
+    assert adv.dtype == torch.float64
+
+
+def test_grpo_batch_std():
+    adv = group_normalized_advantages(REWARDS, GROUPS, std_normalization="batch")
+    # group mean, batch std: 0.75/0.5175492 = 1.4491377, 0.5/0.5175492 = 0.9660918
+    _close(adv, [c / (BATCH_STD + EPS) for c in CENTRED])
+    _close(adv[0], 1.4491377, atol=1e-5)
+    _close(adv[4], 0.9660918, atol=1e-5)
+
+
+def test_grpo_no_std_is_dr_grpo():
+    adv = group_normalized_advantages(REWARDS, GROUPS, std_normalization="none")
+    _close(adv, CENTRED)
+
+
+def test_grpo_default_is_group_std():
+    torch.testing.assert_close(
+        ADVANTAGES.get("grpo")(REWARDS, GROUPS),
+        group_normalized_advantages(REWARDS, GROUPS, std_normalization="group"),
+    )
+
+
+@pytest.mark.parametrize("mode", ["group", "batch", "none"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_zero_variance_and_singleton_groups_get_exactly_zero(mode, estimator):
+    # group 3: [0.1, 0.1, 0.1] (mean 0.1 is inexact in floating point, the result must not be),
+    # group 9: a single sample; group 4: [1, 0] has variance and keeps its advantages.
+    # (in float64, 0.1 - (0.1 + 0.1 + 0.1)/3 = -1.4e-17, which /ε would leave at -1.4e-11)
+    rewards = torch.tensor([0.1, 0.1, 0.1, 5.0, 1.0, 0.0], dtype=torch.float64)
+    groups = torch.tensor([3, 3, 3, 9, 4, 4])
+    adv = ADVANTAGES.get(estimator)(rewards, groups, std_normalization=mode)
+    assert torch.equal(adv[:4], torch.zeros(4, dtype=torch.float64))
+    assert adv[4] > 0 > adv[5]
+
+
+def test_all_equal_batch_with_batch_std_is_zero():
+    adv = group_normalized_advantages(
+        torch.ones(6), torch.tensor([0, 0, 0, 1, 1, 1]), std_normalization="batch"
+    )
+    assert torch.equal(adv, torch.zeros(6))
+
+
+def test_non_contiguous_ids_in_any_order():
+    # The same two groups as REWARDS/GROUPS, ids 42 and -7, interleaved.
+    order = torch.tensor([4, 0, 5, 1, 6, 2, 7, 3])
+    ids = torch.where(GROUPS == 0, 42, -7)[order]
+    for mode in ("group", "batch", "none"):
+        expected = group_normalized_advantages(REWARDS, GROUPS, std_normalization=mode)[order]
+        actual = group_normalized_advantages(REWARDS[order], ids, std_normalization=mode)
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+    # hand values for the group-std case: position 1 holds reward 1 of group 42 → 1.5
+    adv = group_normalized_advantages(REWARDS[order], ids)
+    _close(adv[1], 0.75 / (0.5 + EPS))
+    _close(adv[3], -0.25 / (0.5 + EPS))
+
+
+def test_rloo_hand_values():
+    adv = rloo_advantages(REWARDS, GROUPS)
+    # group 0: r=1 vs mean(0,0,0) = 0 → 1;   r=0 vs mean(1,0,0) = 1/3 → -1/3
+    # group 1: r=1 vs mean(1,0,0) = 1/3 → 2/3; r=0 vs mean(1,1,0) = 2/3 → -2/3
+    _close(adv, [1, -1 / 3, -1 / 3, -1 / 3, 2 / 3, 2 / 3, -2 / 3, -2 / 3])
+    # = G/(G-1)·(r - mean) = 4/3 · CENTRED
+    _close(adv, [4 / 3 * c for c in CENTRED])
+
+
+def test_rloo_unequal_group_sizes():
+    rewards = torch.tensor([1.0, 0.0, 3.0, 0.0, 0.0], dtype=torch.float64)
+    groups = torch.tensor([1, 1, 2, 2, 2])
+    # group 1 (G=2): 1 - 0 = 1, 0 - 1 = -1
+    # group 2 (G=3): 3 - mean(0, 0) = 3, 0 - mean(3, 0) = -1.5
+    _close(rloo_advantages(rewards, groups), [1.0, -1.0, 3.0, -1.5, -1.5])
+
+
+def test_rloo_std_normalization_is_applied_like_grpo():
+    # "group": LOO advantage / group std; "batch": / batch std (see rloo_advantages' docstring)
+    group = rloo_advantages(REWARDS, GROUPS, std_normalization="group")
+    _close(group, [4 / 3 * c / (s + EPS) for c, s in zip(CENTRED, GROUP_STD, strict=True)])
+    batch = rloo_advantages(REWARDS, GROUPS, std_normalization="batch")
+    _close(batch, [4 / 3 * c / (BATCH_STD + EPS) for c in CENTRED])
+
+
+def _reference(rewards, groups, estimator, mode, eps):
+    """Slow, independent implementation: a Python loop over groups with `statistics`."""
+    rewards, groups = rewards.tolist(), groups.tolist()
+    batch_std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+    out = []
+    for r, g in zip(rewards, groups, strict=True):
+        members = [x for x, h in zip(rewards, groups, strict=True) if h == g]
+        if len(set(members)) == 1:
+            out.append(0.0)
+            continue
+        if estimator == "grpo":
+            value = r - statistics.fmean(members)
+        else:
+            others = list(members)
+            others.remove(r)
+            value = r - statistics.fmean(others)
+        if mode == "group":
+            value /= statistics.stdev(members) + eps
+        elif mode == "batch":
+            value /= batch_std + eps
+        out.append(value)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("mode", ["group", "batch", "none"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_matches_slow_reference_on_random_batches(estimator, mode):
+    gen = torch.Generator().manual_seed(1234)
+    for trial in range(5):
+        n = 40
+        groups = torch.randint(-50, 50, (n,), generator=gen) * 3  # sparse, negative ids
+        if trial % 2:
+            rewards = torch.randint(0, 2, (n,), generator=gen).double()  # many constant groups
+        else:
+            rewards = torch.randn(n, generator=gen, dtype=torch.float64)
+        expected = _reference(rewards, groups, estimator, mode, 1e-4)
+        actual = ADVANTAGES.get(estimator)(rewards, groups, std_normalization=mode, epsilon=1e-4)
+        torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
+def test_float32_integer_and_empty_inputs():
+    adv = group_normalized_advantages(REWARDS.float(), GROUPS)
+    assert adv.dtype == torch.float32
+    _close(adv, [c / (s + EPS) for c, s in zip(CENTRED, GROUP_STD, strict=True)])
+    as_int = group_normalized_advantages(REWARDS.long(), GROUPS, std_normalization="none")
+    assert as_int.is_floating_point()
+    _close(as_int.double(), CENTRED)
+    empty = group_normalized_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0,)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="std_normalization must be one of group, batch, none"):
+        group_normalized_advantages(REWARDS, GROUPS, std_normalization="grp")
+    with pytest.raises(ValueError, match="integer"):
+        rloo_advantages(REWARDS, GROUPS.double())
+    with pytest.raises(ValueError, match="1-D"):
+        group_normalized_advantages(REWARDS[None], GROUPS[None])
+    with pytest.raises(ValueError, match="shape"):
+        group_normalized_advantages(REWARDS, GROUPS[:3])

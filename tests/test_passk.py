@@ -1,0 +1,123 @@
+"""pass@k against brute-force enumeration of k-subsets; maj@k worked out by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from rlvr.evaluation import majority_at_k, mean_majority_at_k, mean_pass_at_k, pass_at_k
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    """Fraction of all k-subsets of n samples (the first c correct) holding a correct one."""
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(samples, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force_for_all_small_n():
+    checked = 0
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = brute_force_pass_at_k(n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+                checked += 1
+    assert checked == sum(n * (n + 1) for n in range(1, 9))  # 240 cases
+
+
+def test_pass_at_k_matches_exact_binomial_formula_for_large_n():
+    # The product form must stay accurate where C(n, k) has hundreds of digits.
+    for n, c, k in [(200, 3, 100), (1000, 1, 1), (1000, 17, 64), (512, 500, 8), (300, 0, 50)]:
+        exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+        assert pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12)
+
+
+def test_pass_at_k_edge_cases():
+    assert pass_at_k(10, 0, 1) == 0.0
+    assert pass_at_k(10, 0, 10) == 0.0
+    assert pass_at_k(10, 10, 1) == 1.0
+    assert pass_at_k(10, 10, 10) == 1.0
+    assert pass_at_k(10, 3, 8) == 1.0  # n - c = 7 < k: every 8-subset holds a correct one
+    assert pass_at_k(4, 1, 1) == 0.25  # pass@1 is the plain accuracy c / n
+    assert pass_at_k(np.int64(4), np.int64(2), 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k"),
+    [
+        (4, 1, 5),
+        (4, 1, 0),
+        (4, 1, -1),
+        (0, 0, 1),
+        (4, 5, 1),
+        (4, -1, 1),
+        (4.0, 1, 1),
+        (4, 1, 1.5),
+        (4, True, 1),
+    ],
+)
+def test_pass_at_k_rejects_invalid_counts(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+def test_mean_pass_at_k():
+    correct = [[True, False, False, False], [True, True, False, False], [False] * 4]
+    # pass@2 per problem: 1 - C(3,2)/C(4,2) = 1/2, 1 - C(2,2)/C(4,2) = 5/6, 0
+    assert mean_pass_at_k(correct, 2) == pytest.approx((1 / 2 + 5 / 6 + 0) / 3, abs=1e-12)
+    assert mean_pass_at_k(correct, 1) == pytest.approx((1 / 4 + 2 / 4 + 0) / 3, abs=1e-12)
+    with pytest.raises(ValueError, match="problem 1"):
+        mean_pass_at_k([[True, False], [True]], 2)
+    with pytest.raises(ValueError, match="no problems"):
+        mean_pass_at_k([], 1)
+
+
+def test_majority_at_k_by_hand():
+    # Plain majority: "4" x2 beats "5" x1; the first "4" sample (index 1) is correct.
+    assert majority_at_k(["5", "4", "4"], [False, True, True], 3) == 1.0
+    # Majority is wrong even though one sample is right (pass@3 would be 1).
+    assert majority_at_k(["5", "4", "5"], [False, True, False], 3) == 0.0
+    # Only the first k samples vote: with k=2, "7" and "3" tie and "7" came first.
+    assert majority_at_k(["7", "3", "3", "3"], [False, True, True, True], 2) == 0.0
+    assert majority_at_k(["7", "3", "3", "3"], [False, True, True, True], 4) == 1.0
+    # Tie 2-2: the answer that occurs first wins ("b" at index 0).
+    assert majority_at_k(["b", "a", "a", "b"], [True, False, False, True], 4) == 1.0
+    assert majority_at_k(["a", "b", "b", "a"], [False, True, True, False], 4) == 0.0
+    # k = 1 is the first sample's correctness.
+    assert majority_at_k(["x", "y"], [True, False], 1) == 1.0
+
+
+def test_majority_at_k_none_answers():
+    # None never wins: three Nones lose to a single extracted answer.
+    assert majority_at_k([None, None, "2", None], [False, False, True, False], 4) == 1.0
+    assert majority_at_k([None, None, "3", None], [True, False, False, False], 4) == 0.0
+    # ... unless every answer is None: the vote falls to the first sample.
+    assert majority_at_k([None, None], [False, True], 2) == 0.0
+    assert majority_at_k([None, None], [True, False], 2) == 1.0
+
+
+def test_majority_at_k_rejects_bad_input():
+    with pytest.raises(ValueError, match="answers"):
+        majority_at_k(["1", "2"], [True], 1)
+    with pytest.raises(ValueError, match="k=3"):
+        majority_at_k(["1", "2"], [True, False], 3)
+    with pytest.raises(ValueError):
+        majority_at_k(["1", "2"], [True, False], 0)
+
+
+def test_mean_majority_at_k():
+    answers = [["1", "1", "2"], ["3", "4", "4"], [None, None, None]]
+    correct = [[True, True, False], [True, False, False], [False, False, False]]
+    assert mean_majority_at_k(answers, correct, 3) == pytest.approx(1 / 3)
+    assert mean_majority_at_k(answers, correct, 1) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="problem 0"):
+        mean_majority_at_k([["1"]], [[True]], 2)
+    with pytest.raises(ValueError):
+        mean_majority_at_k([["1"]], [], 1)
+    with pytest.raises(ValueError, match="no problems"):
+        mean_majority_at_k([], [], 1)

@@ -1,0 +1,241 @@
+"""Reward registry, weighted composition, and the format and countdown rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from rlvr.rewards import (
+    RewardOutput,
+    UnknownRewardError,
+    compose_rewards,
+    countdown_score,
+    evaluate_countdown,
+    format_score,
+    get_reward,
+    list_rewards,
+    math_reward,
+    register_reward,
+)
+from rlvr.rewards import registry as registry_module
+
+
+@pytest.fixture
+def scratch_registry() -> Iterator[None]:
+    """Rewards registered inside a test are removed afterwards."""
+    before = dict(registry_module._REGISTRY)
+    yield
+    registry_module._REGISTRY.clear()
+    registry_module._REGISTRY.update(before)
+
+
+def length_reward(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+    """A custom reward, loaded by import path: the completion length."""
+    return [float(len(c)) for c in completions]
+
+
+# ------------------------------------------------------------------------------- registry
+
+
+def test_builtins_are_registered() -> None:
+    assert {"math", "format", "countdown"} <= set(list_rewards())
+    assert get_reward("math") is math_reward
+
+
+def test_duplicate_name_is_refused(scratch_registry: None) -> None:
+    @register_reward("test_dup")
+    def first(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="test_dup"):
+
+        @register_reward("test_dup")
+        def second(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+            return [1.0] * len(completions)
+
+    assert get_reward("test_dup") is first
+    with pytest.raises(ValueError, match="math"):
+        register_reward("math")(first)
+
+
+def test_unknown_name_suggests_the_closest() -> None:
+    with pytest.raises(UnknownRewardError) as info:
+        get_reward("maht")
+    message = str(info.value)
+    assert "did you mean 'math'" in message
+    assert "countdown" in message and "format" in message  # the valid names are listed
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(UnknownRewardError, match="'format'"):
+        compose_rewards([("fromat", 1.0)])
+
+
+def test_import_path_reward() -> None:
+    fn = get_reward(f"{__name__}:length_reward")
+    assert fn is length_reward
+    out = compose_rewards([(f"{__name__}:length_reward", 2.0)])(["p", "q"], ["ab", "abcd"], {})
+    assert out.total == [4.0, 8.0]
+    with pytest.raises(UnknownRewardError, match="no attribute"):
+        get_reward(f"{__name__}:missing")
+    with pytest.raises(UnknownRewardError, match="cannot import"):
+        get_reward("no_such_package_xyz.rewards:fn")
+
+
+# ------------------------------------------------------------------------------- composition
+
+R1 = "<think>easy</think><answer>{}</answer>"
+
+
+def test_weighted_composition_by_hand() -> None:
+    completions = [R1.format(4), "4", R1.format(5), "nothing"]
+    columns = {"answer": ["4", "4", "4", "4"]}
+    composer = compose_rewards(
+        [("math", 1.0), ("format", 0.5), (f"{__name__}:length_reward", -0.01)]
+    )
+    out = composer(["p"] * 4, completions, columns)
+    assert out.per_reward["math"] == [1.0, 1.0, 0.0, 0.0]
+    assert out.per_reward["format"] == [1.0, 0.0, 1.0, 0.0]
+    lengths = [37.0, 1.0, 37.0, 7.0]  # len("<think>easy</think><answer>4</answer>") == 37
+    assert out.per_reward[f"{__name__}:length_reward"] == lengths
+    # total = 1.0*math + 0.5*format - 0.01*length
+    expected = [1.0 + 0.5 - 0.37, 1.0 + 0.0 - 0.01, 0.0 + 0.5 - 0.37, 0.0 + 0.0 - 0.07]
+    assert out.total == pytest.approx(expected, abs=1e-12)
+    assert (out.errors, out.timeouts, out.error_examples) == (0, 0, [])
+
+
+def test_a_raising_reward_scores_zero_and_is_counted(scratch_registry: None) -> None:
+    @register_reward("test_broken")
+    def broken(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        raise RuntimeError("judge unavailable")
+
+    @register_reward("test_short")
+    def short(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [1.0]  # wrong length: also an error
+
+    composer = compose_rewards([("math", 1.0), ("test_broken", 1.0), ("test_short", 1.0)], 2)
+    out = composer(
+        ["p"] * 4, ["\\boxed{1}", "\\boxed{2}", "\\boxed{3}", "x"], {"answer": ["1"] * 4}
+    )
+    assert isinstance(out, RewardOutput)
+    assert out.per_reward["math"] == [1.0, 0.0, 0.0, 0.0]
+    assert out.per_reward["test_broken"] == [0.0] * 4
+    assert out.per_reward["test_short"] == [0.0] * 4
+    assert out.total == [1.0, 0.0, 0.0, 0.0]
+    assert out.errors == 4  # 2 rewards × 2 chunks (max_workers=2)
+    assert any("judge unavailable" in m for m in out.error_examples)
+    assert any("test_short: ValueError" in m for m in out.error_examples)
+
+
+def test_missing_column_is_an_error_not_a_crash() -> None:
+    out = compose_rewards([("math", 1.0)], max_workers=1)(["p"], ["\\boxed{1}"], {})
+    assert out.total == [0.0] and out.errors == 1
+    assert "answer" in out.error_examples[0]
+
+
+def test_nan_is_a_timeout_and_none_is_zero(scratch_registry: None) -> None:
+    @register_reward("test_odd")
+    def odd(prompts: list[str], completions: list[str], **_: object) -> list[float | None]:
+        return [float("nan"), None, 0.5]
+
+    out = compose_rewards([("test_odd", 2.0)], max_workers=1)(["p"] * 3, ["a", "b", "c"], {})
+    assert out.total == [0.0, 0.0, 1.0]
+    assert (out.timeouts, out.errors) == (1, 0)
+
+
+def test_parallel_scoring_is_deterministic_and_ordered() -> None:
+    completions = [f"{'x' * i} the answer is {i % 7}" for i in range(37)]
+    columns = {"answer": [str(i % 5) for i in range(37)]}
+    specs = [("math", 1.0), (f"{__name__}:length_reward", 0.001)]
+    serial = compose_rewards(specs, max_workers=1)([""] * 37, completions, columns)
+    parallel = compose_rewards(specs, max_workers=4)([""] * 37, completions, columns)
+    assert parallel == serial
+    assert serial.per_reward["math"] == [float(i % 7 == i % 5) for i in range(37)]
+
+
+def test_composer_rejects_misaligned_input() -> None:
+    composer = compose_rewards([("format", 1.0)])
+    with pytest.raises(ValueError, match="prompts"):
+        composer(["p"], ["a", "b"], {})
+    with pytest.raises(ValueError, match="answer"):
+        composer(["p", "q"], ["a", "b"], {"answer": ["1"]})
+    with pytest.raises(ValueError, match="twice"):
+        compose_rewards([("math", 1.0), ("math", 0.5)])
+    assert composer([], [], {}).total == []
+
+
+# ------------------------------------------------------------------------------- format
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<think>reason</think><answer>4</answer>", 1.0),
+        ("  <think>\nreason\n</think>\n<answer> 4 </answer>\n", 1.0),
+        ("reasoning, the template opened the tag</think><answer>4</answer>", 1.0),
+        ("<think></think><answer>4</answer>", 1.0),
+        ("<think>reason</think><answer>4</answer> trailing text", 0.0),
+        ("preamble <think>reason</think><answer>4</answer>", 0.0),
+        ("<think>reason</think><answer></answer>", 0.0),
+        ("<think>reason</think>", 0.0),
+        ("<answer>4</answer>", 0.0),
+        ("<think>a</think><answer>1</answer><answer>2</answer>", 0.0),
+        ("<think>a</think><think>b</think><answer>1</answer>", 0.0),
+        ("<think>a</think><answer>1</think><answer>2</answer>", 0.0),
+    ],
+)
+def test_format_score(completion: str, expected: float) -> None:
+    assert format_score(completion) == expected
+
+
+# ------------------------------------------------------------------------------- countdown
+
+
+@pytest.mark.parametrize(
+    ("answer", "numbers", "target", "expected"),
+    [
+        ("(3 + 5) * 3", [3, 5, 3], 24, 1.0),  # a number given twice may be used twice
+        ("(6 + 4) * 2 = 20", [6, 4, 2], 20, 1.0),  # "= target" is accepted
+        ("6 × 4", [6, 4, 2], 24, 1.0),
+        ("100 - 2", [2, 100, 7], 98, 1.0),  # not every number has to be used
+        ("(7 - 1) / 3 * 9", [1, 3, 7, 9], 18, 1.0),  # exact fractions: 6/3*9
+        ("9 / 6 * 4", [4, 6, 9], 6, 1.0),  # 3/2 * 4, the fraction is exact
+        ("-(2 - 8)", [2, 8], 6, 1.0),
+        ("(3 + 5) * 3", [3, 5], 24, 0.0),  # reuses 3
+        ("4 * 6 + 1", [4, 6], 25, 0.0),  # 1 is not given
+        ("4 * 6", [4, 6], 25, 0.0),  # wrong value
+        ("(6 + 4) * 2 = 21", [6, 4, 2], 20, 0.0),
+        ("24", [24], 24, 1.0),
+        ("4 * 6 = 24 = 24", [4, 6], 24, 0.0),
+        ("2 ** 3 * 3", [2, 3], 24, 0.0),  # only + - * /
+        ("8 // 2", [8, 2], 4, 0.0),
+        ("1 / (2 - 2)", [1, 2, 2], 0, 0.0),
+        ("4.0 * 6", [4, 6], 24, 0.0),
+        ("__import__('os').system('echo hi')", [1], 1, 0.0),
+        ("[1, 2]", [1, 2], 3, 0.0),
+        ("(" * 300 + "1" + ")" * 300, [1], 1, 0.0),
+        (None, [1], 1, 0.0),
+    ],
+)
+def test_countdown_score(answer: str | None, numbers: list[int], target: int, expected: float):
+    assert countdown_score(answer, numbers, target) == expected
+
+
+def test_evaluate_countdown_is_exact() -> None:
+    from fractions import Fraction
+
+    assert evaluate_countdown("1 / 3 + 1 / 3 + 1 / 3", [1, 3, 1, 3, 1, 3]) == 1
+    assert evaluate_countdown("2 / 3", [2, 3]) == Fraction(2, 3)
+    assert evaluate_countdown("2 / 3", [2]) is None
+
+
+def test_countdown_reward_through_the_composer() -> None:
+    completions = [
+        "<think>try</think><answer>(3 + 5) * 3</answer>",
+        "<think>try</think><answer>3 * 5 + 3 + 3</answer>",
+        "<think>try</think><answer>__import__('os')</answer>",
+    ]
+    columns = {"numbers": [[3, 5, 3]] * 3, "target": [24] * 3}
+    out = compose_rewards([("countdown", 1.0), ("format", 0.1)])(["p"] * 3, completions, columns)
+    assert out.per_reward["countdown"] == [1.0, 0.0, 0.0]
+    assert out.total == pytest.approx([1.1, 0.1, 0.1])
+    assert out.errors == 0

@@ -1,0 +1,176 @@
+"""Answer verification: exact fast path, math-verify, and the hard, killable timeout."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from rlvr.rewards import (
+    VerifierError,
+    VerifierTimeout,
+    answers_match,
+    compose_rewards,
+    extract_answer,
+    math_score,
+    normalize_answer,
+    parse_number,
+)
+from rlvr.rewards import verify as verify_module
+from rlvr.rewards.verify import _run_with_timeout
+
+MATCH_CASES = [
+    # exact numbers (fast path)
+    ("42", "42", True),
+    ("1,234", "1234", True),
+    ("12.0", "12", True),
+    ("0.75", "3/4", True),
+    ("-3", "-3.000", True),
+    ("$18$", "18", True),
+    ("2/4", "1/2", True),
+    # wrong but similar: must NOT match
+    ("12", "1.2", False),
+    ("3/4", "4/3", False),
+    ("-5", "5", False),
+    ("100", "1000", False),
+    ("0.333", "1/3", False),
+    ("1,234", "1.234", False),
+    ("\\frac{1}{2}", "\\frac{1}{3}", False),
+    ("\\sqrt{2}", "\\sqrt{3}", False),
+    ("x+1", "x-1", False),
+    ("(1, 2)", "(2, 1)", False),
+    ("\\pi", "3.14159", False),
+    ("", "5", False),
+    # normalised string identity
+    ("\\dfrac{1}{2}", "\\frac{1}{2}", True),
+    ("\\left( 1, 2 \\right)", "(1,2)", True),
+    ("\\text{(B)}", "\\text{(B)}", True),
+    # math-verify: equal values written differently
+    ("0.5", "\\frac{1}{2}", True),
+    ("1.5", "\\dfrac{3}{2}", True),
+    ("\\tfrac{3}{2}", "1.5", True),
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", True),
+    ("3\\sqrt{2}", "\\sqrt{18}", True),
+    ("x^2+2x+1", "(x+1)^2", True),
+    ("1+x", "x+1", True),
+    ("10^{3}", "1000", True),
+    ("\\{2, 1\\}", "\\{1,2\\}", True),
+    ("[1, 2)", "[1,2)", True),
+    ("x = 3", "3", True),
+    ("(-\\infty, 3]", "(-\\infty,3]", True),
+]
+
+
+@pytest.mark.parametrize(("predicted", "gold", "expected"), MATCH_CASES)
+def test_answers_match(predicted: str, gold: str, expected: bool) -> None:
+    assert answers_match(predicted, gold) is expected
+
+
+END_TO_END_CASES = [
+    # (completion, gold, correct): extraction and verification together
+    ("<think>half</think><answer>0.5</answer>", "\\frac{1}{2}", True),
+    ("Therefore $x = \\boxed{\\dfrac{7}{2}}$.", "\\frac{7}{2}", True),
+    ("\\boxed{3} hmm, actually \\boxed{4}", "4", True),
+    ("\\boxed{3} hmm, actually \\boxed{4}", "3", False),
+    ("The answer is 1,000.", "1000", True),
+    ("The answer is 100.", "1000", False),
+    ("so we get 12 apples", "1.2", False),
+    ("#### -7", "7", False),
+    ("<answer>\\boxed{\\sqrt{8}}</answer>", "2\\sqrt{2}", True),
+    ("no answer here", "5", False),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "correct"), END_TO_END_CASES)
+def test_math_score_end_to_end(completion: str, gold: str, correct: bool) -> None:
+    assert math_score(completion, gold) == (1.0 if correct else 0.0)
+    assert extract_answer(completion) is not None or not correct
+
+
+def test_parse_number_and_normalize() -> None:
+    assert parse_number("1,234.5") == parse_number("2469/2")
+    assert parse_number("1/0") is None
+    assert parse_number("1,23") is None
+    assert parse_number("9" * 5000) is None  # more digits than int() converts
+    assert normalize_answer(" $\\dfrac{1}{2}$. ") == "\\frac{1}{2}"
+
+
+# ------------------------------------------------------------------------------- timeouts
+
+
+def hanging_verifier(predicted: str, gold: str) -> bool:
+    """Stands in for math-verify in the worker process and never returns in time.
+
+    The worker unpickles it by module name, which works with pytest's default (prepend)
+    import mode that this project uses.
+    """
+    time.sleep(60)
+    return True
+
+
+def test_run_with_timeout_kills_a_hang_and_the_pool_recovers() -> None:
+    assert _run_with_timeout(divmod, (7, 2), 10.0) == (3, 1)  # pool started (not timed)
+    start = time.monotonic()
+    with pytest.raises(VerifierTimeout):
+        _run_with_timeout(time.sleep, (60,), 0.5)
+    assert time.monotonic() - start < 3.0
+    assert _run_with_timeout(divmod, (9, 4), 10.0) == (2, 1)
+    assert answers_match("0.25", "\\frac{1}{4}")
+
+
+def test_a_crashed_worker_raises_verifier_error_and_the_pool_recovers() -> None:
+    with pytest.raises(VerifierError) as info:
+        _run_with_timeout(os._exit, (3,), 10.0)
+    assert not isinstance(info.value, VerifierTimeout)
+    assert _run_with_timeout(divmod, (5, 5), 10.0) == (1, 0)
+
+
+def test_answers_match_times_out_on_a_hanging_verifier(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers_match("0.125", "\\frac{1}{8}")  # pool warm, as during training
+    monkeypatch.setattr(verify_module, "_VERIFY_FN", hanging_verifier)
+    start = time.monotonic()
+    with pytest.raises(VerifierTimeout):
+        answers_match("\\sqrt{5}", "hang-me", timeout_s=0.5)
+    assert time.monotonic() - start < 3.0
+    monkeypatch.undo()
+    assert answers_match("\\sqrt{4}", "2")  # the recreated pool verifies again
+
+
+def test_a_call_killed_by_a_concurrent_timeout_is_retried() -> None:
+    _run_with_timeout(divmod, (1, 1), 10.0)
+    results: dict[str, object] = {}
+
+    def hang() -> None:
+        try:
+            _run_with_timeout(time.sleep, (60,), 0.5)
+        except VerifierTimeout as exc:
+            results["hang"] = exc
+
+    def slow_but_fine() -> None:
+        time.sleep(0.1)  # in flight (sleeping 1 s in a worker) when the hang is killed at 0.5 s
+        results["fine"] = _run_with_timeout(time.sleep, (1.0,), 5.0)
+
+    threads = [threading.Thread(target=hang), threading.Thread(target=slow_but_fine)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert isinstance(results["hang"], VerifierTimeout)
+    assert "fine" in results and results["fine"] is None  # retried on the new pool
+
+
+def test_composer_counts_timeouts_and_keeps_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers_match("0.375", "\\frac{3}{8}")
+    monkeypatch.setattr(verify_module, "_VERIFY_FN", hanging_verifier)
+    composer = compose_rewards([("math", 1.0)], max_workers=1, timeout_s=0.5)
+    completions = ["\\boxed{7}", "\\boxed{\\sqrt{7}}", "\\boxed{8}"]
+    start = time.monotonic()
+    out = composer(["p"] * 3, completions, {"answer": ["7", "\\sqrt{7.0}", "9"]})
+    assert time.monotonic() - start < 3.0
+    # "7" vs "7" and "8" vs "9" are decided on the exact path; only the middle one hangs.
+    assert out.per_reward["math"] == [1.0, 0.0, 0.0]
+    assert out.total == [1.0, 0.0, 0.0]
+    assert (out.timeouts, out.errors) == (1, 0)

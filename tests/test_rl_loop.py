@@ -1,0 +1,111 @@
+"""The RL loop end to end on the tiny model: run directory contract, resume, non-finite guard."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlvr.config import resolve_config
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import NonFiniteError, train
+
+CONTRACT_METRICS = [
+    "step",
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "response_length/mean",
+    "response_length/correct",
+    "response_length/incorrect",
+    "truncated_frac",
+    "entropy",
+    "kl",
+    "clip_frac",
+    "grad_norm",
+    "loss",
+    "zero_std_frac",
+    "time/rollout",
+    "time/reward",
+    "time/train",
+    "time/step",
+    "tokens_per_s",
+]
+TIMING = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
+
+
+def small_config(tmp_path, *extra):
+    return resolve_config(
+        preset="grpo",
+        overrides=[
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            "data.max_digits=1",
+            "data.max_terms=2",
+            "data.train_size=100",
+            "data.test_size=10",
+            "rollout.prompts_per_step=3",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=12",
+            "train.lr=1e-3",
+            "train.mini_batches=2",
+            "train.micro_batch_tokens=64",
+            f"train.output_dir={tmp_path}",
+            *extra,
+        ],
+    )
+
+
+def test_run_directory_contract(tmp_path):
+    cfg = small_config(tmp_path / "run", "train.steps=2", "train.save_every=1")
+    run_dir = train(cfg, show_progress=False)
+    assert (run_dir / "config.yaml").is_file()
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for name in CONTRACT_METRICS:
+        assert name in metrics[0], name
+    assert metrics[0]["kl"] >= 0.0 and 0.0 <= metrics[0]["clip_frac"] <= 1.0
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {"prompt", "completion", "reward", "answer"} <= set(samples[0])
+    for step in (1, 2):
+        assert (run_dir / "checkpoints" / f"step-{step}" / "model.safetensors").is_file()
+    assert not list((run_dir / "checkpoints").glob(".*tmp"))
+
+
+def test_resume_continues_the_same_trajectory(tmp_path):
+    straight = train(small_config(tmp_path / "a", "train.steps=4"), show_progress=False)
+    first = small_config(tmp_path / "b", "train.steps=2")
+    train(first, show_progress=False)
+    resumed = train(small_config(tmp_path / "b", "train.steps=4"), resume=True, show_progress=False)
+    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    for left, right in zip(a, b):
+        for key in left:
+            if key in TIMING:
+                continue
+            l_val, r_val = left[key], right[key]
+            if isinstance(l_val, float) and math.isnan(l_val):
+                assert math.isnan(r_val), key
+            else:
+                assert l_val == r_val, (left["step"], key, l_val, r_val)
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        train(small_config(tmp_path / "none", "train.steps=1"), resume=True, show_progress=False)
+
+
+def test_non_finite_rewards_skip_steps_then_stop(tmp_path):
+    def poison(batch):
+        batch.rewards = torch.full_like(batch.rewards, float("nan"))
+        return batch
+
+    cfg = small_config(tmp_path / "nan", "train.steps=5", "train.max_nonfinite_steps=2")
+    with (
+        pytest.warns(UserWarning, match="non-finite"),
+        pytest.raises(NonFiniteError, match="2 consecutive steps"),
+    ):
+        train(cfg, filters=(poison,), show_progress=False)
+    assert len(read_jsonl(tmp_path / "nan" / "metrics.jsonl")) == 1

@@ -1,0 +1,180 @@
+"""JSONL logging round trips and report plots from small fake run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.tracking import JsonlFormatError, JsonlWriter, plot_runs, read_jsonl
+from rlvr.tracking.report import DEFAULT_METRICS, ema_smooth
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_jsonl_round_trip(tmp_path):
+    path = tmp_path / "sub" / "metrics.jsonl"  # parent is created
+    records = [
+        {"step": 1, "reward/mean": 0.5, "text": "héllo\nworld", "nested": {"a": [1, 2.5]}},
+        {"step": 2, "reward/mean": 0.75, "flag": True, "none": None},
+    ]
+    with JsonlWriter(path) as log:
+        for record in records:
+            log.write(record)
+    assert log.closed
+    assert read_jsonl(path) == records
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_jsonl_appends_and_flushes_each_write(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with JsonlWriter(path) as log:
+        log.write({"step": 1})
+        assert read_jsonl(path) == [{"step": 1}]  # visible before close
+    with JsonlWriter(path) as log:
+        log.write({"step": 2})
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+
+
+def test_jsonl_converts_tensors_numpy_and_non_finite(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with JsonlWriter(path) as log:
+        log.write(
+            {
+                "nan": float("nan"),
+                "inf": float("inf"),
+                "ninf": -math.inf,
+                "t": torch.tensor(0.25),
+                "t_grad": torch.tensor(2.0, requires_grad=True) * 1.5,
+                "t_int": torch.tensor(3),
+                "t_nan": torch.tensor(float("nan")),
+                "np_f": np.float32(0.5),
+                "np_i": np.int64(7),
+                "np_b": np.bool_(True),
+                "np_arr": np.array([1.0, np.nan]),
+                "list": [float("inf"), 1],
+                "path": tmp_path / "x",
+            }
+        )
+    line = path.read_text().strip()
+    assert "NaN" not in line and "Infinity" not in line
+    record = json.loads(line)  # strict JSON
+    assert record == {
+        "nan": None,
+        "inf": None,
+        "ninf": None,
+        "t": 0.25,
+        "t_grad": 3.0,
+        "t_int": 3,
+        "t_nan": None,
+        "np_f": 0.5,
+        "np_i": 7,
+        "np_b": True,
+        "np_arr": [1.0, None],
+        "list": [None, 1],
+        "path": str(tmp_path / "x"),
+    }
+    assert isinstance(record["t_int"], int) and isinstance(record["np_i"], int)
+
+
+def test_jsonl_writer_rejects_bad_records(tmp_path):
+    log = JsonlWriter(tmp_path / "m.jsonl")
+    with pytest.raises(TypeError, match="mapping"):
+        log.write([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'bad'"):
+        log.write({"bad": object()})
+    log.close()
+    with pytest.raises(ValueError, match="closed"):
+        log.write({"step": 1})
+    assert (tmp_path / "m.jsonl").read_text() == ""  # nothing half-written
+
+
+def test_read_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, oops}\n')
+    with pytest.raises(JsonlFormatError, match=r"metrics\.jsonl, line 4: malformed JSON") as err:
+        read_jsonl(path)
+    assert err.value.line == 4 and err.value.path == path
+    assert isinstance(err.value, ValueError)
+
+    path.write_text('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match="line 2: expected a JSON object"):
+        read_jsonl(path)
+    with pytest.raises(FileNotFoundError, match=r"missing\.jsonl"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def _fake_run(directory: Path, steps: int, scale: float, skip: tuple[str, ...] = ()) -> Path:
+    directory.mkdir(parents=True)
+    with JsonlWriter(directory / "metrics.jsonl") as log:
+        for step in range(1, steps + 1):
+            record = {
+                "step": step,
+                "reward/mean": scale * step / steps,
+                "accuracy": step / steps,
+                "response_length/mean": 20.0 + step,
+                "response_length/incorrect": 25.0 - step,
+                "entropy": 1.0 / step,
+                "kl": 0.01 * step if step != 3 else float("nan"),
+            }
+            log.write({k: v for k, v in record.items() if k not in skip})
+    return directory
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5_000
+
+
+def test_plot_one_run(tmp_path):
+    run = _fake_run(tmp_path / "grpo", steps=10, scale=1.0)
+    out = plot_runs([run], tmp_path / "report.png")  # clip_frac is "not logged"
+    assert out == tmp_path / "report.png"
+    _assert_png(out)
+
+
+def test_plot_two_runs_overlaid_with_extra_metric_and_smoothing(tmp_path):
+    a = _fake_run(tmp_path / "grpo", steps=10, scale=1.0)
+    b = _fake_run(tmp_path / "dr_grpo", steps=6, scale=0.5, skip=("entropy",))
+    out = plot_runs(
+        [a, b],
+        tmp_path / "plots" / "both.png",
+        metrics=(*DEFAULT_METRICS, "response_length/incorrect"),
+        smoothing=0.6,
+        title="cmp",
+    )
+    _assert_png(out)
+    # One run and a single-step run also work.
+    single = _fake_run(tmp_path / "x" / "grpo", steps=1, scale=1.0)
+    _assert_png(plot_runs([a, single], tmp_path / "same_name.png", metrics=("accuracy",)))
+
+
+def test_plot_runs_errors(tmp_path):
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"not_a_run.*metrics\.jsonl"):
+        plot_runs([empty], tmp_path / "r.png")
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        plot_runs([tmp_path / "nowhere"], tmp_path / "r.png")
+    with pytest.raises(ValueError, match="no run directories"):
+        plot_runs([], tmp_path / "r.png")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 1, "accuracy": 0.5}\n{"step": 2,\n')
+    with pytest.raises(ValueError, match="line 2"):
+        plot_runs([bad], tmp_path / "r.png")
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_ema_smooth():
+    assert ema_smooth([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
+    # w = 0.5: s1 = 0.5*1 = 0.5 -> /(1-0.5) = 1; s2 = 0.25 + 0.5*3 = 1.75 -> /(1-0.25) = 7/3
+    smoothed = ema_smooth([1.0, 3.0, math.nan], 0.5)
+    assert smoothed[:2] == pytest.approx([1.0, 7 / 3])
+    assert math.isnan(smoothed[2])
+    with pytest.raises(ValueError):
+        ema_smooth([1.0], 1.0)
