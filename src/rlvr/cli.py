@@ -35,6 +35,14 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors caused by bad input: shown as one clear line, not a traceback."""
+    from rlvr.data.loaders import DatasetError
+    from rlvr.models.loading import ModelLoadError
+
+    return ConfigError, DatasetError, ModelLoadError, FileNotFoundError
+
+
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code=2)
@@ -73,7 +81,10 @@ def train(
         _fail(str(exc))
     from rlvr.training.rl import train as run_train
 
-    run_dir = run_train(cfg, resume=resume)
+    try:
+        run_dir = run_train(cfg, resume=resume)
+    except _user_errors() as exc:
+        _fail(str(exc))
     console.print(f"run directory: {run_dir}")
 
 
@@ -97,7 +108,10 @@ def sft(
         _fail(str(exc))
     from rlvr.training.sft import run_sft
 
-    console.print(f"model saved to {run_sft(cfg)}")
+    try:
+        console.print(f"model saved to {run_sft(cfg)}")
+    except _user_errors() as exc:
+        _fail(str(exc))
 
 
 @app.command("eval")
@@ -127,10 +141,10 @@ def eval_cmd(
 
     try:
         data = DataConfig(task=task, path=data_path, template=template, test_size=samples)
-    except ValueError as exc:
+        policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model))
+        problems = load_task(data)
+    except (ValueError, *_user_errors()) as exc:
         _fail(str(exc))
-    policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model))
-    problems = load_task(data)
     result = evaluate(
         policy,
         tokenizer,

@@ -65,8 +65,14 @@ class DataConfig(Section):
     """Seed of the synthetic task generator (independent of train.seed)."""
     max_digits: int = 3
     """Arithmetic task: largest operand length in digits."""
+    min_terms: int = 2
+    """Arithmetic task: smallest number of operands."""
     max_terms: int = 3
     """Arithmetic task: largest number of operands."""
+    operators: str = "+-"
+    """Arithmetic task: the operators drawn between operands (from `+` and `-`)."""
+    shortcut_frac: float = 0.0
+    """Arithmetic task: share of worked solutions that skip the steps (a mixed-quality cold start)."""
 
 
 class RolloutConfig(Section):

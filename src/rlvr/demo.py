@@ -24,17 +24,25 @@ from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 
-DATA = {"task": "arithmetic", "max_digits": 2, "max_terms": 3, "template": "chat"}
-SFT = {"steps": 300, "lr": 2e-3, "batch_size": 64, "warmup_steps": 20}
+# Sums of three or four one-digit numbers (two-digit results). Half of the cold-start solutions
+# skip the steps and state the answer at once, so the SFT model mixes two behaviours and samples
+# both noisily; RL finds out from the verifier alone which answers to make more likely.
+DATA = {
+    "task": "arithmetic", "max_digits": 1, "min_terms": 3, "max_terms": 4, "operators": "+",
+    "shortcut_frac": 0.5,
+    "train_size": 5000, "template": "chat",
+}
+MODEL = {"tiny": {"hidden_size": 192, "intermediate_size": 576, "num_layers": 4}}
+SFT = {"steps": 600, "lr": 3e-3, "batch_size": 32, "warmup_steps": 20}
 RL = [
     "rollout.prompts_per_step=32",
     "rollout.samples_per_prompt=8",
     "rollout.temperature=1.0",
     "rollout.max_new_tokens=48",
-    "train.steps=60",
     "train.lr=2e-4",
     "train.warmup_steps=5",
 ]
+RL_STEPS = 100
 EVAL_K, EVAL_PROBLEMS = 8, 500
 HEADLINE = ("pass@1", f"pass@{EVAL_K}", f"maj@{EVAL_K}", "response_length/mean", "truncated_frac")
 
@@ -43,6 +51,7 @@ def demo_configs(output_dir: Path, sft_steps: int, rl_steps: int) -> tuple[SFTCo
     """The SFT and RL configs of the demo (shared data settings, RL starts from the SFT model)."""
     sft_cfg = SFTConfig.model_validate(
         {
+            "model": MODEL,
             "data": DATA,
             "sft": {**SFT, "steps": sft_steps, "output_dir": str(output_dir / "sft")},
         }
@@ -80,7 +89,7 @@ def run_demo(
     output_dir: Path,
     *,
     sft_steps: int = SFT["steps"],
-    rl_steps: int = 60,
+    rl_steps: int = RL_STEPS,
     eval_problems: int = EVAL_PROBLEMS,
     console: Console | None = None,
 ) -> dict:

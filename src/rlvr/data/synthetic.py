@@ -9,6 +9,7 @@ Both produce R1-style targets: ``<think>steps</think><answer>final</answer>``.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator
 
 from rlvr.data.problem import Problem
@@ -26,25 +27,32 @@ def arithmetic_problem(
     max_digits: int = 3,
     min_terms: int = 2,
     max_terms: int = 3,
+    operators: str = "+-",
+    shortcut_frac: float = 0.0,
 ) -> Problem:
-    """One left-to-right chain such as ``What is 347+589-123?`` with one line per operation."""
+    """One left-to-right chain such as ``What is 347+589-123?`` with one line per operation.
+
+    With `shortcut_frac` > 0, that share of worked solutions skips the steps and states the
+    answer at once: a cold start of mixed quality, as SFT data distilled from a weaker model
+    would be. Which problems get a shortcut depends only on the question text (a CRC), so the
+    problems themselves, and the held-out split, are the same for every `shortcut_frac`.
+    """
     n_terms = rng.randint(min_terms, max_terms)
     terms = [
         rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
         for d in (rng.randint(min_digits, max_digits) for _ in range(n_terms))
     ]
-    ops = [rng.choice("+-") for _ in range(n_terms - 1)]
+    ops = [rng.choice(operators) for _ in range(n_terms - 1)]
     expression = str(terms[0]) + "".join(op + str(t) for op, t in zip(ops, terms[1:]))
     value, steps = terms[0], []
     for op, term in zip(ops, terms[1:]):
         new_value = value + term if op == "+" else value - term
         steps.append(f"{value}{op}{term}={new_value}")
         value = new_value
-    return Problem(
-        question=f"What is {expression}?",
-        answer=str(value),
-        solution=r1_solution(steps, str(value)),
-    )
+    question = f"What is {expression}?"
+    if zlib.crc32(question.encode()) % 1000 < shortcut_frac * 1000:
+        steps = []
+    return Problem(question=question, answer=str(value), solution=r1_solution(steps, str(value)))
 
 
 def countdown_problem(
@@ -86,7 +94,7 @@ def countdown_problem(
 GENERATORS = {"arithmetic": arithmetic_problem, "countdown": countdown_problem}
 
 
-def _unique_problems(task: str, seed: int, **kwargs: int) -> Iterator[Problem]:
+def _unique_problems(task: str, seed: int, **kwargs: float) -> Iterator[Problem]:
     rng = random.Random(seed)
     seen: set[str] = set()
     generate = GENERATORS[task]
@@ -102,7 +110,7 @@ def _unique_problems(task: str, seed: int, **kwargs: int) -> Iterator[Problem]:
 
 
 def synthetic_splits(
-    task: str, *, train_size: int, test_size: int, seed: int = 0, **kwargs: int
+    task: str, *, train_size: int, test_size: int, seed: int = 0, **kwargs: float
 ) -> tuple[list[Problem], list[Problem]]:
     """Disjoint train and test sets of unique questions from one seeded stream.
 

@@ -43,7 +43,10 @@ def load_task(cfg: DataConfig) -> Task:
             test_size=cfg.test_size,
             seed=cfg.seed,
             max_digits=cfg.max_digits,
+            min_terms=cfg.min_terms,
             max_terms=cfg.max_terms,
+            operators=cfg.operators,
+            shortcut_frac=cfg.shortcut_frac,
         )
         return Task("arithmetic", train, test, "math")
     if cfg.task == "countdown":

@@ -1,0 +1,64 @@
+"""The command line: it parses, calls the library, and turns bad input into clear errors."""
+
+import json
+
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.config import preset_names
+
+runner = CliRunner()
+SMALL = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64", "data.max_digits=1", "data.max_terms=2",
+    "data.train_size=50", "data.test_size=5", "rollout.prompts_per_step=2",
+    "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "train.steps=2",
+]
+
+
+def test_presets_lists_every_preset_with_its_paper():
+    result = runner.invoke(app, ["presets"])
+    assert result.exit_code == 0
+    for name in preset_names():
+        assert name in result.output
+    assert "DeepSeekMath" in result.output and "R1-Zero" in result.output
+
+
+def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
+    result = runner.invoke(app, ["train", "--preset", "grpo", "algorithm.clip.hihg=0.3"])
+    assert result.exit_code == 2
+    assert "algorithm.clip.hihg" in result.output and "algorithm.clip.high" in result.output
+
+
+def test_train_then_report_then_eval(tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--preset", "dr_grpo", *SMALL,
+                                 f"train.output_dir={run_dir}"])
+    assert result.exit_code == 0, result.output
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+    result = runner.invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+    out = tmp_path / "eval.jsonl"
+    result = runner.invoke(app, [
+        "eval", "--model", str(run_dir / "checkpoints" / "step-2"), "--task", "arithmetic",
+        "--k", "2", "--samples", "3", "--max-new-tokens", "8", "--output", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert record["problems"] == 3 and record["k"] == 2
+    assert 0.0 <= record["pass@1"] <= record["pass@2"] <= 1.0
+
+
+def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "metrics.jsonl" in result.output
+
+
+def test_eval_with_a_missing_model_is_an_error(tmp_path):
+    result = runner.invoke(app, ["eval", "--model", str(tmp_path / "nope"), "--samples", "2"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
