@@ -72,7 +72,7 @@ class DataConfig(Section):
     operators: str = "+-"
     """Arithmetic task: the operators drawn between operands (from `+` and `-`)."""
     shortcut_frac: float = 0.0
-    """Arithmetic task: share of worked solutions that skip the steps (a mixed-quality cold start)."""
+    """Arithmetic task: share of SFT solutions that skip the steps (a mixed-quality cold start)."""
 
 
 class RolloutConfig(Section):
