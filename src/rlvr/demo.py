@@ -39,10 +39,10 @@ RL = [
     "rollout.samples_per_prompt=8",
     "rollout.temperature=1.0",
     "rollout.max_new_tokens=48",
-    "train.lr=2e-4",
+    "train.lr=1e-4",
     "train.warmup_steps=5",
 ]
-RL_STEPS = 100
+RL_STEPS = 120
 EVAL_K, EVAL_PROBLEMS = 8, 500
 HEADLINE = ("pass@1", f"pass@{EVAL_K}", f"maj@{EVAL_K}", "response_length/mean", "truncated_frac")
 

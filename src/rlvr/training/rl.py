@@ -80,6 +80,17 @@ def rollout_batch(
     return batch
 
 
+def keep_until_step(path: Path, step: int) -> None:
+    """Drop the records of `path` logged after `step` (all of them for a fresh run)."""
+    if not path.exists():
+        return
+    kept = [r for r in read_jsonl(path) if step and r.get("step", 0) <= step]
+    path.unlink()
+    with JsonlWriter(path) as writer:
+        for record in kept:
+            writer.write(record)
+
+
 def train(
     cfg: RLConfig,
     *,
@@ -127,13 +138,8 @@ def train(
         generator.set_state(state["generator"])
         restore_rng_state(state["rng"])
         start_step, bad_steps = state["step"], state["bad_steps"]
-        kept = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["step"] <= start_step]
-        (run_dir / "metrics.jsonl").write_text("")
-        with JsonlWriter(run_dir / "metrics.jsonl") as w:
-            for m in kept:
-                w.write(m)
-    elif (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        keep_until_step(run_dir / name, start_step)
 
     engine = HFRolloutEngine(
         model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, r.batch_size, generator
