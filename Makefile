@@ -29,16 +29,16 @@ demo: $(VENV)/.installed
 	$(BIN)/rlvr demo
 
 test: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 format: $(VENV)/.installed-dev
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
