@@ -70,7 +70,7 @@ def train(
         bool, typer.Option("--help-config", help="List every config key")
     ] = False,
 ) -> None:
-    """Online RL: `rlvr train [CONFIG.yaml] [--preset NAME] [key=value ...]`."""
+    """Online RL from an optional YAML config, a preset and key=value overrides."""
     if help_config:
         _print_fields(RLConfig)
         return
