@@ -6,7 +6,12 @@ import statistics
 import pytest
 import torch
 
-from rlvr.algorithms import ADVANTAGES, group_normalized_advantages, rloo_advantages
+from rlvr.algorithms import (
+    ADVANTAGES,
+    group_normalized_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 
 EPS = 1e-6
 
@@ -175,3 +180,46 @@ def test_bad_inputs_are_refused():
         group_normalized_advantages(REWARDS[None], GROUPS[None])
     with pytest.raises(ValueError, match="shape"):
         group_normalized_advantages(REWARDS, GROUPS[:3])
+
+
+def test_reinforce_pp_hand_values():
+    adv = reinforce_pp_advantages(REWARDS, GROUPS)
+    # batch mean 0.375, unbiased batch std 0.5175492 (see BATCH_STD); no group baseline:
+    # r=1 → 0.625/0.5175492 = 1.2076147; r=0 → -0.375/0.5175492 = -0.7245688
+    r1, r0 = 0.625 / (BATCH_STD + EPS), -0.375 / (BATCH_STD + EPS)
+    _close(adv, [r1, r0, r0, r0, r1, r1, r0, r0])
+    _close(adv[:2], [1.2076147, -0.7245688], atol=1e-5)
+    assert adv.dtype == torch.float64
+    assert ADVANTAGES.get("reinforce_pp") is reinforce_pp_advantages
+    # whitened: mean 0, unbiased std 1 (up to ε)
+    _close(adv.mean(), 0.0)
+    _close(adv.std(), 1.0, atol=1e-5)
+
+
+def test_reinforce_pp_zero_variance_batch_is_exactly_zero():
+    # mean of [0.1]*5 is inexact in floating point; the result must still be exactly 0
+    for rewards in (torch.full((5,), 0.1, dtype=torch.float64), torch.ones(3), torch.tensor([2.0])):
+        groups = torch.arange(rewards.numel())
+        adv = reinforce_pp_advantages(rewards, groups)
+        assert torch.equal(adv, torch.zeros_like(rewards))
+    empty = reinforce_pp_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0,)
+
+
+def test_reinforce_pp_ignores_groups_and_std_normalization():
+    # constant groups (which grpo zeroes) keep their batch-whitened advantages here
+    expected = reinforce_pp_advantages(REWARDS, GROUPS)
+    gen = torch.Generator().manual_seed(7)
+    for ids in (
+        torch.zeros(8, dtype=torch.long),  # one group
+        torch.arange(8),  # every sample alone
+        torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]),
+        torch.randint(-100, 100, (8,), generator=gen),
+    ):
+        for mode in ("group", "batch", "none"):
+            actual = reinforce_pp_advantages(REWARDS, ids, std_normalization=mode)
+            torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="std_normalization must be one of"):
+        reinforce_pp_advantages(REWARDS, GROUPS, std_normalization="grp")
+    with pytest.raises(ValueError, match="integer"):
+        reinforce_pp_advantages(REWARDS, GROUPS.double())

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rlvr.algorithms import POLICY_LOSSES, PolicyLossOutput, ppo_clip_loss, reinforce_loss
+from rlvr.algorithms import (
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    cispo_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    reinforce_loss,
+    seq_mean_token_mean,
+)
 
 # old log-probs are 0, so ratio = exp(logprobs) = the numbers below.
 RATIOS = torch.tensor([[1.1, 1.5, 0.5, 1.25], [1.5, 0.5, 0.9, 0.75]], dtype=torch.float64)
@@ -144,3 +152,163 @@ def test_shape_mismatch_is_refused():
     logprobs, old = _inputs()
     with pytest.raises(ValueError, match="share one shape"):
         ppo_clip_loss(logprobs, old[:, :2], ADV, MASK, clip_low=0.2, clip_high=0.2)
+
+
+# GSPO batch: sequence 0 has 2 response tokens (third position is padding), sequence 1 has 3.
+# Log-ratios log π − log π_old: row 0 [0.1, 0.3] → mean 0.2, s_0 = e^0.2  = 1.2214028
+#                               row 1 [-0.3, -0.6, -0.3] → mean -0.4, s_1 = e^-0.4 = 0.6703200
+GSPO_OLD = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -1.0, -1.5]], dtype=torch.float64)
+GSPO_LOG_RATIO = torch.tensor([[0.1, 0.3, 7.0], [-0.3, -0.6, -0.3]], dtype=torch.float64)
+GSPO_ADV = torch.tensor([[1.0] * 3, [-2.0] * 3], dtype=torch.float64)
+GSPO_MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
+S0, S1 = math.exp(0.2), math.exp(-0.4)
+
+
+def _gspo_inputs():
+    logprobs = (GSPO_OLD + GSPO_LOG_RATIO).clone().requires_grad_(True)
+    return logprobs, GSPO_OLD.clone()
+
+
+def test_gspo_hand_values_with_one_clipped_sequence():
+    logprobs, old = _gspo_inputs()
+    out = gspo_loss(logprobs, old, GSPO_ADV, GSPO_MASK, clip_low=0.2, clip_high=0.28)
+    # s range [0.8, 1.28]; the sequence loss max(-A·s, -A·clip(s)) sits on each of its tokens
+    # seq 0, A=+1: s=1.2214028 inside          → -1.2214028 on both tokens, padding 0
+    # seq 1, A=-2: s=0.6703200 below 0.8       → max(1.3406401, 1.6) = 1.6 on all 3, clipped
+    _close(out.token_loss, [[-S0, -S0, 0.0], [1.6, 1.6, 1.6]])
+    _close(out.token_loss[0, 0], -1.2214028)
+    assert out.clipped.tolist() == [[False, False, False], [True, True, True]]
+    _close(out.ratio, [[S0, S0, 1.0], [S1, S1, S1]])
+    # seq_mean_token_mean (G = 2) gives the paper's (1/G)·Σ_i ℓ_i = (-1.2214028 + 1.6)/2
+    loss = seq_mean_token_mean(out.token_loss, GSPO_MASK, num_tokens=5, num_seqs=2, max_len=3)
+    _close(loss, (-S0 + 1.6) / 2)
+    _close(loss, 0.1892986)
+
+
+def test_gspo_gradient_is_the_sequence_gradient():
+    logprobs, old = _gspo_inputs()
+    out = gspo_loss(logprobs, old, GSPO_ADV, GSPO_MASK, clip_low=0.2, clip_high=0.28)
+    # Σ_i mean_t ℓ_{i,t} = Σ_i ℓ_i; unclipped: ∂/∂logπ_t = -A_i·s_i/|o_i|, clipped: 0
+    # seq 0: -1·1.2214028/2 = -0.6107014 per token; seq 1 (clipped): 0
+    lengths = GSPO_MASK.sum(-1, keepdim=True)
+    (out.token_loss.sum(-1, keepdim=True) / lengths).sum().backward()
+    _close(logprobs.grad, [[-S0 / 2, -S0 / 2, 0.0], [0.0, 0.0, 0.0]])
+    _close(logprobs.grad[0, 0], -0.6107014)
+
+    # the same gradient as autograd through the paper's objective, s_i built with its gradient
+    lp = logprobs.detach().clone().requires_grad_(True)
+    m = GSPO_MASK.bool()
+    log_ratio = torch.where(m, lp - old, torch.zeros((), dtype=lp.dtype))
+    s = torch.exp(log_ratio.sum(-1) / m.sum(-1))
+    a = GSPO_ADV[:, 0]
+    paper = -torch.minimum(s * a, s.clamp(0.8, 1.28) * a).mean()  # -(1/G)·Σ_i min(...)
+    paper.backward()
+    logprobs.grad = None
+    out = gspo_loss(logprobs, old, GSPO_ADV, GSPO_MASK, clip_low=0.2, clip_high=0.28)
+    seq_mean_token_mean(out.token_loss, GSPO_MASK, num_tokens=5, num_seqs=2, max_len=3).backward()
+    torch.testing.assert_close(logprobs.grad, lp.grad, atol=1e-12, rtol=0)
+    _close(logprobs.grad, [[-S0 / 4, -S0 / 4, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_gspo_token_gradient_with_per_token_advantages():
+    # GSPO-token: s_{i,t} = sg[s_i]·π_t/sg[π_t] → ∂ℓ_{i,t}/∂logπ_t = -A_{i,t}·s_i (value s_i)
+    logprobs, old = _gspo_inputs()
+    adv = torch.tensor([[1.0, 3.0, 0.0], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    out = gspo_loss(logprobs, old, adv, GSPO_MASK, clip_low=0.5, clip_high=0.5)
+    # range [0.5, 1.5]: nothing clipped; loss -A·s, gradient of the token sum -A_{i,t}·s_i
+    _close(out.token_loss, [[-S0, -3 * S0, 0.0], [-0.5 * S1] * 3])
+    out.token_loss.sum().backward()
+    _close(logprobs.grad, [[-S0, -3 * S0, 0.0], [-0.5 * S1] * 3])
+    assert not out.clipped.any()
+
+
+def test_gspo_on_policy_is_minus_advantage_and_matches_grpo_gradient():
+    gen = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    adv = torch.randn(3, 1, generator=gen, dtype=torch.float64).expand(3, 5)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    grads = []
+    for loss in (gspo_loss, ppo_clip_loss):
+        lp = logprobs.clone().requires_grad_(True)
+        out = loss(lp, lp.detach(), adv, mask, clip_low=3e-4, clip_high=4e-4)
+        # s = 1: loss = max(-A·1, -A·clip(1)) = -A on every response token
+        _close(out.token_loss, -adv * mask)
+        assert not out.clipped.any()
+        seq_mean_token_mean(out.token_loss, mask, num_tokens=9, num_seqs=3, max_len=5).backward()
+        grads.append(lp.grad)
+    # on-policy, sequence-constant A: GSPO's gradient -A_i/(G·|o_i|) is GRPO's
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)
+    _close(grads[0], -adv * mask / (3 * mask.sum(-1, keepdim=True)))
+
+
+def test_gspo_published_clip_range_is_the_default():
+    # defaults ε_low = 3e-4, ε_high = 4e-4; A = +1
+    # seq 0: mean log-ratio 2e-4 → s = 1.0002000 ≤ 1.0004 → loss -1.0002000
+    # seq 1: mean log-ratio 5e-4 → s = 1.0005001 > 1.0004 → clipped, loss -1.0004
+    log_ratio = torch.tensor([[1e-4, 3e-4], [5e-4, 5e-4]], dtype=torch.float64)
+    logprobs = log_ratio.clone().requires_grad_(True)
+    out = gspo_loss(logprobs, torch.zeros_like(logprobs), torch.ones(2, 2), torch.ones(2, 2))
+    _close(out.token_loss, [[-math.exp(2e-4)] * 2, [-1.0004] * 2])
+    _close(out.token_loss[0, 0], -1.0002000)
+    assert out.clipped.tolist() == [[False, False], [True, True]]
+
+
+def test_cispo_hand_values_and_clipped_tokens_keep_gradient():
+    # ratios as in RATIOS, log π chosen below, log π_old = log π − log ρ
+    logprobs = torch.tensor(
+        [[-1.0, -2.0, -0.5, -1.0], [-1.0, -1.0, -2.0, -4.0]], dtype=torch.float64
+    ).requires_grad_(True)
+    old = logprobs.detach() - RATIOS.log()
+    out = cispo_loss(logprobs, old, ADV, MASK, clip_low=0.2, clip_high=0.28)
+    # weight w = clip(ρ, 0.8, 1.28): row 0 [1.1, 1.28, 0.8, 1.25]; row 1 [1.28, 0.8, 0.9, 0.8]
+    # loss -w·A·logπ: row 0 (A=+2) [-1.1·2·-1, -1.28·2·-2, -0.8·2·-0.5, -1.25·2·-1]
+    #                            = [2.2, 5.12, 0.8, 2.5]
+    #                 row 1 (A=-1) [1.28·-1, 0.8·-1, 0.9·-2, 0.8·-4] = [-1.28, -0.8, -1.8, -3.2]
+    _close(out.token_loss, [[2.2, 5.12, 0.8, 2.5], [-1.28, -0.8, -1.8, -3.2]])
+    assert out.clipped.tolist() == [[False, True, True, False], [True, True, False, True]]
+    _close(out.ratio, RATIOS)
+    out.token_loss.sum().backward()
+    # ∂/∂logπ = -w·A on EVERY token, clipped ones included:
+    # row 0: [-2.2, -2.56, -1.6, -2.5]; row 1: [1.28, 0.8, 0.9, 0.8]
+    _close(logprobs.grad, [[-2.2, -2.56, -1.6, -2.5], [1.28, 0.8, 0.9, 0.8]])
+    assert (logprobs.grad != 0).all()
+    # ppo_clip on the same ratios drops the gradient of its clipped tokens
+    lp = RATIOS.log().clone().requires_grad_(True)
+    ppo = ppo_clip_loss(lp, torch.zeros_like(lp), ADV, MASK, clip_low=0.2, clip_high=0.28)
+    ppo.token_loss.sum().backward()
+    assert (lp.grad[ppo.clipped] == 0).all() and ppo.clipped.any()
+
+
+def test_cispo_weight_is_stop_gradient():
+    # unclipped token, ρ = 1.1, A = 2, log π = -1: with sg, ∂(-w·A·logπ)/∂logπ = -w·A = -2.2;
+    # without sg, w = ρ = exp(logπ − logπ_old) adds -A·logπ·∂ρ/∂logπ = -2·(-1)·1.1 → 0
+    logprobs = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    old = (logprobs.detach() - math.log(1.1)).requires_grad_(True)
+    adv = torch.tensor([[2.0]], dtype=torch.float64)
+    out = cispo_loss(logprobs, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.28)
+    out.token_loss.sum().backward()
+    _close(logprobs.grad, [[-2.2]])
+    assert old.grad is None
+    lp = logprobs.detach().clone().requires_grad_(True)
+    no_sg = -torch.exp(lp - old.detach()) * adv * lp
+    no_sg.sum().backward()
+    _close(lp.grad, [[0.0]])  # -A·ρ·(1 + logπ) = -2.2·0: what CISPO must NOT compute
+
+
+def test_cispo_without_lower_clip_as_minimax_uses_it():
+    # clip_low ≥ 1 puts the lower bound at ≤ 0: ρ = 0.5 keeps weight 0.5, only ρ > 1.28 is cut
+    logprobs = torch.tensor([[-1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    old = logprobs.detach() - torch.tensor([[0.5, 2.0]], dtype=torch.float64).log()
+    out = cispo_loss(
+        logprobs, old, torch.ones(1, 2), torch.ones(1, 2), clip_low=1e9, clip_high=0.28
+    )
+    # loss -w·1·(-1) = w: [0.5, 1.28]
+    _close(out.token_loss, [[0.5, 1.28]])
+    assert out.clipped.tolist() == [[False, True]]
+    out.token_loss.sum().backward()
+    _close(logprobs.grad, [[-0.5, -1.28]])
+
+
+def test_new_losses_are_registered():
+    assert POLICY_LOSSES.get("gspo") is gspo_loss
+    assert POLICY_LOSSES.get("cispo") is cispo_loss

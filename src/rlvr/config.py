@@ -115,6 +115,15 @@ class EntropyConfig(Section):
     """Entropy bonus coefficient (the loss subtracts coef * entropy)."""
 
 
+class OverlongConfig(Section):
+    filter: bool = False
+    """Mask truncated responses out of the loss (DAPO overlong filtering)."""
+    buffer: float = 0.0
+    """Soft overlong punishment zone as a fraction of rollout.max_new_tokens (DAPO: 0.2)."""
+    penalty: float = 1.0
+    """Largest soft overlong punishment, reached at rollout.max_new_tokens."""
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`)."""
@@ -132,6 +141,12 @@ class AlgorithmConfig(Section):
     """KL regularisation to the reference model."""
     entropy: EntropyConfig = Field(default_factory=EntropyConfig)
     """Entropy regularisation."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal and sample more prompts until the batch is full."""
+    max_sampling_rounds: int = 4
+    """Most rollout rounds per step under dynamic sampling (then train on what was kept)."""
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    """Treatment of responses that reach the generation budget."""
 
 
 class RewardSpec(Section):

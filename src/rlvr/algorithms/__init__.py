@@ -1,7 +1,9 @@
 """Pure tensor functions of RLVR, selected by name through registries.
 
-- :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``.
-- :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``.
+- :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
+  ``reinforce_pp`` (global batch whitening).
+- :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
+  ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
   always normalised over the whole optimizer step (:func:`aggregate`).
 - :data:`KL_ESTIMATORS` — Schulman's ``k1``, ``k2``, ``k3``.
@@ -10,15 +12,26 @@ Nothing here imports :mod:`rlvr.training`; every function takes tensors and plai
 arguments, never a config object.
 """
 
-from rlvr.algorithms.advantages import group_normalized_advantages, rloo_advantages
+from rlvr.algorithms.advantages import (
+    group_normalized_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from rlvr.algorithms.aggregation import (
     aggregate,
     seq_mean_token_mean,
     seq_mean_token_sum,
     token_mean,
 )
+from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
 from rlvr.algorithms.kl import kl_k1, kl_k2, kl_k3
-from rlvr.algorithms.policy_losses import PolicyLossOutput, ppo_clip_loss, reinforce_loss
+from rlvr.algorithms.policy_losses import (
+    PolicyLossOutput,
+    cispo_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    reinforce_loss,
+)
 from rlvr.algorithms.registry import (
     ADVANTAGES,
     AGGREGATIONS,
@@ -26,23 +39,39 @@ from rlvr.algorithms.registry import (
     POLICY_LOSSES,
     Registry,
 )
+from rlvr.algorithms.shaping import (
+    apply_truncation_reward,
+    kimi_length_reward,
+    repetition_penalty,
+    soft_overlong_penalty,
+)
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "DynamicSampling",
     "PolicyLossOutput",
     "Registry",
     "aggregate",
+    "apply_truncation_reward",
+    "cispo_loss",
     "group_normalized_advantages",
+    "gspo_loss",
+    "informative_groups",
+    "kimi_length_reward",
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "overlong_mask",
     "ppo_clip_loss",
     "reinforce_loss",
+    "reinforce_pp_advantages",
+    "repetition_penalty",
     "rloo_advantages",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
+    "soft_overlong_penalty",
     "token_mean",
 ]

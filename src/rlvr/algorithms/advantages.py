@@ -13,9 +13,11 @@ How this code departs from the papers:
 - A group whose rewards are all equal (including a group of one) gets advantage exactly 0 in
   every mode (DESIGN rule 6): there is nothing to learn from it, and ``x - mean(x)`` is not
   always exactly zero in floating point.
-- ``std_normalization`` means the same for every estimator here: ``"group"`` divides by the
-  sample's group std (unbiased, like ``torch.std``), ``"batch"`` by the std of all N rewards
-  (unbiased), ``"none"`` does not divide. An epsilon is added to the std before dividing.
+- ``std_normalization`` means the same for every group-baseline estimator here (``grpo``,
+  ``rloo``): ``"group"`` divides by the sample's group std (unbiased, like ``torch.std``),
+  ``"batch"`` by the std of all N rewards (unbiased), ``"none"`` does not divide. An epsilon is
+  added to the std before dividing. ``reinforce_pp`` has no groups and always whitens over
+  the batch; it validates ``std_normalization`` and ignores it.
 """
 
 from __future__ import annotations
@@ -181,4 +183,53 @@ def rloo_advantages(
     loo = centered * counts / (counts - 1).clamp(min=1)
     adv = _normalize(loo, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
+    return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    std_normalization: str = "batch",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""REINFORCE++: the rewards whitened over the global batch, no per-group baseline.
+
+    .. math::
+
+        A_i = \frac{r_i - \operatorname{mean}_{\text{batch}}(r)}
+                   {\operatorname{std}_{\text{batch}}(r) + \varepsilon}
+
+    (Hu 2025, *REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+    Models*, arXiv:2501.03262: global advantage normalisation.) The baseline and the scale
+    are those of all N sequences of the batch, never of a prompt group, so ``group_ids`` does
+    not change the result (it is still checked to be an integer ``[N]`` tensor), and
+    ``std_normalization`` is ignored: REINFORCE++ always divides by the batch std (the value is
+    validated so that a typo still fails). The std is unbiased, as for ``"batch"`` elsewhere in
+    this module. A batch whose rewards are all equal (or of one sequence) gets exactly 0.
+
+    How this departs from the paper: REINFORCE++ whitens a token-level return
+    :math:`r - \beta\sum_{s \ge t}\mathrm{KL}_s`; here the advantage is per sequence — with
+    ``algorithm.kl.in_reward`` the loop subtracts the whole sequence's KL from the reward before
+    calling this, and the advantage is broadcast over the sequence's tokens.
+    (REINFORCE++-baseline, group mean and batch std, is ``grpo`` with
+    ``std_normalization="batch"``.)
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer group ids (checked, otherwise unused).
+        std_normalization: validated and ignored (always the batch std).
+        epsilon: added to the batch std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    adv = (r - r.mean()) / (_batch_std(r) + epsilon)
+    if bool(r.max() == r.min()):
+        adv = torch.zeros_like(adv)
     return adv.to(_out_dtype(rewards))

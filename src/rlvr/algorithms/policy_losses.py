@@ -12,7 +12,10 @@ How this code departs from the papers:
   bites at ratios beyond e^20, far outside any clip range.
 - ``clipped`` flags exactly the tokens whose gradient the clipping removed (the clipped branch
   is strictly the larger, or the dual-clip cap is active), so ``clip_frac`` and "this token
-  gets no gradient" are the same statement.
+  gets no gradient" are the same statement. CISPO is the exception by design: it clips a
+  stop-gradient weight, so its ``clipped`` tokens keep a (smaller) gradient.
+- GSPO's sequence-level loss is laid out on the tokens (the sequence's value on each of its
+  tokens, with GSPO-token's gradient form) so that the loop's aggregation applies unchanged.
 """
 
 from __future__ import annotations
@@ -35,15 +38,22 @@ class PolicyLossOutput:
     token_loss: Tensor
     """``[B, T]`` loss of each token, not aggregated; 0 where ``response_mask`` is 0."""
     clipped: Tensor
-    """``[B, T]`` bool, True where clipping removed the token's gradient (for ``clip_frac``)."""
+    """``[B, T]`` bool, True where clipping removed the token's gradient (for ``clip_frac``;
+    CISPO: where its importance weight was truncated)."""
     ratio: Tensor | None = None
-    """``[B, T]`` detached importance ratio π_θ / π_old (1 where masked), or None if unused."""
+    """``[B, T]`` detached importance ratio π_θ / π_old (1 where masked), or None if unused;
+    GSPO gives its sequence ratio s_i on every token of sequence i."""
 
 
 def _check_shapes(**tensors: Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"policy-loss inputs must share one shape [B, T], got {shapes}")
+
+
+def _check_clip(clip_low: float, clip_high: float) -> None:
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
 
 
 @POLICY_LOSSES.register("ppo_clip")
@@ -95,8 +105,7 @@ def ppo_clip_loss(
     _check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    _check_clip(clip_low, clip_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020), got {dual_clip}")
     mask = response_mask.bool()
@@ -160,4 +169,152 @@ def reinforce_loss(
         token_loss=-adv * safe_logprobs,
         clipped=torch.zeros_like(mask),
         ratio=None,
+    )
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""GSPO: one length-normalised importance ratio per sequence, clipped per sequence.
+
+    With :math:`|o_i|` the number of response tokens of sequence i and
+
+    .. math::
+
+        s_i = \Bigl(\frac{\pi_\theta(o_i)}{\pi_{\text{old}}(o_i)}\Bigr)^{1/|o_i|}
+            = \exp\Bigl(\frac{1}{|o_i|}\sum_{t=1}^{|o_i|}
+              \bigl(\log\pi_\theta(o_{i,t}) - \log\pi_{\text{old}}(o_{i,t})\bigr)\Bigr),
+
+    GSPO maximises :math:`\frac{1}{G}\sum_i \min\bigl(s_i A_i,\,
+    \operatorname{clip}(s_i, 1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}})
+    A_i\bigr)` (Zheng et al. 2025, *Group Sequence Policy Optimization*, arXiv:2507.18071,
+    eq. 5), whose gradient for an unclipped sequence is
+    :math:`s_i A_i \frac{1}{|o_i|}\sum_t \nabla\log\pi_\theta(o_{i,t})`.
+
+    Token layout: every response token of sequence i carries the sequence's loss
+    :math:`\ell_i = -\min(\cdot)`, so the aggregation ``seq_mean_token_mean`` (mean over the
+    tokens of a sequence, then over sequences) reproduces the paper's per-sequence mean
+    exactly, in value and gradient; other aggregations weight sequences by length. The value is
+    built in the paper's GSPO-token form:
+    :math:`s_{i,t} = \operatorname{sg}[s_i]\,\pi_\theta(o_{i,t}) /
+    \operatorname{sg}[\pi_\theta(o_{i,t})]`, which equals :math:`s_i` in value and has
+    :math:`\partial s_{i,t}/\partial\log\pi_\theta(o_{i,t}) = s_i`, so each token's
+    gradient after ``seq_mean_token_mean`` is :math:`-A_i s_i / (G\,|o_i|)`, the paper's
+    GSPO gradient; with per-token advantages A_{i,t} it is GSPO-token's. ``clipped`` is
+    per token but, with the loop's sequence-constant advantages, marks every token of a clipped
+    sequence (their gradient is 0).
+
+    The published clip ranges are tiny because :math:`s_i` is a per-token geometric mean:
+    ε_low = 3e-4 and ε_high = 4e-4 (the defaults here) — not PPO's 0.2; set
+    ``algorithm.clip.low`` / ``.high`` accordingly. The mean log-ratio is clamped to
+    [−20, 20] before ``exp``; a sequence with no response token gets s = 1 and loss 0.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
+        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
+        advantages: ``[B, T]`` advantage of each token (sequence-constant for GSPO proper).
+        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
+        clip_low: ε_low, s_i is clipped below at 1 − ε_low.
+        clip_high: ε_high, s_i is clipped above at 1 + ε_high.
+        **kwargs: ignored.
+
+    Returns:
+        ``PolicyLossOutput(token_loss, clipped, ratio)`` with ``ratio`` = s_i on each token.
+    """
+    _check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    _check_clip(clip_low, clip_high)
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    safe_logprobs = torch.where(mask, logprobs, zero)
+    log_ratio = torch.where(mask, logprobs.detach() - old_logprobs.detach(), zero)
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
+    seq_log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / lengths).clamp(
+        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+    )
+    seq_ratio = torch.exp(seq_log_ratio)  # [B, 1], no gradient: sg[s_i]
+    # GSPO-token: value s_i, d/d logπ_t = s_i (π/sg(π) = exp(logπ − sg(logπ)) = 1 in value)
+    token_ratio = seq_ratio * torch.exp(safe_logprobs - safe_logprobs.detach())
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+
+    unclipped_loss = -adv * token_ratio
+    clipped_loss = -adv * token_ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped_loss, clipped_loss)
+    clipped = clipped_loss > unclipped_loss
+    return PolicyLossOutput(
+        token_loss=torch.where(mask, loss, zero),
+        clipped=clipped & mask,
+        ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
+    )
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""CISPO: REINFORCE weighted by a clipped, stop-gradient importance weight.
+
+    .. math::
+
+        \ell_t = -\operatorname{sg}\bigl[\hat\rho_t\bigr]\,A_t\,\log\pi_\theta(o_t),
+        \qquad \hat\rho_t = \operatorname{clip}\bigl(\rho_t,\,
+        1-\varepsilon^{IS}_{\text{low}},\, 1+\varepsilon^{IS}_{\text{high}}\bigr),
+        \qquad \nabla_\theta\ell_t = -\hat\rho_t A_t \nabla_\theta\log\pi_\theta(o_t)
+
+    (MiniMax 2025, *MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+    Attention*, arXiv:2506.13585, §3.1.) PPO clipping drops the gradient of a token whose
+    ratio left the trust region; CISPO clips the importance-sampling *weight* instead and
+    stops its gradient, so every token keeps a gradient, only a bounded one. The paper
+    normalises by the total token count (``token_mean`` aggregation).
+
+    MiniMax applies no lower clip in practice (ε_low^IS set to a large value, e.g.
+    ``clip_low`` ≥ 1 makes the lower bound ≤ 0) and tunes only ε_high^IS, which is
+    ``clip_high`` here. ``clipped`` marks the tokens whose weight was truncated
+    (ρ < 1 − ε_low or ρ > 1 + ε_high); unlike :func:`ppo_clip_loss`, they still get gradient
+    −ρ̂·A. The log-ratio is clamped to [−20, 20] before ``exp``.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
+        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
+        advantages: ``[B, T]`` advantage of each token.
+        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
+        clip_low: ε_low^IS, the weight is clipped below at 1 − ε_low.
+        clip_high: ε_high^IS, the weight is clipped above at 1 + ε_high.
+        **kwargs: ignored.
+
+    Returns:
+        ``PolicyLossOutput(token_loss, clipped, ratio)``.
+    """
+    _check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    _check_clip(clip_low, clip_high)
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    safe_logprobs = torch.where(mask, logprobs, zero)
+    log_ratio = torch.where(mask, logprobs.detach() - old_logprobs.detach(), zero)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # built from detached inputs: sg[ρ̂]
+    clipped = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+    return PolicyLossOutput(
+        token_loss=-weight * adv * safe_logprobs,
+        clipped=clipped & mask,
+        ratio=ratio,
     )

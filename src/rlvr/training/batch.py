@@ -70,3 +70,24 @@ class RolloutBatch:
             else:
                 values[f.name] = value
         return RolloutBatch(**values)
+
+
+def concat_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """One batch holding the samples of `batches` in order (per-token tensors padded with 0)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.response_mask.shape[1] for b in batches)
+    values = {}
+    for f in fields(RolloutBatch):
+        parts = [getattr(b, f.name) for b in batches]
+        if all(p is None for p in parts):
+            values[f.name] = None
+        elif isinstance(parts[0], torch.Tensor):
+            if parts[0].dim() == 2:
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            values[f.name] = torch.cat(parts)
+        elif isinstance(parts[0], dict):
+            values[f.name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        else:
+            values[f.name] = [item for p in parts for item in p]
+    return RolloutBatch(**values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.algorithms.shaping import soft_overlong_penalty
 from rlvr.config import RLConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task
@@ -32,6 +33,8 @@ class RewardScorer:
             specs.append((task.reward, 0.0))
         self.verifier = task.reward
         self.compose = compose_rewards(specs, timeout_s=cfg.reward.timeout_s)
+        self.max_len = cfg.rollout.max_new_tokens
+        self.overlong = cfg.algorithm.overlong
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
@@ -43,4 +46,13 @@ class RewardScorer:
             k: torch.tensor(v, dtype=torch.float32) for k, v in out.per_reward.items()
         }
         batch.correct = batch.reward_parts[self.verifier] >= 1.0
+        if self.overlong.buffer > 0:
+            penalty = soft_overlong_penalty(
+                torch.tensor(batch.lengths),
+                max_len=self.max_len,
+                buffer=max(1, round(self.overlong.buffer * self.max_len)),
+                penalty=self.overlong.penalty,
+            )
+            batch.reward_parts["overlong"] = penalty
+            batch.rewards = batch.rewards + penalty
         return out

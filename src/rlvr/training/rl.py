@@ -19,15 +19,12 @@ from transformers import AutoModelForCausalLM
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
 from rlvr.config import RLConfig, save_config
 from rlvr.data.sampler import EpochSampler
-from rlvr.data.tasks import Task, load_task
-from rlvr.data.templates import apply_template
+from rlvr.data.tasks import load_task
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
-from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.progress import StepProgress
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -37,6 +34,7 @@ from rlvr.training.checkpoint import (
 from rlvr.training.metrics import step_metrics
 from rlvr.training.optim import build_optimizer, build_scheduler
 from rlvr.training.rewarding import RewardScorer
+from rlvr.training.sampling import collect_step, config_filters
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
@@ -44,40 +42,6 @@ BatchFilter = Callable[[RolloutBatch], RolloutBatch]
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
-
-
-def rollout_batch(
-    engine: HFRolloutEngine, tokenizer, task: Task, indices: list[int], cfg: RLConfig
-) -> RolloutBatch:
-    """Sample G completions for each chosen problem."""
-    problems = [task.train[i] for i in indices]
-    texts = [apply_template(cfg.data.template, p.question, tokenizer) for p in problems]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    r = cfg.rollout
-    params = SamplingParams(r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
-    out = engine.generate(prompt_ids, params)
-    lengths = [len(c) for c in out.completion_ids]
-    width = max(lengths)
-    logprobs = torch.zeros(len(lengths), width)
-    for i, lp in enumerate(out.logprobs):
-        logprobs[i, : len(lp)] = torch.tensor(lp)
-    eos = set(eos_token_ids(engine.model, tokenizer))
-    completions = [
-        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
-        for c in out.completion_ids
-    ]
-    batch = RolloutBatch(
-        problems=[problems[g] for g in out.prompt_index],
-        prompt_ids=[prompt_ids[g] for g in out.prompt_index],
-        completion_ids=out.completion_ids,
-        prompt_texts=[texts[g] for g in out.prompt_index],
-        completion_texts=completions,
-        group_ids=torch.tensor([indices[g] for g in out.prompt_index]),
-        truncated=torch.tensor([f == "length" for f in out.finish_reason]),
-        response_mask=response_mask_from_lengths(lengths, width),
-        rollout_logprobs=logprobs,
-    )
-    return batch
 
 
 def keep_until_step(path: Path, step: int) -> None:
@@ -165,11 +129,9 @@ def train(
     with metrics_log, samples_log, progress:
         for step in range(start_step + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            batch = rollout_batch(engine, tokenizer, task, sampler.next(r.prompts_per_step), cfg)
-            t1 = time.perf_counter()
-            scored = rewarder(batch)
-            full_batch = batch
-            for keep in filters:
+            data = collect_step(engine, tokenizer, task, sampler, cfg, rewarder)
+            full_batch, batch = data.sampled, data.kept
+            for keep in (*config_filters(cfg), *filters):
                 batch = keep(batch)
             t2 = time.perf_counter()
 
@@ -230,10 +192,11 @@ def train(
                     "step": step,
                     "lr": scheduler.get_last_lr()[0],
                     "skipped_updates": skipped,
-                    "reward/errors": scored.errors,
-                    "reward/timeouts": scored.timeouts,
-                    "time/rollout": t1 - t0,
-                    "time/reward": t2 - t1,
+                    "reward/errors": data.errors,
+                    "reward/timeouts": data.timeouts,
+                    "sampling_rounds": data.rounds,
+                    "time/rollout": data.rollout_seconds,
+                    "time/reward": t2 - t0 - data.rollout_seconds,
                     "time/train": t3 - t2,
                     "time/step": t3 - t0,
                     "tokens_per_s": sum(full_batch.lengths) / max(t3 - t0, 1e-9),
@@ -250,7 +213,7 @@ def train(
                         "reward": float(full_batch.rewards[i]),
                     }
                 )
-            for message in scored.error_examples[:2]:
+            for message in data.error_examples[:2]:
                 samples_log.write({"step": step, "reward_error": message})
             progress.update(step, metrics)
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (

@@ -1,0 +1,175 @@
+"""Sample filters: which sequences of a rollout the policy update trains on.
+
+Everything here returns a mask; the training loop applies it (drops samples, or zeroes the
+``response_mask`` rows of the ones it keeps in the batch). Nothing here changes rewards; for the
+reward-side alternatives (soft overlong penalty, truncation reward) see ``shaping.py``.
+
+How this code departs from the papers:
+
+- Groups are given by arbitrary integer ids (not necessarily contiguous, sorted or of equal
+  size) and handled vectorised with ``unique``/``scatter_reduce``: no Python loop over groups.
+- "Informative" is "the group's rewards are not all equal", which for 0/1 rewards is exactly
+  DAPO's 0 < |{o_i correct}| < G and extends it to shaped, non-binary rewards. A group of one
+  is never informative (its group-relative advantage is 0).
+- DAPO's dynamic sampling keeps sampling until the batch is full. ``DynamicSampling`` also stops
+  after ``max_rounds`` rounds (verl's ``max_num_gen_batches``), so a task that is too easy or too
+  hard cannot stall training; the loop then trains on the (smaller) batch it has.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_grouped(rewards: Tensor, group_ids: Tensor) -> None:
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"group_ids shape {tuple(group_ids.shape)} must equal rewards shape "
+            f"{tuple(rewards.shape)}"
+        )
+    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+
+
+def informative_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """True for each sample whose group's rewards are not all equal (DAPO dynamic sampling).
+
+    DAPO (Yu et al. 2025, arXiv:2503.14476), eq. (11), constrains every prompt in the batch to
+
+        0 < |{o_i | is_equivalent(a, o_i)}| < G,
+
+    i.e. drops groups whose G samples are all correct or all wrong: their group-relative
+    advantages are all zero, so they add no gradient but dilute the batch. Here a group is
+    kept when ``max(r) != min(r)`` over its samples, which is the same test for 0/1 rewards.
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer id of the prompt group of each sequence (any values, any
+            order).
+
+    Returns:
+        ``[N]`` bool, True where the sample's group has at least two distinct rewards. A
+        singleton group is False.
+    """
+    _check_grouped(rewards, group_ids)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1
+    empty = torch.empty(num_groups, dtype=torch.float64, device=r.device)
+    gmax = empty.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
+    gmin = empty.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
+    return (gmax != gmin)[inverse]
+
+
+class DynamicSampling:
+    """DAPO dynamic sampling as a filter object, so the RL loop never forks for it.
+
+    Collect rounds of rollouts until ``target_groups`` informative groups (see
+    :func:`informative_groups`) have been accepted::
+
+        sampler = DynamicSampling(target_groups=prompts_per_step, max_rounds=4)
+        while not sampler.full:
+            rollout = generate(next_prompts())
+            keep = sampler.add(rollout.rewards, rollout.group_ids)   # [N] bool
+            batch.extend(rollout[keep])
+
+    Whole groups only: a group is accepted with all its samples or not at all. When a round
+    offers more informative groups than are still needed, they are accepted in the order of
+    their first sample in the round, up to the target, and the rest are dropped.
+
+    After ``max_rounds`` rounds ``full`` is True even if fewer than ``target_groups`` groups
+    were accepted: the loop then trains on the smaller batch it has (and should log
+    ``accepted`` against ``target_groups``), rather than sampling forever on a task the policy
+    always or never solves.
+
+    Groups are identified within a round: ids may repeat from one round to the next.
+    """
+
+    def __init__(self, target_groups: int, max_rounds: int) -> None:
+        for name, value in (("target_groups", target_groups), ("max_rounds", max_rounds)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.target_groups = target_groups
+        self.max_rounds = max_rounds
+        self._accepted = 0
+        self._rounds = 0
+
+    @property
+    def full(self) -> bool:
+        """True once ``target_groups`` groups are accepted or ``max_rounds`` rounds added."""
+        return self._accepted >= self.target_groups or self._rounds >= self.max_rounds
+
+    @property
+    def rounds(self) -> int:
+        """Number of rounds passed to :meth:`add` so far."""
+        return self._rounds
+
+    @property
+    def accepted(self) -> int:
+        """Number of groups accepted so far (≤ ``target_groups``)."""
+        return self._accepted
+
+    def add(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
+        """Offer one round of rollouts; return the ``[N]`` bool mask of samples to keep.
+
+        Raises:
+            RuntimeError: if called once ``full`` is True (the loop should have stopped).
+        """
+        if self.full:
+            raise RuntimeError(
+                f"DynamicSampling is full ({self._accepted}/{self.target_groups} groups after "
+                f"{self._rounds}/{self.max_rounds} rounds); start a new one for the next step"
+            )
+        keep = informative_groups(rewards, group_ids)
+        self._rounds += 1
+        if not bool(keep.any()):
+            return keep
+        _, inverse = torch.unique(group_ids, return_inverse=True)
+        num_groups = int(inverse.max()) + 1
+        positions = torch.arange(inverse.numel(), device=inverse.device)
+        first = torch.full((num_groups,), inverse.numel(), device=inverse.device)
+        first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+        group_informative = torch.zeros(num_groups, dtype=torch.bool, device=inverse.device)
+        group_informative[inverse[keep]] = True
+        # informative groups in order of first appearance; accept the first `room` of them
+        candidates = torch.nonzero(group_informative).squeeze(1)
+        candidates = candidates[torch.argsort(first[candidates])]
+        room = self.target_groups - self._accepted
+        accepted = torch.zeros(num_groups, dtype=torch.bool, device=inverse.device)
+        accepted[candidates[:room]] = True
+        self._accepted += int(min(room, candidates.numel()))
+        return accepted[inverse]
+
+
+def overlong_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:
+    """Zero the ``response_mask`` rows of truncated responses (overlong filtering).
+
+    DAPO (Yu et al. 2025, arXiv:2503.14476, §3.4 "Overlong Filtering") and AceReason-Nemotron
+    (Chen et al. 2025, arXiv:2505.16400) mask the loss of responses cut off at the generation
+    limit: a truncated reasoning chain gets a low reward for its length, not its reasoning, and
+    training on it is noise. The samples stay in the batch (their rewards still count in their
+    group's statistics); they only contribute no tokens to the loss.
+
+    Args:
+        response_mask: ``[N, T]`` mask of response tokens (any dtype).
+        truncated: ``[N]`` bool, True where the response hit the length limit without EOS.
+
+    Returns:
+        ``[N, T]`` the mask, same dtype, with the rows of truncated responses set to 0.
+    """
+    if response_mask.ndim != 2:
+        raise ValueError(
+            f"response_mask must be 2-D [N, T], got shape {tuple(response_mask.shape)}"
+        )
+    if truncated.shape != response_mask.shape[:1]:
+        raise ValueError(
+            f"truncated shape {tuple(truncated.shape)} must be [N] = ({response_mask.shape[0]},)"
+        )
+    if truncated.dtype != torch.bool:
+        raise ValueError(f"truncated must be a bool tensor, got {truncated.dtype}")
+    return torch.where(truncated[:, None], torch.zeros_like(response_mask), response_mask)

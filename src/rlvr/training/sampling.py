@@ -1,0 +1,134 @@
+"""One step's data: sample completions, score them, and keep sampling while DAPO's dynamic
+sampling still needs informative groups."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.algorithms.filters import DynamicSampling, overlong_mask
+from rlvr.config import RLConfig
+from rlvr.data.sampler import EpochSampler
+from rlvr.data.tasks import Task
+from rlvr.data.templates import apply_template
+from rlvr.models.loading import eos_token_ids
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.batch import RolloutBatch, concat_batches
+from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.rewarding import RewardScorer
+
+
+def rollout_batch(
+    engine: HFRolloutEngine,
+    tokenizer,
+    task: Task,
+    indices: list[int],
+    cfg: RLConfig,
+    group_offset: int = 0,
+) -> RolloutBatch:
+    """Sample G completions for each chosen problem; group ids start at `group_offset`."""
+    problems = [task.train[i] for i in indices]
+    texts = [apply_template(cfg.data.template, p.question, tokenizer) for p in problems]
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    r = cfg.rollout
+    params = SamplingParams(r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
+    out = engine.generate(prompt_ids, params)
+    lengths = [len(c) for c in out.completion_ids]
+    width = max(lengths)
+    logprobs = torch.zeros(len(lengths), width)
+    for i, lp in enumerate(out.logprobs):
+        logprobs[i, : len(lp)] = torch.tensor(lp)
+    eos = set(eos_token_ids(engine.model, tokenizer))
+    completions = [
+        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
+        for c in out.completion_ids
+    ]
+    return RolloutBatch(
+        problems=[problems[g] for g in out.prompt_index],
+        prompt_ids=[prompt_ids[g] for g in out.prompt_index],
+        completion_ids=out.completion_ids,
+        prompt_texts=[texts[g] for g in out.prompt_index],
+        completion_texts=completions,
+        group_ids=torch.tensor([group_offset + g for g in out.prompt_index]),
+        truncated=torch.tensor([f == "length" for f in out.finish_reason]),
+        response_mask=response_mask_from_lengths(lengths, width),
+        rollout_logprobs=logprobs,
+    )
+
+
+@dataclass
+class StepData:
+    """Everything sampled in one step, and the part of it the update trains on."""
+
+    sampled: RolloutBatch
+    """Every scored sample of every round (rollout metrics come from these)."""
+    kept: RolloutBatch
+    """The samples dynamic sampling kept (all of them when it is off)."""
+    rounds: int = 1
+    """Rollout rounds it took."""
+    errors: int = 0
+    """Reward calls that raised."""
+    timeouts: int = 0
+    """Verifier calls that timed out."""
+    error_examples: list[str] = field(default_factory=list)
+    """A few reward error messages."""
+    rollout_seconds: float = 0.0
+    """Time spent sampling."""
+    reward_seconds: float = 0.0
+    """Time spent scoring."""
+
+
+def config_filters(cfg: RLConfig) -> list[Callable[[RolloutBatch], RolloutBatch]]:
+    """The batch filters the config asks for, in the order the loop applies them."""
+    filters = []
+    if cfg.algorithm.overlong.filter:
+
+        def drop_truncated(batch: RolloutBatch) -> RolloutBatch:
+            batch.response_mask = overlong_mask(batch.response_mask, batch.truncated)
+            return batch
+
+        filters.append(drop_truncated)
+    return filters
+
+
+def collect_step(
+    engine: HFRolloutEngine,
+    tokenizer,
+    task: Task,
+    sampler: EpochSampler,
+    cfg: RLConfig,
+    rewarder: RewardScorer,
+) -> StepData:
+    """Sample and score `prompts_per_step` prompts; with dynamic sampling, repeat until
+    `prompts_per_step` informative groups are kept or `max_sampling_rounds` is reached."""
+    r, algo = cfg.rollout, cfg.algorithm
+    dynamic = DynamicSampling(r.prompts_per_step, algo.max_sampling_rounds)
+    sampled, kept, examples = [], [], []
+    rounds = errors = timeouts = 0
+    seconds = [0.0, 0.0]
+    while True:
+        offset = rounds * r.prompts_per_step
+        t0 = time.perf_counter()
+        batch = rollout_batch(
+            engine, tokenizer, task, sampler.next(r.prompts_per_step), cfg, offset
+        )
+        t1 = time.perf_counter()
+        scored = rewarder(batch)
+        seconds[0], seconds[1] = seconds[0] + t1 - t0, seconds[1] + time.perf_counter() - t1
+        rounds, errors, timeouts = rounds + 1, errors + scored.errors, timeouts + scored.timeouts
+        examples.extend(scored.error_examples)
+        sampled.append(batch)
+        if not algo.dynamic_sampling:
+            kept.append(batch)
+            break
+        keep = dynamic.add(batch.rewards, batch.group_ids)
+        kept.append(batch.select(keep.nonzero().squeeze(-1)))
+        if dynamic.full:
+            break
+    return StepData(
+        concat_batches(sampled), concat_batches(kept), rounds, errors, timeouts, examples, *seconds
+    )

@@ -1,0 +1,91 @@
+"""Every shipped preset runs a few RL steps on the tiny default task."""
+
+import zlib
+
+import pytest
+import torch
+
+from rlvr.config import preset_names, resolve_config
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import train
+
+SMALL = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "data.max_digits=1",
+    "data.max_terms=2",
+    "data.train_size=100",
+    "data.test_size=10",
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=10",
+    "train.lr=1e-3",
+]
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_preset_runs(preset, tmp_path):
+    cfg = resolve_config(
+        preset=preset, overrides=[*SMALL, "train.steps=3", f"train.output_dir={tmp_path}"]
+    )
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["loss"] is not None for m in metrics if m["trained_samples"])
+
+
+def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):
+    seen = []
+
+    def record(batch):
+        seen.append(batch)
+        return batch
+
+    cfg = resolve_config(
+        preset="dapo",
+        overrides=[
+            *SMALL,
+            "train.steps=2",
+            "algorithm.max_sampling_rounds=3",
+            f"train.output_dir={tmp_path}",
+            # a reward that is random per sample, so some groups are all-equal and some are not
+            f"reward.functions=[{{name: '{__name__}:coin_reward', weight: 1.0}}]",
+        ],
+    )
+    metrics = read_jsonl(train(cfg, filters=(record,), show_progress=False) / "metrics.jsonl")
+    for batch in seen:
+        for g in batch.group_ids.unique():
+            rewards = batch.rewards[batch.group_ids == g]
+            assert len(rewards) == 4 and rewards.max() > rewards.min()
+        assert len(batch.group_ids.unique()) <= 3
+    assert all(1 <= m["sampling_rounds"] <= 3 for m in metrics)
+    assert "reward/overlong" in metrics[0]
+
+
+def coin_reward(prompts, completions, **columns):
+    """A deterministic coin per completion text: some groups mix 0s and 1s, some do not."""
+    return [float(zlib.crc32(c.encode()) % 2) for c in completions]
+
+
+def test_overlong_filter_masks_truncated_responses(tmp_path):
+    seen = []
+
+    def record(batch):
+        seen.append(batch)
+        return batch
+
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *SMALL,
+            "train.steps=1",
+            "algorithm.overlong.filter=true",
+            "rollout.max_new_tokens=3",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
+    train(cfg, filters=(record,), show_progress=False)
+    batch = seen[0]
+    assert batch.truncated.any()
+    assert torch.all(batch.response_mask[batch.truncated] == 0)
