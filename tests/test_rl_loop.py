@@ -74,12 +74,26 @@ def test_run_directory_contract(tmp_path):
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
 
 
-def test_resume_continues_the_same_trajectory(tmp_path):
-    straight = train(small_config(tmp_path / "a", "train.steps=4"), show_progress=False)
-    first = small_config(tmp_path / "b", "train.steps=2")
-    train(first, show_progress=False)
-    resumed = train(small_config(tmp_path / "b", "train.steps=4"), resume=True, show_progress=False)
+ADAPTIVE = (
+    "algorithm.entropy.coef=0.01",
+    "algorithm.entropy.target=5.0",
+    "algorithm.entropy.delta=0.01",
+    "algorithm.kl.adaptive_target=0.001",
+    "algorithm.kl.horizon=10",
+    "algorithm.kl.reference_ema=0.5",
+)
+
+
+@pytest.mark.parametrize("extra", [(), ADAPTIVE], ids=["fixed", "adaptive_controllers_and_ema"])
+def test_resume_continues_the_same_trajectory(tmp_path, extra):
+    straight = train(small_config(tmp_path / "a", "train.steps=4", *extra), show_progress=False)
+    train(small_config(tmp_path / "b", "train.steps=2", *extra), show_progress=False)
+    resumed = train(
+        small_config(tmp_path / "b", "train.steps=4", *extra), resume=True, show_progress=False
+    )
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
+    if extra:  # the controllers really moved, so the comparison covers their saved state
+        assert len({m["kl_coef"] for m in a}) > 1 and len({m["entropy_coef"] for m in a}) > 1
     assert [m["step"] for m in b] == [1, 2, 3, 4]
     for left, right in zip(a, b):
         for key in left:

@@ -40,13 +40,13 @@ def test_micro_batch_split_does_not_change_loss_or_gradient(aggregation):
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     batch = make_batch()
     algo = AlgorithmConfig(aggregation=aggregation)
-    algo.kl.coef, algo.entropy.coef = 0.1, 0.01
     batch.ref_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) - 0.05
     batch.old_logprobs = batch.ref_logprobs + 0.1
     results = []
     for budget in (10_000, 24, 1):  # one micro-batch, a few, one sample each
         model.zero_grad()
-        settings = LossSettings(algo, 1.0, 12, budget, tok.pad_token_id)
+        settings = LossSettings(algo, 1.0, 12, budget, tok.pad_token_id, kl_coef=0.1,
+                                entropy_coef=0.01)
         stats = minibatch_backward(model, batch, list(range(len(batch))), settings)
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((stats["loss"], grads))

@@ -108,11 +108,25 @@ class KLConfig(Section):
     """KL estimator (Schulman 2020): k1 in the reward or k2 in the loss are unbiased."""
     in_reward: bool = False
     """Subtract beta * KL from the reward instead of adding it to the loss."""
+    adaptive_target: float | None = None
+    """Adaptive KL coefficient (Ziegler et al. 2019) steering the KL to this value; None = fixed."""
+    horizon: int = 10000
+    """Horizon, in steps, of the adaptive KL coefficient."""
+    reference_ema: float | None = None
+    """EMA decay of the reference towards the policy after every step (T1); None = frozen."""
+    reference_reset_every: int = 0
+    """Reset the reference to the current policy every N steps (0 = never)."""
 
 
 class EntropyConfig(Section):
     coef: float = 0.0
-    """Entropy bonus coefficient (the loss subtracts coef * entropy)."""
+    """Entropy bonus coefficient (the loss subtracts coef * entropy); start value if adaptive."""
+    target: float | None = None
+    """Adaptive entropy control (Skywork-OR1): the token entropy to hold; None = fixed coef."""
+    delta: float = 0.005
+    """Adaptive entropy control: change of the coefficient per step."""
+    max_coef: float = 0.05
+    """Adaptive entropy control: the largest coefficient."""
 
 
 class OverlongConfig(Section):

@@ -23,6 +23,12 @@ from rlvr.algorithms.aggregation import (
     seq_mean_token_sum,
     token_mean,
 )
+from rlvr.algorithms.controllers import (
+    AdaptiveEntropyCoef,
+    AdaptiveKLCoef,
+    ema_update_,
+    high_entropy_mask,
+)
 from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
 from rlvr.algorithms.kl import kl_k1, kl_k2, kl_k3
 from rlvr.algorithms.policy_losses import (
@@ -51,14 +57,18 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "AdaptiveEntropyCoef",
+    "AdaptiveKLCoef",
     "DynamicSampling",
     "PolicyLossOutput",
     "Registry",
     "aggregate",
     "apply_truncation_reward",
     "cispo_loss",
+    "ema_update_",
     "group_normalized_advantages",
     "gspo_loss",
+    "high_entropy_mask",
     "informative_groups",
     "kimi_length_reward",
     "kl_k1",

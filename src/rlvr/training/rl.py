@@ -6,7 +6,6 @@ in `rlvr.algorithms`, selected by name from the config.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
@@ -33,6 +32,7 @@ from rlvr.training.checkpoint import (
 )
 from rlvr.training.metrics import step_metrics
 from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
 from rlvr.training.sampling import collect_step, config_filters
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
@@ -72,9 +72,8 @@ def train(
     algo, r = cfg.algorithm, cfg.rollout
 
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
-    reference = None
-    if algo.kl.coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    regularization = Regularization(algo, model)
+    reference = regularization.reference
     task = load_task(cfg.data)
     sampler = EpochSampler(len(task.train), cfg.train.seed)
     generator = torch.Generator().manual_seed(cfg.train.seed)
@@ -101,6 +100,7 @@ def train(
         sampler.load_state_dict(state["sampler"])
         generator.set_state(state["generator"])
         restore_rng_state(state["rng"])
+        regularization.load_state_dict(state["regularization"])
         start_step, bad_steps = state["step"], state["bad_steps"]
     for name in ("metrics.jsonl", "samples.jsonl"):
         keep_until_step(run_dir / name, start_step)
@@ -121,6 +121,7 @@ def train(
             "sampler": sampler.state_dict(),
             "generator": generator.get_state(),
             "bad_steps": bad_steps,
+            "regularization": regularization.state_dict(),
         }
 
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
@@ -136,6 +137,8 @@ def train(
             t2 = time.perf_counter()
 
             model.train()
+            settings.kl_coef = regularization.kl_coef
+            settings.entropy_coef = regularization.entropy_coef
             if reference is not None:
                 batch.ref_logprobs = batch_logprobs(reference, batch, r.temperature, budget, pad)
             if updates_per_step > 1:
@@ -145,7 +148,7 @@ def train(
                 kl = KL_ESTIMATORS.get(algo.kl.estimator)(
                     batch.rollout_logprobs, batch.ref_logprobs
                 )
-                rewards = rewards - algo.kl.coef * (kl * batch.response_mask).sum(-1)
+                rewards = rewards - settings.kl_coef * (kl * batch.response_mask).sum(-1)
             advantages = ADVANTAGES.get(algo.advantage)(
                 rewards,
                 batch.group_ids,
@@ -202,7 +205,9 @@ def train(
                     "tokens_per_s": sum(full_batch.lengths) / max(t3 - t0, 1e-9),
                 }
             )
+            metrics["kl_coef"], metrics["entropy_coef"] = settings.kl_coef, settings.entropy_coef
             metrics_log.write(metrics)
+            regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
             for i in range(min(cfg.train.log_samples, len(full_batch))):
                 samples_log.write(
                     {

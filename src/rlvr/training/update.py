@@ -34,6 +34,10 @@ class LossSettings:
     max_len: int
     micro_batch_tokens: int
     pad_id: int
+    kl_coef: float = 0.0
+    """This step's KL coefficient (fixed, or set by the adaptive controller)."""
+    entropy_coef: float = 0.0
+    """This step's entropy coefficient (fixed, or set by the adaptive controller)."""
 
 
 def micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
@@ -85,11 +89,11 @@ def minibatch_backward(
         if batch.ref_logprobs is not None:
             kl = KL_ESTIMATORS.get(algo.kl.estimator)(logprobs, batch.ref_logprobs[mb.rows, :width])
             if not algo.kl.in_reward:
-                loss = loss + algo.kl.coef * aggregate(algo.aggregation, kl, mask, **norm)
+                loss = loss + s.kl_coef * aggregate(algo.aggregation, kl, mask, **norm)
             stats["kl_sum"] += float((kl.detach() * mask).sum())
-        if algo.entropy.coef:
+        if s.entropy_coef:
             entropy = token_entropy(logits, s.temperature)
-            loss = loss - algo.entropy.coef * aggregate(algo.aggregation, entropy, mask, **norm)
+            loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
         else:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach(), s.temperature)

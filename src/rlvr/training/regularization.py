@@ -1,0 +1,78 @@
+"""The reference model and the KL / entropy coefficients, which may change from step to step.
+
+Fixed coefficients are the default; `algorithm.kl.adaptive_target` (Ziegler et al. 2019) and
+`algorithm.entropy.target` (Skywork-OR1) make them follow the measured KL / entropy, and
+`algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1). Everything
+here is saved in checkpoints, so a resumed run continues with the same coefficients and
+reference (DESIGN rule 10).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from rlvr.algorithms.controllers import AdaptiveEntropyCoef, AdaptiveKLCoef, ema_update_
+from rlvr.config import AlgorithmConfig
+
+
+class Regularization:
+    """Owns the reference model and this step's `kl_coef` and `entropy_coef`."""
+
+    def __init__(self, algo: AlgorithmConfig, policy: nn.Module) -> None:
+        kl, entropy = algo.kl, algo.entropy
+        self.kl_settings = kl
+        self.reference = None
+        if kl.coef > 0:
+            self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.kl_control = None
+        if kl.adaptive_target is not None:
+            self.kl_control = AdaptiveKLCoef(
+                init_coef=kl.coef, target=kl.adaptive_target, horizon=kl.horizon
+            )
+        self.entropy_control = None
+        if entropy.target is not None:
+            self.entropy_control = AdaptiveEntropyCoef(
+                init_coef=entropy.coef,
+                target=entropy.target,
+                delta=entropy.delta,
+                max_coef=entropy.max_coef,
+            )
+        self.kl_coef, self.entropy_coef = kl.coef, entropy.coef
+
+    def after_step(self, step: int, policy: nn.Module, kl: float, entropy: float) -> None:
+        """Update the coefficients from this step's measurements and move the reference."""
+        if self.kl_control is not None:
+            self.kl_coef = self.kl_control.update(kl, n_steps=1)
+        if self.entropy_control is not None:
+            self.entropy_coef = self.entropy_control.update(entropy)
+        if self.reference is None:
+            return
+        if self.kl_settings.reference_ema is not None:
+            ema_update_(self.reference, policy, self.kl_settings.reference_ema)
+        every = self.kl_settings.reference_reset_every
+        if every and step % every == 0:
+            self.reference.load_state_dict(policy.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Coefficients, controller states and (when it moves) the reference weights."""
+        moves = self.kl_settings.reference_ema is not None or self.kl_settings.reference_reset_every
+        return {
+            "kl_coef": self.kl_coef,
+            "entropy_coef": self.entropy_coef,
+            "kl_control": self.kl_control.state_dict() if self.kl_control else None,
+            "entropy_control": self.entropy_control.state_dict() if self.entropy_control else None,
+            "reference": self.reference.state_dict() if self.reference and moves else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`."""
+        self.kl_coef, self.entropy_coef = state["kl_coef"], state["entropy_coef"]
+        if self.kl_control is not None:
+            self.kl_control.load_state_dict(state["kl_control"])
+        if self.entropy_control is not None:
+            self.entropy_control.load_state_dict(state["entropy_control"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])

@@ -1,0 +1,174 @@
+"""Entropy / KL controllers, EMA reference and high-entropy mask against hand-worked values."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from rlvr.algorithms.controllers import (
+    AdaptiveEntropyCoef,
+    AdaptiveKLCoef,
+    ema_update_,
+    high_entropy_mask,
+)
+
+
+def test_entropy_coef_crosses_target_both_ways_with_cap_and_floor():
+    # binary-exact numbers: target 0.5, Δ = 0.25, c_max = 0.5, c_0 = 0
+    ctl = AdaptiveEntropyCoef(init_coef=0.0, target=0.5, delta=0.25, max_coef=0.5)
+    assert ctl.coef == 0.0
+    steps = [
+        # entropy, returned α, state c
+        (0.3, 0.25, 0.25),  # below: c = 0 + .25, bonus on
+        (0.2, 0.5, 0.5),  # below: c = .5
+        (0.1, 0.5, 0.5),  # below: .75 capped at c_max = .5
+        (0.7, 0.0, 0.25),  # above: c = .25, bonus off
+        (0.5, 0.0, 0.0),  # equal to target counts as above: c = 0, off
+        (0.9, 0.0, 0.0),  # above: −.25 floored at 0
+        (0.4, 0.25, 0.25),  # below again: back on
+    ]
+    for entropy, alpha, c in steps:
+        assert ctl.update(entropy) == alpha
+        assert ctl.coef == c
+
+
+def test_entropy_coef_bad_values():
+    with pytest.raises(ValueError, match="init_coef"):
+        AdaptiveEntropyCoef(init_coef=0.6, target=0.5, delta=0.1, max_coef=0.5)
+    with pytest.raises(ValueError, match="delta"):
+        AdaptiveEntropyCoef(init_coef=0.0, target=0.5, delta=-0.1, max_coef=0.5)
+    ctl = AdaptiveEntropyCoef(init_coef=0.0, target=0.5, delta=0.1, max_coef=0.5)
+    with pytest.raises(ValueError, match="entropy"):
+        ctl.update(float("nan"))
+
+
+def test_kl_coef_by_hand_above_below_and_clipped():
+    ctl = AdaptiveKLCoef(init_coef=0.2, target=6.0, horizon=10000)
+    # 6.6/6 − 1 = 0.1 (inside the clip): 0.2 · (1 + 0.1 · 256/10000) = 0.2 · 1.00256
+    assert ctl.update(6.6, n_steps=256) == pytest.approx(0.200512, rel=1e-12)
+    # 3/6 − 1 = −0.5 → clipped to −0.2: · (1 − 0.2 · 0.0256) = · 0.99488
+    assert ctl.update(3.0, n_steps=256) == pytest.approx(0.19948537856, rel=1e-12)
+    # 60/6 − 1 = 9 → clipped to +0.2: · (1 + 0.2 · 500/10000) = · 1.01
+    assert ctl.update(60.0, n_steps=500) == pytest.approx(0.2014802323456, rel=1e-12)
+    # 5.4/6 − 1 = −0.1: · (1 − 0.1 · 10000/10000) = · 0.9
+    assert ctl.update(5.4, n_steps=10000) == pytest.approx(0.18133220911104, rel=1e-12)
+    # on target: unchanged
+    assert ctl.update(6.0, n_steps=256) == pytest.approx(0.18133220911104, rel=1e-12)
+    assert ctl.coef == pytest.approx(0.18133220911104, rel=1e-12)
+
+
+def test_kl_coef_floor_and_bad_values():
+    ctl = AdaptiveKLCoef(init_coef=1.0, target=1.0, horizon=1)
+    # error −0.2, n_steps/horizon = 10: 1 − 2 = −1 → floored at 0
+    assert ctl.update(0.0, n_steps=10) == 0.0
+    with pytest.raises(ValueError, match="target"):
+        AdaptiveKLCoef(init_coef=0.1, target=0.0, horizon=10)
+    with pytest.raises(ValueError, match="n_steps"):
+        ctl.update(1.0, n_steps=-1)
+    with pytest.raises(ValueError, match="kl"):
+        ctl.update(float("inf"), n_steps=1)
+
+
+@pytest.mark.parametrize(
+    ("make", "feed"),
+    [
+        (
+            lambda: AdaptiveEntropyCoef(init_coef=0.001, target=0.4, delta=0.003, max_coef=0.01),
+            lambda ctl, x: ctl.update(x),
+        ),
+        (
+            lambda: AdaptiveKLCoef(init_coef=0.05, target=0.45, horizon=1000),
+            lambda ctl, x: ctl.update(x, n_steps=64),
+        ),
+    ],
+)
+def test_state_dict_round_trip_continues_identically(make, feed):
+    inputs = [0.3, 0.35, 0.5, 0.2, 0.9, 0.1, 0.45, 0.6]
+    original = make()
+    for x in inputs[:4]:
+        feed(original, x)
+    state = json.loads(json.dumps(original.state_dict()))  # plain, serialisable
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.coef == original.coef
+    for x in inputs[4:]:
+        assert feed(resumed, x) == feed(original, x)
+        assert resumed.coef == original.coef
+
+
+def _linear(w, b):
+    layer = nn.Linear(2, 1).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([w], dtype=torch.float64))
+        layer.bias.copy_(torch.tensor([b], dtype=torch.float64))
+    return layer
+
+
+def test_ema_update_by_hand():
+    ref, pol = _linear([1.0, 2.0], 0.0), _linear([3.0, -2.0], 1.0)
+    ema_update_(ref, pol, decay=0.9)
+    # 0.9·1 + 0.1·3 = 1.2; 0.9·2 + 0.1·(−2) = 1.6; 0.9·0 + 0.1·1 = 0.1
+    torch.testing.assert_close(ref.weight, torch.tensor([[1.2, 1.6]], dtype=torch.float64))
+    torch.testing.assert_close(ref.bias, torch.tensor([0.1], dtype=torch.float64))
+    # the policy is untouched and no graph is recorded
+    assert pol.weight.tolist() == [[3.0, -2.0]] and pol.bias.tolist() == [1.0]
+    assert ref.weight.grad_fn is None and ref.weight.is_leaf
+
+
+def test_ema_update_decay_one_and_zero_are_exact():
+    ref, pol = _linear([0.1, 0.7], 0.3), _linear([-0.9, 0.2], 0.6)
+    ema_update_(ref, pol, decay=1.0)
+    assert ref.weight.tolist() == [[0.1, 0.7]] and ref.bias.tolist() == [0.3]
+    ema_update_(ref, pol, decay=0.0)
+    assert ref.weight.tolist() == [[-0.9, 0.2]] and ref.bias.tolist() == [0.6]
+
+
+def test_ema_update_bad_inputs():
+    ref = _linear([1.0, 2.0], 0.0)
+    with pytest.raises(ValueError, match="names differ"):
+        ema_update_(ref, nn.Sequential(_linear([1.0, 2.0], 0.0)), decay=0.5)
+    with pytest.raises(ValueError, match="shape"):
+        ema_update_(ref, nn.Linear(3, 1).double(), decay=0.5)
+    for decay in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="decay"):
+            ema_update_(ref, _linear([0.0, 0.0], 0.0), decay=decay)
+    assert ref.weight.tolist() == [[1.0, 2.0]]  # nothing changed on error
+
+
+def test_high_entropy_mask_hand_example():
+    # position (0, 2) is padding: its huge entropy must be ignored
+    entropy = torch.tensor([[0.9, 0.1, 5.0], [0.4, 0.7, 0.2]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    # n = 5 response tokens, k = ceil(0.5 · 5) = 3: entropies .9 > .7 > .4 kept, .2 and .1 not
+    out = high_entropy_mask(entropy, mask, top_frac=0.5)
+    assert out.dtype == torch.float32
+    assert out.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
+    # top_frac = 1 returns the response mask, in its own dtype
+    assert high_entropy_mask(entropy, mask, top_frac=1.0).tolist() == mask.tolist()
+    bool_mask = mask.bool()
+    assert torch.equal(high_entropy_mask(entropy, bool_mask, top_frac=1.0), bool_mask)
+    # a tiny fraction still keeps one token (the max, 0.9)
+    assert high_entropy_mask(entropy, mask, 0.01).tolist() == [[1.0, 0, 0], [0, 0, 0]]
+
+
+def test_high_entropy_mask_ties_rounding_and_empty():
+    # k = ceil(0.25 · 4) = 1, but three tokens are tied at the threshold 1.0: all kept
+    entropy = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    out = high_entropy_mask(entropy, torch.ones(1, 4), top_frac=0.25)
+    assert out.tolist() == [[1.0, 1.0, 0.0, 1.0]]
+    # 0.2 · 10 is 2.0000000000000004 in floats: exactly 2 tokens kept, not 3
+    entropy = torch.arange(10.0).reshape(2, 5)
+    assert high_entropy_mask(entropy, torch.ones(2, 5), 0.2).sum().item() == 2
+    # no response tokens at all
+    assert high_entropy_mask(entropy, torch.zeros(2, 5), 0.5).sum().item() == 0
+
+
+def test_high_entropy_mask_bad_values():
+    entropy, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    for top_frac in (0.0, -0.1, 1.5, math.nan, True):
+        with pytest.raises(ValueError, match="top_frac"):
+            high_entropy_mask(entropy, mask, top_frac)
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        high_entropy_mask(torch.zeros(2, 4), mask, 0.5)
