@@ -223,3 +223,25 @@ def test_reinforce_pp_ignores_groups_and_std_normalization():
         reinforce_pp_advantages(REWARDS, GROUPS, std_normalization="grp")
     with pytest.raises(ValueError, match="integer"):
         reinforce_pp_advantages(REWARDS, GROUPS.double())
+
+
+def test_reinforce_pp_baseline_by_hand():
+    # groups: {0: [1, 0]}, {1: [1, 1, 0, 0]}, {2: [1, 1]} (constant)
+    # centred: [0.5, -0.5, 0.5, 0.5, -0.5, -0.5, 0, 0]; mean 0, sum of squares 6*0.25 = 1.5
+    # unbiased batch std = sqrt(1.5 / 7) = 0.46291005; A = centred / (0.46291005 + 1e-6)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1, 1, 1, 2, 2])
+    adv = ADVANTAGES.get("reinforce_pp_baseline")(rewards, groups)
+    std = (1.5 / 7) ** 0.5
+    expected = torch.tensor([0.5, -0.5, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0]) / (std + 1e-6)
+    assert torch.allclose(adv, expected, atol=1e-6)
+    assert torch.equal(adv[6:], torch.zeros(2))
+    # LitePPO's batch std uses the raw rewards (std of [1,0,1,1,0,0,1,1] = 0.5175) instead
+    lite = ADVANTAGES.get("grpo")(rewards, groups, std_normalization="batch")
+    assert not torch.allclose(adv, lite, atol=1e-3)
+
+
+def test_reinforce_pp_baseline_all_constant_groups_give_zero():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    adv = ADVANTAGES.get("reinforce_pp_baseline")(rewards, torch.tensor([0, 0, 1, 1]))
+    assert torch.equal(adv, torch.zeros(4))

@@ -213,8 +213,7 @@ def reinforce_pp_advantages(
     :math:`r - \beta\sum_{s \ge t}\mathrm{KL}_s`; here the advantage is per sequence — with
     ``algorithm.kl.in_reward`` the loop subtracts the whole sequence's KL from the reward before
     calling this, and the advantage is broadcast over the sequence's tokens.
-    (REINFORCE++-baseline, group mean and batch std, is ``grpo`` with
-    ``std_normalization="batch"``.)
+    For groups of samples use ``reinforce_pp_baseline``.
 
     Args:
         rewards: ``[N]`` scalar reward of each sequence.
@@ -232,4 +231,43 @@ def reinforce_pp_advantages(
     adv = (r - r.mean()) / (_batch_std(r) + epsilon)
     if bool(r.max() == r.min()):
         adv = torch.zeros_like(adv)
+    return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    std_normalization: str = "batch",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""REINFORCE++ with baseline: group-mean baseline, then global whitening of what is left.
+
+    .. math::
+
+        \tilde A_i = r_i - \operatorname{mean}_{\text{group}(i)}(r), \qquad
+        A_i = \frac{\tilde A_i}{\operatorname{std}_{\text{batch}}(\tilde A) + \varepsilon}
+
+    (Hu 2025, arXiv:2501.03262, the variant for several samples per prompt.) It differs from
+    ``grpo`` with ``std_normalization="batch"`` (LitePPO), which divides by the batch std of the
+    raw rewards: here the std is that of the group-centred rewards, so groups whose rewards are
+    all equal do not shrink the scale of the others. Such groups get exactly 0; a batch whose
+    centred rewards are all 0 gets 0. ``std_normalization`` is validated and ignored.
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer group ids.
+        std_normalization: validated and ignored (always the batch std of the centred rewards).
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
+    _, _, centered, _, constant = _group_statistics(rewards, group_ids)
+    centered = torch.where(constant, torch.zeros_like(centered), centered)
+    adv = centered / (_batch_std(centered) + epsilon)
     return adv.to(_out_dtype(rewards))
