@@ -6,14 +6,10 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.config import preset_names
+from tiny_run import TINY_RUN
 
 runner = CliRunner()
-SMALL = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "data.max_digits=1", "data.max_terms=2",
-    "data.train_size=50", "data.test_size=5", "rollout.prompts_per_step=2",
-    "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "train.steps=2",
-]
+SMALL = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "train.steps=2"]
 
 
 def test_presets_lists_every_preset_with_its_paper():
@@ -32,8 +28,9 @@ def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
 
 def test_train_then_report_then_eval(tmp_path):
     run_dir = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--preset", "dr_grpo", *SMALL,
-                                 f"train.output_dir={run_dir}"])
+    result = runner.invoke(
+        app, ["train", "--preset", "dr_grpo", *SMALL, f"train.output_dir={run_dir}"]
+    )
     assert result.exit_code == 0, result.output
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -42,10 +39,24 @@ def test_train_then_report_then_eval(tmp_path):
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
 
     out = tmp_path / "eval.jsonl"
-    result = runner.invoke(app, [
-        "eval", "--model", str(run_dir / "checkpoints" / "step-2"), "--task", "arithmetic",
-        "--k", "2", "--samples", "3", "--max-new-tokens", "8", "--output", str(out),
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(run_dir / "checkpoints" / "step-2"),
+            "--task",
+            "arithmetic",
+            "--k",
+            "2",
+            "--samples",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
     assert record["problems"] == 3 and record["k"] == 2

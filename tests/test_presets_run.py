@@ -8,27 +8,13 @@ import torch
 from rlvr.config import preset_names, resolve_config
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
-
-SMALL = [
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "data.max_digits=1",
-    "data.max_terms=2",
-    "data.train_size=100",
-    "data.test_size=10",
-    "rollout.prompts_per_step=3",
-    "rollout.samples_per_prompt=4",
-    "rollout.max_new_tokens=10",
-    "train.lr=1e-3",
-]
+from tiny_run import TINY_RUN
 
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_preset_runs(preset, tmp_path):
     cfg = resolve_config(
-        preset=preset, overrides=[*SMALL, "train.steps=3", f"train.output_dir={tmp_path}"]
+        preset=preset, overrides=[*TINY_RUN, "train.steps=3", f"train.output_dir={tmp_path}"]
     )
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -45,7 +31,7 @@ def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):
     cfg = resolve_config(
         preset="dapo",
         overrides=[
-            *SMALL,
+            *TINY_RUN,
             "train.steps=2",
             "algorithm.max_sampling_rounds=3",
             f"train.output_dir={tmp_path}",
@@ -78,7 +64,7 @@ def test_overlong_filter_masks_truncated_responses(tmp_path):
     cfg = resolve_config(
         preset="grpo",
         overrides=[
-            *SMALL,
+            *TINY_RUN,
             "train.steps=1",
             "algorithm.overlong.filter=true",
             "rollout.max_new_tokens=3",

@@ -9,6 +9,7 @@ import torch
 from rlvr.config import resolve_config
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import NonFiniteError, train
+from tiny_run import TINY_RUN
 
 CONTRACT_METRICS = [
     "step",
@@ -38,18 +39,8 @@ def small_config(tmp_path, *extra):
     return resolve_config(
         preset="grpo",
         overrides=[
-            "model.tiny.hidden_size=32",
-            "model.tiny.num_layers=1",
-            "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=64",
-            "data.max_digits=1",
-            "data.max_terms=2",
-            "data.train_size=100",
-            "data.test_size=10",
-            "rollout.prompts_per_step=3",
-            "rollout.samples_per_prompt=4",
+            *TINY_RUN,
             "rollout.max_new_tokens=12",
-            "train.lr=1e-3",
             "train.mini_batches=2",
             "train.micro_batch_tokens=64",
             f"train.output_dir={tmp_path}",
