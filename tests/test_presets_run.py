@@ -11,6 +11,16 @@ from rlvr.training.rl import train
 from tiny_run import TINY_RUN
 
 
+def recording(seen: list):
+    """A batch filter that keeps every batch it sees in `seen` and changes nothing."""
+
+    def record(batch):
+        seen.append(batch)
+        return batch
+
+    return record
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_preset_runs(preset, tmp_path):
     cfg = resolve_config(
@@ -23,11 +33,7 @@ def test_preset_runs(preset, tmp_path):
 
 def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):
     seen = []
-
-    def record(batch):
-        seen.append(batch)
-        return batch
-
+    record = recording(seen)
     cfg = resolve_config(
         preset="dapo",
         overrides=[
@@ -56,11 +62,7 @@ def coin_reward(prompts, completions, **columns):
 
 def test_overlong_filter_masks_truncated_responses(tmp_path):
     seen = []
-
-    def record(batch):
-        seen.append(batch)
-        return batch
-
+    record = recording(seen)
     cfg = resolve_config(
         preset="grpo",
         overrides=[

@@ -25,21 +25,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr.algorithms.groups import check_grouped, constant_groups
 from rlvr.algorithms.registry import ADVANTAGES
 
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
 
 def _check_inputs(rewards: Tensor, group_ids: Tensor, std_normalization: str) -> None:
-    if rewards.ndim != 1:
-        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    if group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"group_ids shape {tuple(group_ids.shape)} must equal rewards shape "
-            f"{tuple(rewards.shape)}"
-        )
-    if group_ids.is_floating_point() or group_ids.is_complex():
-        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+    check_grouped(rewards, group_ids)
     if std_normalization not in STD_NORMALIZATIONS:
         raise ValueError(
             f"std_normalization must be one of {', '.join(STD_NORMALIZATIONS)}; "
@@ -72,11 +65,7 @@ def _group_statistics(
     sq = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
     sq.index_add_(0, inverse, centered.square())
     var = sq / (counts - 1).clamp(min=1)
-    empty = torch.empty(num_groups, dtype=torch.float64, device=r.device)
-    gmax = empty.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
-    gmin = empty.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
-    constant = (gmax == gmin)[inverse]
-    return r, counts[inverse], centered, var[inverse], constant
+    return r, counts[inverse], centered, var[inverse], constant_groups(rewards, group_ids)
 
 
 def _batch_std(r: Tensor) -> Tensor:

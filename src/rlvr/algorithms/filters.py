@@ -21,17 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def _check_grouped(rewards: Tensor, group_ids: Tensor) -> None:
-    if rewards.ndim != 1:
-        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    if group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"group_ids shape {tuple(group_ids.shape)} must equal rewards shape "
-            f"{tuple(rewards.shape)}"
-        )
-    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+from rlvr.algorithms.groups import check_grouped, constant_groups
 
 
 def informative_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -54,16 +44,8 @@ def informative_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
         ``[N]`` bool, True where the sample's group has at least two distinct rewards. A
         singleton group is False.
     """
-    _check_grouped(rewards, group_ids)
-    if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
-    r = rewards.detach().to(torch.float64)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1
-    empty = torch.empty(num_groups, dtype=torch.float64, device=r.device)
-    gmax = empty.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
-    gmin = empty.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
-    return (gmax != gmin)[inverse]
+    check_grouped(rewards, group_ids)
+    return ~constant_groups(rewards, group_ids)
 
 
 class DynamicSampling:

@@ -48,3 +48,12 @@ def apply_template(name: str, question: str, tokenizer: PreTrainedTokenizerBase)
     if name not in TEMPLATES:
         raise KeyError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
     return TEMPLATES[name](question, tokenizer)
+
+
+def encode_prompts(
+    name: str, questions: list[str], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[str], list[list[int]]]:
+    """Templated prompt texts and their token ids (no extra special tokens: the template has
+    them), the one way SFT, RL and evaluation turn questions into model input."""
+    texts = [apply_template(name, q, tokenizer) for q in questions]
+    return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]

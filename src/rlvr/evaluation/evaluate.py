@@ -8,9 +8,9 @@ import torch
 from transformers import PreTrainedModel
 
 from rlvr.data.problem import Problem
-from rlvr.data.templates import apply_template
+from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.metrics import mean_majority_at_k, mean_pass_at_k
-from rlvr.models.loading import eos_token_ids
+from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import compose_rewards, extract_answer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -37,16 +37,12 @@ def evaluate(
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
     """
     start = time.perf_counter()
-    texts = [apply_template(template, p.question, tokenizer) for p in problems]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
     out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
-    completions = [
-        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
-        for c in out.completion_ids
-    ]
+    completions = decode_completions(tokenizer, out.completion_ids, eos)
     sample_problems = [problems[i] for i in out.prompt_index]
     scored = compose_rewards([(reward, 1.0)])(
         [texts[i] for i in out.prompt_index], completions, reward_columns(sample_problems)

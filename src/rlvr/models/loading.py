@@ -65,6 +65,18 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: Tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def decode_completions(
+    tokenizer: Tokenizer, completion_ids: list[list[int]], eos_ids: list[int]
+) -> list[str]:
+    """Completion texts for rewards: special tags kept (answer tags are special tokens in some
+    tokenizers), the final EOS token dropped."""
+    eos = set(eos_ids)
+    return [
+        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
+        for c in completion_ids
+    ]
+
+
 def save_pretrained(model: PreTrainedModel, tokenizer: Tokenizer, directory: Path) -> None:
     """Save model (safetensors) and tokenizer in Hugging Face format."""
     model.save_pretrained(directory, safe_serialization=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.algorithms.groups import constant_groups
 from rlvr.config import RLConfig
 from rlvr.training.batch import RolloutBatch
 
@@ -14,9 +15,12 @@ def _mean(values: torch.Tensor) -> float:
 
 def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Share of groups whose rewards are all equal (they carry no GRPO signal)."""
-    groups = group_ids.unique()
-    flat = [bool((rewards[group_ids == g] == rewards[group_ids == g][0]).all()) for g in groups]
-    return sum(flat) / max(len(flat), 1)
+    if rewards.numel() == 0:
+        return 0.0
+    _, inverse, sizes = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    constant = constant_groups(rewards, group_ids).double()
+    per_group = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, inverse, constant)
+    return float((per_group == sizes).double().mean())
 
 
 def step_metrics(

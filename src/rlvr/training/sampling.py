@@ -13,8 +13,8 @@ from rlvr.algorithms.filters import DynamicSampling, overlong_mask
 from rlvr.config import RLConfig
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.tasks import Task
-from rlvr.data.templates import apply_template
-from rlvr.models.loading import eos_token_ids
+from rlvr.data.templates import encode_prompts
+from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batch import RolloutBatch, concat_batches
@@ -32,8 +32,7 @@ def rollout_batch(
 ) -> RolloutBatch:
     """Sample G completions for each chosen problem; group ids start at `group_offset`."""
     problems = [task.train[i] for i in indices]
-    texts = [apply_template(cfg.data.template, p.question, tokenizer) for p in problems]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    texts, prompt_ids = encode_prompts(cfg.data.template, [p.question for p in problems], tokenizer)
     r = cfg.rollout
     params = SamplingParams(r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
     out = engine.generate(prompt_ids, params)
@@ -42,11 +41,9 @@ def rollout_batch(
     logprobs = torch.zeros(len(lengths), width)
     for i, lp in enumerate(out.logprobs):
         logprobs[i, : len(lp)] = torch.tensor(lp)
-    eos = set(eos_token_ids(engine.model, tokenizer))
-    completions = [
-        tokenizer.decode(c[:-1] if c and c[-1] in eos else c, skip_special_tokens=False)
-        for c in out.completion_ids
-    ]
+    completions = decode_completions(
+        tokenizer, out.completion_ids, eos_token_ids(engine.model, tokenizer)
+    )
     return RolloutBatch(
         problems=[problems[g] for g in out.prompt_index],
         prompt_ids=[prompt_ids[g] for g in out.prompt_index],

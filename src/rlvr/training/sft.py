@@ -14,7 +14,7 @@ import torch
 
 from rlvr.config import SFTConfig, save_config
 from rlvr.data.tasks import load_task
-from rlvr.data.templates import apply_template
+from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
@@ -40,12 +40,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     examples = [p for p in task.train if p.solution]
     if not examples:
         raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on")
-    prompts = [
-        tokenizer(
-            apply_template(cfg.data.template, p.question, tokenizer), add_special_tokens=False
-        )["input_ids"]
-        for p in examples
-    ]
+    _, prompts = encode_prompts(cfg.data.template, [p.question for p in examples], tokenizer)
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples
