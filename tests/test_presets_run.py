@@ -46,6 +46,7 @@ def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):
         ],
     )
     metrics = read_jsonl(train(cfg, filters=(record,), show_progress=False) / "metrics.jsonl")
+    assert len(seen) == 2 and any(len(batch) for batch in seen)  # not vacuous
     for batch in seen:
         for g in batch.group_ids.unique():
             rewards = batch.rewards[batch.group_ids == g]
