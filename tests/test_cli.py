@@ -37,6 +37,24 @@ def test_train_then_report_then_eval(tmp_path):
     result = runner.invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"
+    custom = tmp_path / "lengths.png"
+    result = runner.invoke(
+        app,
+        [
+            "report",
+            str(run_dir),
+            "--metric",
+            "response_length/incorrect",
+            "--metric",
+            "loss",
+            "--smoothing",
+            "0.5",
+            "--output",
+            str(custom),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert custom.read_bytes()[:4] == b"\x89PNG"
 
     out = tmp_path / "eval.jsonl"
     result = runner.invoke(

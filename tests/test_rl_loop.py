@@ -75,7 +75,20 @@ ADAPTIVE = (
 )
 
 
-@pytest.mark.parametrize("extra", [(), ADAPTIVE], ids=["fixed", "adaptive_controllers_and_ema"])
+CRITIC = (
+    "algorithm.advantage=gae",
+    "algorithm.critic.lr=1e-3",
+    "algorithm.critic.warmup_steps=1",
+    "algorithm.kl.in_reward=true",
+    "algorithm.kl.estimator=k1",
+)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [(), ADAPTIVE, CRITIC],
+    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup"],
+)
 def test_resume_continues_the_same_trajectory(tmp_path, extra):
     straight = train(small_config(tmp_path / "a", "train.steps=4", *extra), show_progress=False)
     train(small_config(tmp_path / "b", "train.steps=2", *extra), show_progress=False)
@@ -83,7 +96,9 @@ def test_resume_continues_the_same_trajectory(tmp_path, extra):
         small_config(tmp_path / "b", "train.steps=4", *extra), resume=True, show_progress=False
     )
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
-    if extra:  # the controllers really moved, so the comparison covers their saved state
+    if extra == CRITIC:  # the critic learned, so the comparison covers its saved state
+        assert all(m["value_loss"] > 0 for m in a[1:])
+    if extra == ADAPTIVE:  # the controllers really moved, so the comparison covers their state
         assert len({m["kl_coef"] for m in a}) > 1 and len({m["entropy_coef"] for m in a}) > 1
     assert [m["step"] for m in b] == [1, 2, 3, 4]
     for left, right in zip(a, b):

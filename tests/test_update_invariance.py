@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from rlvr.config import AlgorithmConfig
+from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
 from rlvr.data.problem import Problem
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.critic import Critic
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
 
 
@@ -34,22 +35,60 @@ def make_batch() -> RolloutBatch:
     )
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
-def test_micro_batch_split_does_not_change_loss_or_gradient(aggregation):
+CASES = {
+    "token_mean": {"aggregation": "token_mean"},
+    "seq_mean_token_mean": {"aggregation": "seq_mean_token_mean"},
+    "seq_mean_token_sum": {"aggregation": "seq_mean_token_sum"},
+    "dual_clip_and_positive_lm": {
+        "aggregation": "token_mean",
+        "clip": {"dual": 3.0},
+        "positive_lm_coef": 0.1,
+    },
+    "kimi_omd": {"aggregation": "seq_mean_token_sum", "loss": "kimi_omd", "omd_tau": 0.5},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_micro_batch_split_does_not_change_loss_or_gradient(case):
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     batch = make_batch()
-    algo = AlgorithmConfig(aggregation=aggregation)
+    batch.correct = torch.tensor([True, False, True, True, False, False])
+    algo = AlgorithmConfig.model_validate(CASES[case])
     batch.ref_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) - 0.05
     batch.old_logprobs = batch.ref_logprobs + 0.1
     results = []
     for budget in (10_000, 24, 1):  # one micro-batch, a few, one sample each
         model.zero_grad()
-        settings = LossSettings(algo, 1.0, 12, budget, tok.pad_token_id, kl_coef=0.1,
-                                entropy_coef=0.01)
+        settings = LossSettings(
+            algo, 1.0, 12, budget, tok.pad_token_id, kl_coef=0.1, entropy_coef=0.01
+        )
         stats = minibatch_backward(model, batch, list(range(len(batch))), settings)
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((stats["loss"], grads))
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], abs=1e-6)
+        assert torch.allclose(grads, results[0][1], atol=1e-6)
+
+
+def test_critic_update_does_not_depend_on_the_micro_batch_split():
+    tok = build_tiny_tokenizer()
+    policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = make_batch()
+    results = []
+    for budget in (10_000, 24, 1):
+        torch.manual_seed(0)
+        critic = Critic(
+            CriticConfig(value_clip=0.1), policy, TrainConfig(micro_batch_tokens=budget), 0
+        )
+        torch.nn.init.normal_(critic.model.head.weight, std=0.1)
+        batch.values = critic.predict(batch)
+        batch.returns = batch.advantages + 0.5 * batch.response_mask
+        critic.optimizer.step = lambda: None  # keep the weights: compare the gradients
+        stats = critic.update(batch, list(range(len(batch))))
+        grads = torch.cat([p.grad.flatten() for p in critic.model.parameters()])
+        results.append((stats["value_loss"], grads))
+    assert results[0][0] > 0
     for loss, grads in results[1:]:
         assert loss == pytest.approx(results[0][0], abs=1e-6)
         assert torch.allclose(grads, results[0][1], atol=1e-6)

@@ -192,13 +192,18 @@ def report(
     output: Annotated[
         Path | None, typer.Option(help="PNG path (default: RUN_DIR/report.png)")
     ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(help="A metrics.jsonl key to plot (repeatable; default: the usual panels)"),
+    ] = None,
+    smoothing: Annotated[float, typer.Option(help="EMA smoothing weight in [0, 1)")] = 0.0,
 ) -> None:
     """Plot reward, accuracy, length, entropy, KL and clip fraction of runs, overlaid."""
-    from rlvr.tracking.report import plot_runs
+    from rlvr.tracking.report import DEFAULT_METRICS, plot_runs
 
     out = output or run_dirs[0] / "report.png"
     try:
-        plot_runs(run_dirs, out)
+        plot_runs(run_dirs, out, metric or DEFAULT_METRICS, smoothing=smoothing)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"wrote {out}")

@@ -75,6 +75,17 @@ class DataConfig(Section):
     """Arithmetic task: share of SFT solutions that skip the steps (a mixed-quality cold start)."""
 
 
+class RolloutStage(Section):
+    from_step: int
+    """First RL step (1-based) of this stage."""
+    max_new_tokens: int | None = None
+    """Generation budget from `from_step` on (None = keep the previous one)."""
+    budget_scale: float | None = None
+    """Or: the budget as a multiple of rollout.max_new_tokens (multi-stage context: 2, 4)."""
+    temperature: float | None = None
+    """Sampling temperature from `from_step` on (None = keep the previous one)."""
+
+
 class RolloutConfig(Section):
     engine: Literal["hf"] = "hf"
     """Rollout engine: `hf` (in-process, KV cache)."""
@@ -92,6 +103,8 @@ class RolloutConfig(Section):
     """Generation budget per completion; longer completions are truncated."""
     batch_size: int = 512
     """Most sequences decoded at once by the in-process engine."""
+    schedule: list[RolloutStage] = Field(default_factory=list)
+    """Stages that change the budget / temperature from a step on (multi-stage context)."""
 
 
 class ClipConfig(Section):
@@ -99,6 +112,8 @@ class ClipConfig(Section):
     """Lower PPO clip range: the ratio is clipped at 1 - low."""
     high: float = 0.2
     """Upper PPO clip range: the ratio is clipped at 1 + high (DAPO clip-higher raises it)."""
+    dual: float | None = None
+    """Dual-clip constant c > 1 capping the loss of negative-advantage tokens (None = off)."""
 
 
 class KLConfig(Section):
@@ -108,6 +123,8 @@ class KLConfig(Section):
     """KL estimator (Schulman 2020): k1 in the reward or k2 in the loss are unbiased."""
     in_reward: bool = False
     """Subtract beta * KL from the reward instead of adding it to the loss."""
+    clamp_in_reward: bool = False
+    """In the reward, clamp each token's KL estimate at 0 (AlpacaFarm)."""
     adaptive_target: float | None = None
     """Adaptive KL coefficient (Ziegler et al. 2019) steering the KL to this value; None = fixed."""
     horizon: int = 10000
@@ -127,6 +144,8 @@ class EntropyConfig(Section):
     """Adaptive entropy control: change of the coefficient per step."""
     max_coef: float = 0.05
     """Adaptive entropy control: the largest coefficient."""
+    top_frac: float = 1.0
+    """Train the policy loss only on this fraction of highest-entropy tokens (80/20 rule: 0.2)."""
 
 
 class OverlongConfig(Section):
@@ -136,11 +155,43 @@ class OverlongConfig(Section):
     """Soft overlong punishment zone as a fraction of rollout.max_new_tokens (DAPO: 0.2)."""
     penalty: float = 1.0
     """Largest soft overlong punishment, reached at rollout.max_new_tokens."""
+    truncation_reward: float | None = None
+    """Replace the reward of truncated responses with this value (e.g. -1); None = off."""
+
+
+class ShapingConfig(Section):
+    length_coef: float = 0.0
+    """Weight of Kimi k1.5's per-group length reward (0 = off)."""
+    length_start_step: int = 0
+    """Step from which the length reward is added (Kimi warms it up)."""
+    repetition_coef: float = 0.0
+    """Weight of the n-gram repetition penalty (T1); 0 = off."""
+    repetition_ngram: int = 3
+    """n of the repetition penalty's n-grams."""
+
+
+class CriticConfig(Section):
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda of the policy's advantages."""
+    critic_lam: float | None = None
+    """GAE lambda of the critic's return targets (VAPO decoupled GAE: 1.0); None = lam."""
+    length_adaptive_alpha: float | None = None
+    """VAPO length-adaptive policy lambda = 1 - 1/(alpha * length) (paper: 0.05); None = lam."""
+    value_clip: float | None = 0.2
+    """Clip range of the value loss around the old values (None = unclipped)."""
+    lr: float = 1e-5
+    """Critic learning rate."""
+    warmup_steps: int = 0
+    """First steps train only the critic (ORZ critic warm-up, VAPO value pretraining)."""
+    whiten_advantages: bool = True
+    """Whiten GAE advantages over the batch's response tokens."""
 
 
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
-    """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`)."""
+    """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
     std_normalization: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
     epsilon: float = 1e-6
@@ -161,13 +212,25 @@ class AlgorithmConfig(Section):
     """Most rollout rounds per step under dynamic sampling (then train on what was kept)."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """Treatment of responses that reach the generation budget."""
+    shaping: ShapingConfig = Field(default_factory=ShapingConfig)
+    """Length and repetition reward shaping."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """Value model and GAE, used when `advantage` is `gae`."""
+    positive_lm_coef: float = 0.0
+    """Weight of VAPO's NLL loss on correct samples (paper: 0.1); 0 = off."""
+    omd_tau: float = 0.1
+    """Kimi k1.5 mirror-descent tau of the `kimi_omd` loss."""
 
 
 class RewardSpec(Section):
     name: str
-    """A registered reward (`math`, `format`, `countdown`) or `package.module:function`."""
+    """A registered reward (`math`, `format`, `countdown`), a model reward (`brpo`,
+    `reference_likelihood`) or `package.module:function`."""
     weight: float = 1.0
     """Weight of this reward in the total."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of a model reward, e.g. brpo `{judge: policy}` (policy | frozen | model
+    path | http URL with `judge_model`), reference_likelihood `{model: frozen, mode: logprob}`."""
 
 
 class RewardConfig(Section):

@@ -318,3 +318,66 @@ def cispo_loss(
         clipped=clipped & mask,
         ratio=ratio,
     )
+
+
+@POLICY_LOSSES.register("kimi_omd")
+def kimi_omd_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    tau: float = 0.1,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""Kimi k1.5's online-mirror-descent surrogate: policy gradient plus a squared log-ratio.
+
+    Kimi k1.5 regresses :math:`r_j - \bar r` onto :math:`\tau \log(\pi_\theta/\pi_{\theta_i})`
+    and trains with the surrogate gradient (Kimi Team 2025, *Kimi k1.5: Scaling Reinforcement
+    Learning with LLMs*, arXiv:2501.12599, §2.3.2, eq. 3):
+
+    .. math::
+
+        \frac{1}{k}\sum_{j=1}^{k}\Bigl(\nabla_\theta\log\pi_\theta(y_j\mid x)\,(r_j-\bar r)
+        - \frac{\tau}{2}\,\nabla_\theta\Bigl(\log\frac{\pi_\theta(y_j\mid x)}
+        {\pi_{\theta_i}(y_j\mid x)}\Bigr)^2\Bigr)
+
+    with :math:`\pi_{\theta_i}` the policy that sampled (``old_logprobs``) and the mean
+    reward :math:`\bar r` as baseline (advantage ``grpo`` with ``std_normalization: none``).
+    The log-ratio is of the whole sequence, :math:`S_j = \sum_t (\log\pi_\theta(o_t) -
+    \log\pi_{\theta_i}(o_t))`.
+
+    Token layout: token t of sequence j carries
+    :math:`\ell_t = -A_t \log\pi_\theta(o_t) + \frac{\tau}{2|o_j|} S_j^2`, so the token *sum*
+    of sequence j is the sequence's negated surrogate and its gradient is the paper's; use
+    ``seq_mean_token_sum`` to average over sequences. At the first update of a step
+    :math:`S_j = 0`, and the penalty only acts on later mini-batches or epochs. ``clipped``
+    is all False; ``ratio`` is the per-token ratio, for logging.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
+        old_logprobs: ``[B, T]`` log π_θi of the same tokens (no gradient).
+        advantages: ``[B, T]`` advantage of each token (r − r̄ for Kimi).
+        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
+        tau: τ > 0, the strength of the mirror-descent regulariser.
+        **kwargs: ignored.
+
+    Returns:
+        ``PolicyLossOutput(token_loss, clipped, ratio)``.
+    """
+    _check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    safe_logprobs = torch.where(mask, logprobs, zero)
+    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)
+    seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True)
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+    penalty = 0.5 * tau * seq_log_ratio.square() / lengths
+    token_loss = torch.where(mask, -adv * safe_logprobs + penalty, zero)
+    ratio = torch.exp(log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return PolicyLossOutput(token_loss=token_loss, clipped=torch.zeros_like(mask), ratio=ratio)

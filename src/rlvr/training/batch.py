@@ -46,6 +46,10 @@ class RolloutBatch:
     """[N, T] log-probs of the policy before this step's updates (when several updates)."""
     ref_logprobs: torch.Tensor | None = None
     """[N, T] log-probs of the frozen reference model (when KL is on)."""
+    values: torch.Tensor | None = None
+    """[N, T] critic values before this step's updates (GAE presets)."""
+    returns: torch.Tensor | None = None
+    """[N, T] the critic's regression targets (GAE presets)."""
 
     def __len__(self) -> int:
         return len(self.completion_ids)

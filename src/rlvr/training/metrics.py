@@ -45,12 +45,16 @@ def step_metrics(
         "truncated_frac": _mean(sampled.truncated),
         "zero_std_frac": zero_std_fraction(sampled.rewards, sampled.group_ids),
         "entropy": totals.get("entropy_sum", float("nan")) / tokens,
-        "kl": totals["kl_sum"] / tokens if trained.ref_logprobs is not None else 0.0,
+        "kl": totals.get("kl_sum", 0.0) / tokens if trained.ref_logprobs is not None else 0.0,
         "clip_frac": totals.get("clip_tokens", 0.0) / tokens,
         "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
         "loss": totals.get("loss", float("nan")) / max(passes * cfg.train.mini_batches, 1),
         "trained_samples": len(trained),
     }
+    if "value_loss" in totals:
+        value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
+        metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)
+        metrics["value_clip_frac"] = totals["value_clip_tokens"] / value_tokens
     for name, values in sampled.reward_parts.items():
         metrics[f"reward/{name}"] = _mean(values)
     return metrics

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.algorithms.shaping import soft_overlong_penalty
+from rlvr.algorithms.shaping import (
+    apply_truncation_reward,
+    kimi_length_reward,
+    repetition_penalty,
+    soft_overlong_penalty,
+)
 from rlvr.config import RLConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task
 from rlvr.rewards import RewardOutput, compose_rewards
+from rlvr.rewards.model_based import (
+    MODEL_REWARDS,
+    RewardContext,
+    add_model_rewards,
+    build_model_rewards,
+)
 from rlvr.training.batch import RolloutBatch
 
 
@@ -27,20 +38,50 @@ class RewardScorer:
     so `accuracy` means the same thing whatever the rewards are.
     """
 
-    def __init__(self, cfg: RLConfig, task: Task) -> None:
-        specs = [(s.name, s.weight) for s in cfg.reward.functions or []] or [(task.reward, 1.0)]
+    def __init__(
+        self,
+        cfg: RLConfig,
+        task: Task,
+        *,
+        policy: torch.nn.Module | None = None,
+        tokenizer=None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """`policy`, `tokenizer` and `generator` are needed only by model rewards (`brpo`,
+        `reference_likelihood`, see `rlvr.rewards.model_based`)."""
+        functions = cfg.reward.functions or []
+        specs = [(s.name, s.weight) for s in functions if s.name not in MODEL_REWARDS]
+        if not functions:
+            specs = [(task.reward, 1.0)]
         if task.reward not in {name for name, _ in specs}:
             specs.append((task.reward, 0.0))
         self.verifier = task.reward
         self.compose = compose_rewards(specs, timeout_s=cfg.reward.timeout_s)
+        context = RewardContext(
+            policy, tokenizer, generator, cfg.model, cfg.train.seed, cfg.train.micro_batch_tokens
+        )
+        self.model_rewards = build_model_rewards(functions, context)
         self.max_len = cfg.rollout.max_new_tokens
+        """This step's generation budget (the loop sets it when a schedule changes it)."""
+        self.step = 0
+        """The current RL step (the loop sets it; the length reward switches on by step)."""
         self.overlong = cfg.algorithm.overlong
+        self.shaping = cfg.algorithm.shaping
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
-        out = self.compose(
-            batch.prompt_texts, batch.completion_texts, reward_columns(batch.problems)
-        )
+        columns = reward_columns(batch.problems)
+        out = self.compose(batch.prompt_texts, batch.completion_texts, columns)
+        if self.model_rewards:
+            columns.setdefault("question", [p.question for p in batch.problems])
+            add_model_rewards(
+                out,
+                self.model_rewards,
+                batch.prompt_texts,
+                batch.completion_texts,
+                batch.group_ids,
+                columns,
+            )
         batch.rewards = torch.tensor(out.total, dtype=torch.float32)
         batch.reward_parts = {
             k: torch.tensor(v, dtype=torch.float32) for k, v in out.per_reward.items()
@@ -55,4 +96,21 @@ class RewardScorer:
             )
             batch.reward_parts["overlong"] = penalty
             batch.rewards = batch.rewards + penalty
+        self._shape(batch)
         return out
+
+    def _shape(self, batch: RolloutBatch) -> None:
+        """Truncation reward, Kimi length reward and the repetition penalty, as configured."""
+        shaping = self.shaping
+        if shaping.length_coef and self.step >= shaping.length_start_step:
+            length = kimi_length_reward(torch.tensor(batch.lengths), batch.correct, batch.group_ids)
+            batch.reward_parts["length"] = length
+            batch.rewards = batch.rewards + shaping.length_coef * length
+        if shaping.repetition_coef:
+            repetition = repetition_penalty(batch.completion_ids, shaping.repetition_ngram)
+            batch.reward_parts["repetition"] = repetition
+            batch.rewards = batch.rewards + shaping.repetition_coef * repetition
+        if self.overlong.truncation_reward is not None:
+            batch.rewards = apply_truncation_reward(
+                batch.rewards, batch.truncated, self.overlong.truncation_reward
+            )

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
 from rlvr.config import RLConfig, save_config
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.tasks import load_task
@@ -30,12 +29,14 @@ from rlvr.training.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from rlvr.training.critic import Critic
+from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
 from rlvr.training.metrics import step_metrics
 from rlvr.training.optim import build_optimizer, build_scheduler
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
-from rlvr.training.sampling import collect_step, config_filters
-from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
+from rlvr.training.sampling import collect_step, config_filters, config_for_step
+from rlvr.training.update import LossSettings, minibatch_backward
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
 
@@ -87,6 +88,9 @@ def train(
         schedule=cfg.train.schedule,
         min_lr_ratio=cfg.train.min_lr_ratio,
     )
+    critic = None
+    if algo.advantage == CRITIC_ADVANTAGE:
+        critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id)
     start_step, bad_steps = 0, 0
     if resume:
         checkpoint = latest_checkpoint(run_dir)
@@ -101,6 +105,8 @@ def train(
         generator.set_state(state["generator"])
         restore_rng_state(state["rng"])
         regularization.load_state_dict(state["regularization"])
+        if critic is not None:
+            critic.load_state_dict(state["critic"])
         start_step, bad_steps = state["step"], state["bad_steps"]
     for name in ("metrics.jsonl", "samples.jsonl"):
         keep_until_step(run_dir / name, start_step)
@@ -108,11 +114,10 @@ def train(
     engine = HFRolloutEngine(
         model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, r.batch_size, generator
     )
-    rewarder = RewardScorer(cfg, task)
+    rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(
         algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id
     )
-    budget, pad = cfg.train.micro_batch_tokens, tokenizer.pad_token_id
 
     def checkpoint_state() -> dict:
         return {
@@ -122,6 +127,7 @@ def train(
             "generator": generator.get_state(),
             "bad_steps": bad_steps,
             "regularization": regularization.state_dict(),
+            "critic": critic.state_dict() if critic is not None else None,
         }
 
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
@@ -130,7 +136,11 @@ def train(
     with metrics_log, samples_log, progress:
         for step in range(start_step + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            data = collect_step(engine, tokenizer, task, sampler, cfg, rewarder)
+            step_cfg = config_for_step(cfg, step)
+            settings.temperature = step_cfg.rollout.temperature
+            settings.max_len = rewarder.max_len = step_cfg.rollout.max_new_tokens
+            rewarder.step = step
+            data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder)
             full_batch, batch = data.sampled, data.kept
             for keep in (*config_filters(cfg), *filters):
                 batch = keep(batch)
@@ -139,23 +149,8 @@ def train(
             model.train()
             settings.kl_coef = regularization.kl_coef
             settings.entropy_coef = regularization.entropy_coef
-            if reference is not None:
-                batch.ref_logprobs = batch_logprobs(reference, batch, r.temperature, budget, pad)
-            if updates_per_step > 1:
-                batch.old_logprobs = batch_logprobs(model, batch, r.temperature, budget, pad)
-            rewards = batch.rewards
-            if reference is not None and algo.kl.in_reward:
-                kl = KL_ESTIMATORS.get(algo.kl.estimator)(
-                    batch.rollout_logprobs, batch.ref_logprobs
-                )
-                rewards = rewards - settings.kl_coef * (kl * batch.response_mask).sum(-1)
-            advantages = ADVANTAGES.get(algo.advantage)(
-                rewards,
-                batch.group_ids,
-                std_normalization=algo.std_normalization,
-                epsilon=algo.epsilon,
-            )
-            batch.advantages = advantages[:, None] * batch.response_mask
+            prepare_update(batch, model, reference, critic, settings, updates_per_step > 1)
+            train_policy = critic is None or step > algo.critic.warmup_steps
 
             totals: dict[str, float] = {}
             grad_norms, skipped = [], 0
@@ -163,6 +158,11 @@ def train(
                 order = torch.randperm(len(batch)).tolist()
                 for part in range(cfg.train.mini_batches):
                     rows = order[part :: cfg.train.mini_batches]
+                    if critic is not None:
+                        for key, value in critic.update(batch, rows).items():
+                            totals[key] = totals.get(key, 0.0) + value
+                    if not train_policy:
+                        continue
                     optimizer.zero_grad(set_to_none=True)
                     stats = minibatch_backward(model, batch, rows, settings)
                     for key, value in stats.items():

@@ -79,6 +79,25 @@ class StepData:
     """Time spent scoring."""
 
 
+def config_for_step(cfg: RLConfig, step: int) -> RLConfig:
+    """`cfg` with the rollout budget and temperature of the schedule stage `step` is in.
+
+    Stages apply from their `from_step` on, in order; a stage's None keeps the value before it
+    (multi-stage context: Skywork-OR1, AceReason; temperature schedules).
+    """
+    budget, temperature = cfg.rollout.max_new_tokens, cfg.rollout.temperature
+    for stage in sorted(cfg.rollout.schedule, key=lambda s: s.from_step):
+        if stage.from_step <= step:
+            if stage.budget_scale is not None:
+                budget = max(1, round(stage.budget_scale * cfg.rollout.max_new_tokens))
+            budget = stage.max_new_tokens or budget
+            temperature = stage.temperature if stage.temperature is not None else temperature
+    if (budget, temperature) == (cfg.rollout.max_new_tokens, cfg.rollout.temperature):
+        return cfg
+    rollout = cfg.rollout.model_copy(update={"max_new_tokens": budget, "temperature": temperature})
+    return cfg.model_copy(update={"rollout": rollout})
+
+
 def config_filters(cfg: RLConfig) -> list[Callable[[RolloutBatch], RolloutBatch]]:
     """The batch filters the config asks for, in the order the loop applies them."""
     filters = []

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
@@ -47,16 +48,32 @@ def micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[lis
 
 
 @torch.no_grad()
+def batch_token_stats(
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    budget: int,
+    pad_id: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[N, T] log-probs (and entropies when asked) of every completion token, no gradient."""
+    logprobs = torch.zeros_like(batch.response_mask)
+    entropy = torch.zeros_like(batch.response_mask) if with_entropy else None
+    for rows in micro_batches(batch, list(range(len(batch))), budget):
+        mb = collate(batch.prompt_ids, batch.completion_ids, rows, pad_id)
+        logits = forward_logits(model, mb)
+        lp = token_logprobs(logits, mb.completion_ids, temperature)
+        logprobs[mb.rows, : lp.shape[1]] = lp * mb.response_mask
+        if entropy is not None:
+            entropy[mb.rows, : lp.shape[1]] = token_entropy(logits, temperature) * mb.response_mask
+    return logprobs, entropy
+
+
 def batch_logprobs(
     model: nn.Module, batch: RolloutBatch, temperature: float, budget: int, pad_id: int
 ) -> torch.Tensor:
     """[N, T] log-probs of every completion token under `model` (no gradient)."""
-    out = torch.zeros_like(batch.response_mask)
-    for rows in micro_batches(batch, list(range(len(batch))), budget):
-        mb = collate(batch.prompt_ids, batch.completion_ids, rows, pad_id)
-        lp = token_logprobs(forward_logits(model, mb), mb.completion_ids, temperature)
-        out[mb.rows, : lp.shape[1]] = lp * mb.response_mask
-    return out
+    return batch_token_stats(model, batch, temperature, budget, pad_id)[0]
 
 
 def minibatch_backward(
@@ -68,6 +85,10 @@ def minibatch_backward(
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
     norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": s.max_len}
     stats = {"loss": 0.0, "clip_tokens": 0.0, "entropy_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0}
+    positive_tokens = 0.0
+    if algo.positive_lm_coef:
+        correct = batch.correct[rows].float()[:, None]
+        positive_tokens = float((batch.response_mask[rows] * correct).sum())
     for mb_rows in micro_batches(batch, rows, s.micro_batch_tokens):
         mb = collate(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
         width = mb.completion_ids.shape[1]
@@ -84,8 +105,13 @@ def minibatch_backward(
             mask,
             clip_low=algo.clip.low,
             clip_high=algo.clip.high,
+            dual_clip=algo.clip.dual,
+            tau=algo.omd_tau,
         )
         loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
+        if positive_tokens:
+            nll = positive_example_nll(logprobs, mask, batch.correct[mb.rows])
+            loss = loss + algo.positive_lm_coef * nll.sum() / positive_tokens
         if batch.ref_logprobs is not None:
             kl = KL_ESTIMATORS.get(algo.kl.estimator)(logprobs, batch.ref_logprobs[mb.rows, :width])
             if not algo.kl.in_reward:

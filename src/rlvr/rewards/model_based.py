@@ -1,0 +1,357 @@
+"""Model rewards: rewards that need a model and the group structure, not just the texts.
+
+TRL-signature rewards (``f(prompts, completions, **columns)``) see one completion at a time.
+A *model reward* is built once from its config options and a `RewardContext` (the policy, its
+tokenizer, the run's random generator, how to load a frozen copy), then called on a whole batch
+as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. Two ship:
+
+- ``brpo``: Writing-Zero's bootstrapped pairwise judge reward (`rlvr.rewards.judge`);
+- ``reference_likelihood``: VR-CLI / log-likelihood of the reference answer
+  (`rlvr.rewards.likelihood`).
+
+`RewardScorer` (`rlvr.training.rewarding`) sends every ``reward.functions`` entry whose name is
+in `MODEL_REWARDS` here, and the rest to `compose_rewards`. Like there, nothing a model reward
+does stops training: a call that raises scores 0.0 for the batch and counts one error; a
+non-finite score scores 0.0 and counts one error; unusable judgements are counted as errors
+(or timeouts, when the judge request timed out).
+
+Model choices in options: ``policy`` is the module being trained (its current weights);
+``frozen`` is the *initial* policy, loaded again from ``model.name_or_path`` (so a resumed run
+gets the same frozen model, not the checkpoint's weights); anything else is a local Hugging
+Face model directory or hub name.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from rlvr.algorithms.registry import Registry
+from rlvr.config import ConfigError, ModelConfig, RewardSpec, Section
+from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, load_pretrained
+from rlvr.rewards.compose import RewardOutput
+from rlvr.rewards.judge import HFJudge, Judge, OpenAIJudge, brpo_rewards
+from rlvr.rewards.likelihood import reference_likelihood_rewards
+
+MAX_ERROR_EXAMPLES = 5
+
+
+@dataclass
+class ModelRewardResult:
+    """Scores of one batch from one model reward."""
+
+    scores: list[float]
+    """Unweighted score per completion."""
+    errors: int = 0
+    """Failures counted as errors (a raising call, an unusable judgement, a non-finite score)."""
+    timeouts: int = 0
+    """Judge requests that timed out (their completions scored the failure score)."""
+    error_examples: list[str] = field(default_factory=list)
+    """A few messages, ``"name: what happened"``."""
+
+
+ModelReward = Callable[[list[str], list[str], torch.Tensor, dict[str, list]], ModelRewardResult]
+"""``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``."""
+
+MODEL_REWARDS: Registry = Registry("model reward")
+"""Builders of model rewards: ``build(options: dict, context: RewardContext) -> ModelReward``."""
+
+
+@dataclass
+class RewardContext:
+    """What a model reward may use besides its options."""
+
+    policy: nn.Module | None = None
+    """The module being trained (``policy`` in options)."""
+    tokenizer: PreTrainedTokenizerBase | None = None
+    """The policy's tokenizer."""
+    generator: torch.Generator | None = None
+    """The run's generator (checkpointed), for random choices and judge sampling."""
+    model_config: ModelConfig | None = None
+    """How to load the initial policy again (``frozen``); None = a copy of `policy`."""
+    seed: int = 0
+    """Seed of the tiny model's initialisation (``frozen`` of ``tiny``)."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one scoring forward pass."""
+    _loaded: dict[str, tuple[nn.Module, PreTrainedTokenizerBase]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def rng(self) -> torch.Generator:
+        """The run's generator, or a fresh one seeded with `seed`."""
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.seed)
+        return self.generator
+
+    def model(self, which: str, option: str) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+        """(model, tokenizer) for ``policy``, ``frozen`` or a path / hub name (loaded once)."""
+        if which in self._loaded:
+            return self._loaded[which]
+        needs_policy = which == "policy" or (which == "frozen" and self.model_config is None)
+        if needs_policy and (self.policy is None or self.tokenizer is None):
+            raise ConfigError(
+                f"{option}={which!r} needs the policy and its tokenizer in the RewardContext"
+            )
+        if which == "policy":
+            loaded = (self.policy, self.tokenizer)
+        elif which == "frozen" and self.model_config is not None:
+            model, tokenizer = load_model_and_tokenizer(self.model_config, seed=self.seed)
+            loaded = (model, tokenizer)
+        elif which == "frozen":
+            loaded = (copy.deepcopy(self.policy), self.tokenizer)
+        else:
+            try:
+                loaded = load_pretrained(which)
+            except ModelLoadError as exc:
+                raise ConfigError(f"{option} {which!r} could not be loaded: {exc}") from exc
+        model, tokenizer = loaded
+        if which != "policy":
+            model = model.eval().requires_grad_(False)
+            if self.policy is not None:
+                model = model.to(next(self.policy.parameters()).device)
+        self._loaded[which] = (model, tokenizer)
+        return self._loaded[which]
+
+
+def parse_options(model: type[Section], reward: str, options: dict[str, Any]) -> Any:
+    """Validate `options` against `model`; a ConfigError names the reward and the bad key."""
+    try:
+        return model.model_validate(options or {})
+    except ValidationError as exc:
+        problems = []
+        for item in exc.errors():
+            key = ".".join(str(p) for p in item["loc"])
+            if item["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                valid = ", ".join(model.model_fields)
+                problems.append(f"unknown option {key!r} ({hint}valid options: {valid})")
+            elif item["type"] == "missing":
+                doc = " ".join((model.model_fields[key].description or "").split())
+                problems.append(f"option {key!r} is required ({doc})")
+            else:
+                problems.append(f"option {key!r}: {item['msg']}")
+        raise ConfigError(f"reward {reward!r}: " + "; ".join(problems)) from None
+
+
+# --------------------------------------------------------------------------- brpo
+
+
+class BRPOOptions(Section):
+    judge: str
+    """`policy`, `frozen`, a local HF model directory / hub name, or an http(s) URL of an
+    OpenAI-compatible server (then `judge_model` names the model)."""
+    judge_model: str | None = None
+    """Model name sent to the HTTP judge (required with a URL)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the HTTP judge's API key (unset = no key sent)."""
+    timeout_s: float = 60.0
+    """HTTP judge: socket timeout of one request."""
+    max_workers: int = 8
+    """HTTP judge: requests in flight at once."""
+    max_new_tokens: int = 128
+    """Longest judge answer in tokens."""
+    temperature: float = 0.0
+    """Judge sampling temperature (0 = greedy)."""
+    batch_size: int = 64
+    """Local judge: sequences decoded at once."""
+    both_orders: bool = False
+    """Judge each pair in both positions; a win needs both (cancels position bias, 2x cost)."""
+    failure_score: float = -1.0
+    """Reward of a rollout whose judgement is unusable (counted in reward/errors)."""
+
+
+def make_judge(opts: BRPOOptions, context: RewardContext) -> Judge:
+    """The judge the options name."""
+    if opts.judge.startswith(("http://", "https://")):
+        if not opts.judge_model:
+            raise ConfigError(
+                f"reward 'brpo': judge {opts.judge!r} is a URL, so option 'judge_model' "
+                "(the model name the server serves) is required"
+            )
+        return OpenAIJudge(
+            opts.judge,
+            opts.judge_model,
+            opts.api_key_env,
+            opts.timeout_s,
+            max_tokens=opts.max_new_tokens,
+            temperature=opts.temperature,
+            max_workers=opts.max_workers,
+        )
+    model, tokenizer = context.model(opts.judge, "reward 'brpo': judge")
+    return HFJudge(
+        model,
+        tokenizer,
+        opts.max_new_tokens,
+        opts.temperature,
+        batch_size=opts.batch_size,
+        generator=context.rng(),
+    )
+
+
+@MODEL_REWARDS.register("brpo")
+def build_brpo(options: dict[str, Any], context: RewardContext) -> ModelReward:
+    """BRPO against a random in-group reference; the judge sees the raw question (the
+    ``question`` column) rather than the templated prompt, when the caller provides it."""
+    opts = parse_options(BRPOOptions, "brpo", options)
+    judge = make_judge(opts, context)
+
+    def reward(
+        prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
+    ) -> ModelRewardResult:
+        stats = getattr(judge, "stats", None)
+        timeouts_before = stats.timeouts if stats is not None else 0
+        questions = columns.get("question", prompts)
+        result = brpo_rewards(
+            questions,
+            completions,
+            group_ids,
+            judge,
+            context.rng(),
+            both_orders=opts.both_orders,
+            failure_score=opts.failure_score,
+        )
+        timed_out = (stats.timeouts - timeouts_before) if stats is not None else 0
+        timeouts = min(timed_out, result.failed)
+        examples = []
+        if result.failed:
+            judged = sum(r != i for i, r in enumerate(result.references))
+            last = f" (last: {stats.last_error})" if stats is not None and stats.last_error else ""
+            examples.append(
+                f"brpo: {result.failed} of {judged} judgements unusable, scored "
+                f"{opts.failure_score:g}{last}"
+            )
+        return ModelRewardResult(result.rewards, result.failed - timeouts, timeouts, examples)
+
+    return reward
+
+
+# --------------------------------------------------------------------------- likelihood
+
+
+class LikelihoodOptions(Section):
+    model: str = "policy"
+    """Scoring model: `policy`, `frozen` (the initial policy), or a local HF path / hub name."""
+    mode: Literal["logprob", "perplexity", "probability"] = "logprob"
+    """`logprob` (log-PPL gain), `perplexity` (VR-CLI % improvement) or `probability` (RLPR)."""
+    column: str = "answer"
+    """Reward column holding the reference text."""
+    answer_prefix: str = ""
+    """Text between the reasoning and the reference (e.g. `<answer>`), not scored."""
+    answer_suffix: str = ""
+    """Text after the reference (e.g. `</answer>`), scored with it."""
+    reasoning_stop: str | None = None
+    """Cut the completion at this marker (e.g. `<answer>`) so its own answer is not seen."""
+
+
+@MODEL_REWARDS.register("reference_likelihood")
+def build_reference_likelihood(options: dict[str, Any], context: RewardContext) -> ModelReward:
+    """Reference-likelihood improvement of each completion (see `rlvr.rewards.likelihood`)."""
+    opts = parse_options(LikelihoodOptions, "reference_likelihood", options)
+    model, tokenizer = context.model(opts.model, "reward 'reference_likelihood': model")
+
+    def reward(
+        prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
+    ) -> ModelRewardResult:
+        if opts.column not in columns:
+            raise ValueError(f"no reward column {opts.column!r} (have: {', '.join(columns)})")
+        references = [None if r is None else str(r) for r in columns[opts.column]]
+        scores = reference_likelihood_rewards(
+            model,
+            tokenizer,
+            prompts,
+            completions,
+            references,
+            mode=opts.mode,
+            answer_prefix=opts.answer_prefix,
+            answer_suffix=opts.answer_suffix,
+            reasoning_stop=opts.reasoning_stop,
+            micro_batch_tokens=context.micro_batch_tokens,
+        )
+        return ModelRewardResult(scores)
+
+    return reward
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def build_model_rewards(
+    specs: Sequence[RewardSpec], context: RewardContext
+) -> dict[str, tuple[float, ModelReward]]:
+    """``{name: (weight, reward)}`` for the specs naming a model reward.
+
+    Raises ConfigError for a model reward listed twice, bad options, or options given to a
+    TRL-signature reward (they take none).
+    """
+    built: dict[str, tuple[float, ModelReward]] = {}
+    for spec in specs:
+        if spec.name not in MODEL_REWARDS:
+            if spec.options:
+                raise ConfigError(
+                    f"reward {spec.name!r} takes no options (got {sorted(spec.options)}); only "
+                    f"model rewards do: {', '.join(MODEL_REWARDS.names())}"
+                )
+            continue
+        if spec.name in built:
+            raise ConfigError(f"reward {spec.name!r} is listed twice in reward.functions")
+        built[spec.name] = (spec.weight, MODEL_REWARDS.get(spec.name)(spec.options, context))
+    return built
+
+
+def score_model_reward(
+    name: str,
+    reward: ModelReward,
+    prompts: list[str],
+    completions: list[str],
+    group_ids: torch.Tensor,
+    columns: dict[str, list],
+) -> ModelRewardResult:
+    """Call `reward` on a batch; never raises (failures score 0.0 and are counted)."""
+    n = len(completions)
+    try:
+        result = reward(prompts, completions, group_ids, columns)
+        if len(result.scores) != n:
+            raise ValueError(f"returned {len(result.scores)} scores for {n} completions")
+    except Exception as exc:
+        message = f"{name}: {type(exc).__name__}: {exc}"
+        return ModelRewardResult([0.0] * n, errors=1, error_examples=[message])
+    scores = []
+    for score in result.scores:
+        value = float(score) if isinstance(score, (int, float)) else math.nan
+        if not math.isfinite(value):
+            result.errors += 1
+            result.error_examples.append(f"{name}: ValueError: non-finite score {score!r}")
+            value = 0.0
+        scores.append(value)
+    result.scores = scores
+    return result
+
+
+def add_model_rewards(
+    output: RewardOutput,
+    rewards: dict[str, tuple[float, ModelReward]],
+    prompts: list[str],
+    completions: list[str],
+    group_ids: torch.Tensor,
+    columns: dict[str, list],
+) -> RewardOutput:
+    """Score every model reward and add it to `output` (weighted total, parts, failure counts)."""
+    for name, (weight, reward) in rewards.items():
+        result = score_model_reward(name, reward, prompts, completions, group_ids, columns)
+        output.per_reward[name] = result.scores
+        output.total = [t + weight * s for t, s in zip(output.total, result.scores, strict=True)]
+        output.errors += result.errors
+        output.timeouts += result.timeouts
+        output.error_examples.extend(result.error_examples)
+        del output.error_examples[MAX_ERROR_EXAMPLES:]
+    return output

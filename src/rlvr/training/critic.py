@@ -1,0 +1,89 @@
+"""The critic of PPO-style presets (`algorithm.advantage: gae`): values, targets, its update.
+
+The critic is a `ValueModel` (the policy's backbone copied, plus a scalar head) with its own
+AdamW. Each step it predicts V for every response token before the update (these are the "old"
+values of the clipped value loss and the baseline of GAE), then learns the returns with the
+same mini-batches as the policy, normalised over the mini-batch's tokens (DESIGN rule 4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rlvr.algorithms import aggregate
+from rlvr.algorithms.value import clipped_value_loss
+from rlvr.config import CriticConfig, TrainConfig
+from rlvr.models.value import ValueModel
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.batching import collate
+from rlvr.training.optim import build_optimizer
+from rlvr.training.update import micro_batches
+
+
+class Critic:
+    """Owns the value model and its optimizer."""
+
+    def __init__(
+        self, settings: CriticConfig, policy: torch.nn.Module, train: TrainConfig, pad_id: int
+    ) -> None:
+        self.settings = settings
+        self.model = ValueModel(policy)
+        self.optimizer = build_optimizer(self.model, settings.lr, train.weight_decay, train.betas)
+        self.budget, self.pad_id = train.micro_batch_tokens, pad_id
+        self.max_grad_norm = train.max_grad_norm or math.inf
+
+    def _values(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, list[int]]:
+        mb = collate(batch.prompt_ids, batch.completion_ids, rows, self.pad_id)
+        width = mb.completion_ids.shape[1]
+        values = self.model(mb.input_ids, mb.attention_mask, mb.position_ids, width + 1)
+        return values[:, :width], mb.rows.tolist()
+
+    @torch.no_grad()
+    def predict(self, batch: RolloutBatch) -> torch.Tensor:
+        """[N, T] values of every response token (0 elsewhere)."""
+        self.model.eval()
+        out = torch.zeros_like(batch.response_mask)
+        for rows in micro_batches(batch, list(range(len(batch))), self.budget):
+            values, idx = self._values(batch, rows)
+            width = values.shape[1]
+            out[idx, :width] = values.float() * batch.response_mask[idx, :width]
+        return out
+
+    def update(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
+        """One optimizer step of the clipped value loss on the mini-batch `rows`."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
+        norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": 1}
+        stats = {"value_loss": 0.0, "value_clip_tokens": 0.0}
+        for mb_rows in micro_batches(batch, rows, self.budget):
+            values, idx = self._values(batch, mb_rows)
+            width = values.shape[1]
+            mask = batch.response_mask[idx, :width]
+            token_loss, clipped = clipped_value_loss(
+                values,
+                batch.values[idx, :width],
+                batch.returns[idx, :width],
+                mask,
+                self.settings.value_clip,
+            )
+            loss = aggregate("token_mean", token_loss, mask, **norm)
+            loss.backward()
+            stats["value_loss"] += float(loss.detach())
+            stats["value_clip_tokens"] += float((clipped.float() * mask).sum())
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if math.isfinite(stats["value_loss"]):
+            self.optimizer.step()
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights and optimizer state (saved in the trainer state of a checkpoint)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

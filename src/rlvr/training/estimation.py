@@ -1,0 +1,110 @@
+"""This step's advantages: from outcome rewards and groups, or from a critic with GAE.
+
+The KL penalty, when it sits in the reward, is subtracted here: per token before GAE
+(``outcome_token_rewards``), summed over the sequence for the outcome estimators.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
+from rlvr.algorithms.controllers import high_entropy_mask
+from rlvr.algorithms.value import (
+    gae_advantages,
+    length_adaptive_lambda,
+    outcome_token_rewards,
+    whiten,
+)
+from rlvr.config import AlgorithmConfig
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.critic import Critic
+from rlvr.training.update import LossSettings, batch_logprobs, batch_token_stats
+
+CRITIC_ADVANTAGE = "gae"
+"""The `algorithm.advantage` value that turns the critic on."""
+
+
+def kl_reward_penalty(
+    batch: RolloutBatch, algo: AlgorithmConfig, kl_coef: float
+) -> torch.Tensor | None:
+    """[N, T] β·KL per token when the KL is in the reward, else None."""
+    if batch.ref_logprobs is None or not algo.kl.in_reward:
+        return None
+    kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch.rollout_logprobs, batch.ref_logprobs)
+    if algo.kl.clamp_in_reward:
+        kl = kl.clamp(min=0.0)
+    return kl_coef * kl * batch.response_mask
+
+
+def batch_advantages(
+    batch: RolloutBatch, algo: AlgorithmConfig, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([N, T] advantages, [N, T] critic returns or None) for the batch.
+
+    With `advantage: gae`, `batch.values` must hold the critic's values; the policy's λ is
+    `critic.lam` or VAPO's length-adaptive λ, the critic's targets use `critic.critic_lam`
+    (VAPO's decoupled GAE).
+    """
+    mask = batch.response_mask
+    penalty = kl_reward_penalty(batch, algo, kl_coef)
+    if algo.advantage == CRITIC_ADVANTAGE:
+        c = algo.critic
+        token_rewards = outcome_token_rewards(batch.rewards, mask, penalty)
+        lam = c.lam
+        if c.length_adaptive_alpha is not None:
+            lam = length_adaptive_lambda(mask.sum(-1), c.length_adaptive_alpha)
+        advantages, _ = gae_advantages(token_rewards, batch.values, mask, gamma=c.gamma, lam=lam)
+        critic_lam = c.lam if c.critic_lam is None else c.critic_lam
+        _, returns = gae_advantages(
+            token_rewards, batch.values, mask, gamma=c.gamma, lam=critic_lam
+        )
+        if c.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        return advantages, returns
+    rewards = batch.rewards if penalty is None else batch.rewards - penalty.sum(-1)
+    advantages = ADVANTAGES.get(algo.advantage)(
+        rewards, batch.group_ids, std_normalization=algo.std_normalization, epsilon=algo.epsilon
+    )
+    return advantages[:, None] * mask, None
+
+
+def keep_high_entropy_tokens(
+    advantages: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, top_frac: float
+) -> torch.Tensor:
+    """Zero the advantages outside the top `top_frac` entropy tokens of the batch.
+
+    Wang et al. 2025 ("Beyond the 80/20 Rule") keep the policy gradient of the forking tokens
+    only; zeroing the other tokens' advantages does that for every token-level loss, while the
+    aggregation still divides by all response tokens, as in their DAPO-based setup.
+    """
+    return advantages * high_entropy_mask(entropy, mask, top_frac)
+
+
+def prepare_update(
+    batch: RolloutBatch,
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    critic: Critic | None,
+    settings: LossSettings,
+    needs_old_logprobs: bool,
+) -> None:
+    """Add what the update reads to `batch`: reference / old log-probs, values, advantages."""
+    algo, budget, pad = settings.algorithm, settings.micro_batch_tokens, settings.pad_id
+    if reference is not None:
+        batch.ref_logprobs = batch_logprobs(reference, batch, settings.temperature, budget, pad)
+    top_frac = algo.entropy.top_frac
+    entropy = None
+    if needs_old_logprobs or top_frac < 1.0:
+        old, entropy = batch_token_stats(
+            model, batch, settings.temperature, budget, pad, with_entropy=top_frac < 1.0
+        )
+        if needs_old_logprobs:
+            batch.old_logprobs = old
+    if critic is not None:
+        batch.values = critic.predict(batch)
+    batch.advantages, batch.returns = batch_advantages(batch, algo, settings.kl_coef)
+    if entropy is not None:
+        batch.advantages = keep_high_entropy_tokens(
+            batch.advantages, entropy, batch.response_mask, top_frac
+        )

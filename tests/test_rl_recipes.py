@@ -1,0 +1,161 @@
+"""The recipe knobs inside the loop: critic warm-up, schedules, shaping, top-entropy tokens."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlvr.config import RLConfig, resolve_config
+from rlvr.data.problem import Problem
+from rlvr.data.tasks import load_task
+from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.checkpoint import load_trainer_state
+from rlvr.training.estimation import keep_high_entropy_tokens
+from rlvr.training.rewarding import RewardScorer
+from rlvr.training.rl import train
+from rlvr.training.sampling import config_for_step
+from tiny_run import TINY_RUN
+
+
+def test_critic_warmup_trains_the_critic_and_leaves_the_policy_alone(tmp_path):
+    cfg = resolve_config(
+        preset="ppo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=2",
+            "algorithm.critic.warmup_steps=2",
+            "algorithm.critic.lr=1e-2",
+            f"train.output_dir={tmp_path}",
+            # a dense reward, so the critic has something to fit from the first step
+            "reward.functions=[{name: format, weight: 0.0}, {name: test_rl_recipes:length_reward}]",
+        ],
+    )
+    run_dir = train(cfg, show_progress=False)
+    initial, _ = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-2")
+    for (name, before), after in zip(initial.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(before, after), name
+    critic = load_trainer_state(run_dir / "checkpoints" / "step-2")["critic"]["model"]
+    assert critic["head.weight"].abs().sum() > 0  # it started at zero
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(m["value_loss"] > 0 for m in metrics)
+
+
+def length_reward(prompts, completions, **columns):
+    """A dense reward: the completion's length in characters / 10."""
+    return [len(c) / 10 for c in completions]
+
+
+def test_schedule_changes_budget_and_temperature_from_their_steps():
+    cfg = RLConfig.model_validate(
+        {
+            "rollout": {
+                "max_new_tokens": 10,
+                "temperature": 1.0,
+                "schedule": [
+                    {"from_step": 5, "budget_scale": 2.0},
+                    {"from_step": 3, "temperature": 0.7},
+                    {"from_step": 8, "max_new_tokens": 50},
+                ],
+            }
+        }
+    )
+    seen = {s: config_for_step(cfg, s).rollout for s in (1, 3, 5, 8)}
+    assert [(r.max_new_tokens, r.temperature) for r in seen.values()] == [
+        (10, 1.0),
+        (10, 0.7),
+        (20, 0.7),
+        (50, 0.7),
+    ]
+    assert config_for_step(cfg, 1) is cfg
+
+
+def test_scheduled_budget_reaches_the_rollout(tmp_path):
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=2",
+            "rollout.max_new_tokens=3",
+            "rollout.schedule=[{from_step: 2, budget_scale: 4.0}]",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert metrics[0]["response_length/mean"] <= 3 < metrics[1]["response_length/mean"] <= 12
+
+
+def scored_batch(lengths, truncated, correct_answers):
+    problems = [Problem("1+1", "2") for _ in lengths]
+    return RolloutBatch(
+        problems=problems,
+        prompt_ids=[[1]] * len(lengths),
+        completion_ids=[[7, 8, 7, 8, 7, 8][:n] for n in lengths],
+        prompt_texts=["q"] * len(lengths),
+        completion_texts=["2" if ok else "3" for ok in correct_answers],
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        truncated=torch.tensor(truncated),
+        response_mask=response_mask_from_lengths(lengths),
+        rollout_logprobs=torch.zeros(len(lengths), max(lengths)),
+    )
+
+
+def scorer(*overrides):
+    cfg = resolve_config(overrides=["data.train_size=4", "data.test_size=1", *overrides])
+    return RewardScorer(cfg, load_task(cfg.data))
+
+
+def test_truncation_reward_replaces_the_reward_of_truncated_samples():
+    rewarder = scorer("algorithm.overlong.truncation_reward=-1.0")
+    batch = scored_batch([2, 2, 6, 6], [False, True, False, True], [True, True, False, True])
+    rewarder(batch)
+    assert batch.rewards.tolist() == [1.0, -1.0, 0.0, -1.0]
+
+
+def test_kimi_length_reward_switches_on_at_its_step():
+    rewarder = scorer("algorithm.shaping.length_coef=0.5", "algorithm.shaping.length_start_step=3")
+    batch = scored_batch([2, 6, 2, 6], [False] * 4, [True, True, False, False])
+    rewarder.step = 2
+    rewarder(batch)
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    rewarder.step = 3
+    rewarder(batch)
+    # group 0 (both correct): lambda = 0.5 and -0.5; group 1 (both wrong): min(0, lambda)
+    assert batch.rewards.tolist() == [1.25, 0.75, 0.0, -0.25]
+    assert batch.reward_parts["length"].tolist() == [0.5, -0.5, 0.0, -0.5]
+
+
+def test_repetition_penalty_is_weighted_into_the_reward():
+    rewarder = scorer(
+        "algorithm.shaping.repetition_coef=2.0", "algorithm.shaping.repetition_ngram=2"
+    )
+    batch = scored_batch([2, 6, 3, 4], [False] * 4, [True, True, False, False])
+    rewarder(batch)
+    # 7 8 7 8 7 8: bigrams 78 87 78 87 78 -> 3 of 5 repeat -> -0.6; 7 8 7 8: 1 of 3 -> -1/3
+    assert batch.reward_parts["repetition"].tolist() == pytest.approx([0.0, -0.6, 0.0, -1 / 3])
+    assert batch.rewards.tolist() == pytest.approx([1.0, 1.0 - 1.2, 0.0, -2 / 3])
+
+
+def test_top_entropy_tokens_keep_their_advantages_only():
+    advantages = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]])
+    entropy = torch.tensor([[0.1, 0.9, 0.5], [0.8, 0.2, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # 5 response tokens, top 40% -> 2 tokens: entropies 0.9 and 0.8 (the 5.0 is padding)
+    got = keep_high_entropy_tokens(advantages, entropy, mask, 0.4)
+    assert got.tolist() == [[0.0, 1.0, 0.0], [-2.0, 0.0, 0.0]]
+
+
+def test_top_entropy_training_runs(tmp_path):
+    cfg = resolve_config(
+        preset="dapo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=2",
+            "algorithm.entropy.top_frac=0.2",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
