@@ -21,14 +21,40 @@ def recording(seen: list):
     return record
 
 
+ALL_PRESETS = {
+    "cispo",
+    "dapo",
+    "dr_grpo",
+    "grpo",
+    "gspo",
+    "kimi",
+    "lite_ppo",
+    "orz",
+    "ppo",
+    "reinforce_pp",
+    "rloo",
+    "skywork_or1",
+    "t1",
+    "vapo",
+}
+
+
+def test_every_recipe_of_the_issue_ships_as_a_preset():
+    assert set(preset_names()) == ALL_PRESETS
+
+
 @pytest.mark.parametrize("preset", preset_names())
-def test_preset_runs(preset, tmp_path):
+def test_preset_runs_twenty_steps(preset, tmp_path):
     cfg = resolve_config(
-        preset=preset, overrides=[*TINY_RUN, "train.steps=3", f"train.output_dir={tmp_path}"]
+        preset=preset, overrides=[*TINY_RUN, "train.steps=20", f"train.output_dir={tmp_path}"]
     )
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert all(m["loss"] is not None for m in metrics if m["trained_samples"])
+    assert [m["step"] for m in metrics] == list(range(1, 21))
+    warmup = cfg.algorithm.critic.warmup_steps if cfg.algorithm.advantage == "gae" else 0
+    trained = [m for m in metrics if m["trained_samples"] and m["step"] > warmup]
+    assert all(m["loss"] is not None for m in trained)
+    if cfg.algorithm.advantage == "gae":
+        assert all(m["value_loss"] is not None for m in metrics)
 
 
 def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):

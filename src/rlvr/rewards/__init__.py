@@ -9,6 +9,9 @@
 - `compose_rewards` sums weighted rewards into a `RewardOutput`, counting errors and
   timeouts instead of raising (`compose`). A reward reports a verifier timeout by returning
   NaN for that completion.
+- `run_python` runs untrusted code in a sandbox with resource limits and no network
+  (`sandbox`); the ``code`` reward scores programs on stdin/stdout or assert test cases with it
+  (`code`); ``language`` is R1's language-consistency reward (`language`).
 """
 
 from rlvr.rewards.builtin import (
@@ -21,14 +24,23 @@ from rlvr.rewards.builtin import (
     math_reward,
     math_score,
 )
+from rlvr.rewards.code import code_reward, code_score, extract_program, parse_tests
 from rlvr.rewards.compose import RewardComposer, RewardOutput, compose_rewards
 from rlvr.rewards.extract import extract_answer, last_boxed_content, last_number
+from rlvr.rewards.language import language_consistency_score, language_reward
 from rlvr.rewards.registry import (
     RewardFn,
     UnknownRewardError,
     get_reward,
     list_rewards,
     register_reward,
+)
+from rlvr.rewards.sandbox import (
+    SandboxError,
+    SandboxResult,
+    best_isolation,
+    isolation_report,
+    run_python,
 )
 from rlvr.rewards.verify import (
     VerifierError,
@@ -46,19 +58,28 @@ __all__ = [
     "RewardComposer",
     "RewardFn",
     "RewardOutput",
+    "SandboxError",
+    "SandboxResult",
     "UnknownRewardError",
     "VerifierError",
     "VerifierTimeout",
     "answers_match",
+    "best_isolation",
+    "code_reward",
+    "code_score",
     "compose_rewards",
     "countdown_reward",
     "countdown_score",
     "current_verifier_timeout",
     "evaluate_countdown",
     "extract_answer",
+    "extract_program",
     "format_reward",
     "format_score",
     "get_reward",
+    "isolation_report",
+    "language_consistency_score",
+    "language_reward",
     "last_boxed_content",
     "last_number",
     "list_rewards",
@@ -66,7 +87,9 @@ __all__ = [
     "math_score",
     "normalize_answer",
     "parse_number",
+    "parse_tests",
     "register_reward",
+    "run_python",
     "shutdown_verifier_pool",
     "verifier_timeout",
 ]

@@ -1,0 +1,421 @@
+"""The code sandbox against hostile programs: each attack is contained within its timeout, and
+the trainer (this test process) and its neighbours live on. Every test runs in every isolation
+mode that works on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards import SandboxError, SandboxResult, isolation_report, run_python
+from rlvr.rewards._sandbox_child import seccomp_machine
+from rlvr.rewards.sandbox import ISOLATION_MODES
+
+MARGIN_S = 1.5  # start-up and clean-up on two busy cores
+
+
+@pytest.fixture(params=ISOLATION_MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    try:
+        isolation_report(request.param)
+    except SandboxError as exc:
+        pytest.skip(str(exc))
+    return request.param
+
+
+def run_timed(code: str, stdin: str = "", **kwargs: object) -> SandboxResult:
+    """`run_python`, asserting that it returned within its wall-clock timeout plus a margin."""
+    start = time.monotonic()
+    result = run_python(code, stdin, **kwargs)
+    elapsed = time.monotonic() - start
+    assert elapsed < kwargs["timeout_s"] + MARGIN_S, f"took {elapsed:.2f} s"
+    return result
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (the sandbox's scratch path)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def assert_no_process_left(scratch: str) -> None:
+    deadline = time.monotonic() + 2.0
+    while processes_mentioning(scratch) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_mentioning(scratch) == []
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen]:
+    """A process of ours outside the sandbox that prints each SIGURG it gets."""
+    script = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGURG, lambda *_: print('got SIGURG', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    yield process
+    process.kill()
+    process.wait()
+
+
+def bystander_output(process: subprocess.Popen) -> str:
+    assert process.poll() is None, "the bystander was killed"
+    process.kill()
+    return process.communicate()[0]
+
+
+# ------------------------------------------------------------------------------ normal programs
+
+
+def test_normal_programs_run(mode: str) -> None:
+    echo = run_timed(
+        "import sys\nprint(sys.stdin.read().upper(), end='')",
+        "abc\nxyz\n",
+        timeout_s=3,
+        isolation=mode,
+    )
+    assert (echo.exit_code, echo.stdout, echo.ok, echo.isolation) == (0, "ABC\nXYZ\n", True, mode)
+    exits = run_timed("import sys\nprint('bye')\nsys.exit(3)", timeout_s=3, isolation=mode)
+    assert (exits.exit_code, exits.stdout, exits.ok) == (3, "bye\n", False)
+    raises = run_timed("print('start')\n1 / 0", timeout_s=3, isolation=mode)
+    assert raises.exit_code == 1 and raises.stdout == "start\n"
+    assert "ZeroDivisionError" in raises.stderr
+    threads = run_timed(
+        "import threading\nout = []\n"
+        "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(sorted(out))",
+        timeout_s=3,
+        isolation=mode,
+    )
+    assert threads.stdout == "[0, 1, 2, 3]\n"
+
+
+def test_concurrent_runs_do_not_mix(mode: str) -> None:
+    results: dict[int, SandboxResult] = {}
+
+    def run(i: int) -> None:
+        results[i] = run_python(f"print({i} * {i})", timeout_s=5, isolation=mode)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert {i: r.stdout for i, r in results.items()} == {i: f"{i * i}\n" for i in range(4)}
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown isolation"):
+        run_python("print(1)", isolation="chroot")
+    with pytest.raises(ValueError, match="positive"):
+        run_python("print(1)", timeout_s=0)
+
+
+# ------------------------------------------------------------------------------ time, CPU, memory
+
+
+def test_infinite_loop_is_killed_at_the_wall_timeout(mode: str) -> None:
+    start = time.monotonic()
+    result = run_timed("while True:\n    pass", timeout_s=1, isolation=mode)
+    assert time.monotonic() - start >= 1.0
+    assert result.timed_out and result.exit_code is None
+    assert result.killed_by_signal == signal.SIGKILL
+
+
+def test_cpu_time_limit_ends_a_busy_program(mode: str) -> None:
+    # SIGXCPU at 1 CPU second; PID 1 of a PID namespace ignores it and gets SIGKILL at 2.
+    result = run_timed("while True:\n    pass", timeout_s=8, cpu_s=1, isolation=mode)
+    assert not result.timed_out
+    assert result.killed_by_signal in (signal.SIGXCPU, signal.SIGKILL)
+
+
+FORK_BOMB = """
+import os
+print(os.getcwd(), flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+def test_fork_bomb_is_contained(mode: str) -> None:
+    result = run_timed(FORK_BOMB, timeout_s=2, isolation=mode, max_processes=16)
+    assert result.timed_out and result.killed_by_signal == signal.SIGKILL
+    assert_no_process_left(result.stdout.split()[0])
+
+
+def test_process_count_is_capped(mode: str) -> None:
+    program = (
+        "import os, time\nstarted = 0\nfor _ in range(20):\n    try:\n"
+        "        if os.fork() == 0:\n            time.sleep(5)\n            os._exit(0)\n"
+        "        started += 1\n    except OSError:\n        pass\nprint(started)"
+    )
+    result = run_timed(program, timeout_s=3, isolation=mode, max_processes=8)
+    started = int(result.stdout)
+    if "no-fork" in isolation_report(mode):  # a root-owned sandbox: threads only
+        assert started == 0
+    else:  # itself and at most 7 children
+        assert 0 < started <= 7
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "data = bytearray(4 * 1024**3)",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
+    ],
+    ids=["one-allocation", "growing"],
+)
+def test_memory_bomb_fails_fast(mode: str, program: str) -> None:
+    result = run_timed(program, timeout_s=3, isolation=mode, memory_mb=256)
+    assert result.exit_code == 1 and not result.timed_out
+    assert "MemoryError" in result.stderr
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_huge_output_is_capped_and_killed(mode: str, stream: str) -> None:
+    program = f"import sys\nwhile True:\n    sys.{stream}.write('x' * 10000)"
+    result = run_timed(program, timeout_s=3, isolation=mode, max_output_bytes=100_000)
+    assert result.output_truncated and not result.timed_out and not result.ok
+    assert len(getattr(result, stream)) == 100_000
+    assert result.killed_by_signal == signal.SIGKILL
+
+
+def test_file_size_limit(mode: str) -> None:
+    program = "with open('big.bin', 'wb') as f:\n    f.write(b'x' * (3 * 1024 * 1024))"
+    result = run_timed(program, timeout_s=3, isolation=mode, max_file_mb=1)
+    # SIGXFSZ; PID 1 of a namespace ignores it, and its write fails (EFBIG or a full tmpfs)
+    assert result.killed_by_signal == signal.SIGXFSZ or (
+        result.exit_code == 1 and "OSError" in result.stderr
+    )
+
+
+# ------------------------------------------------------------------------------ files, secrets
+
+
+WRITE_OUTSIDE = """
+import os, sys
+target, keep, outside_dir = sys.stdin.read().splitlines()
+attempts = {
+    "create": lambda: open(target, "w").write("pwned"),
+    "overwrite": lambda: open(keep, "w").write("pwned"),
+    "delete": lambda: os.remove(keep),
+    "mkdir": lambda: os.mkdir(outside_dir),
+}
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print(name, "WROTE")
+    except OSError as exc:
+        print(name, "blocked", type(exc).__name__)
+with open("note.txt", "w") as note:
+    note.write("kept in scratch")
+print(open("note.txt").read())
+print(os.getcwd())
+"""
+
+
+def test_writes_stay_in_the_scratch_dir(mode: str, tmp_path: Path) -> None:
+    target, keep, outside_dir = tmp_path / "pwned.txt", tmp_path / "keep.txt", tmp_path / "dir"
+    keep.write_text("original")
+    stdin = f"{target}\n{keep}\n{outside_dir}\n"
+    result = run_timed(WRITE_OUTSIDE, stdin, timeout_s=3, isolation=mode)
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[:4]] == [
+        [name, "blocked"] for name in ("create", "overwrite", "delete", "mkdir")
+    ]
+    assert not target.exists() and not outside_dir.exists()
+    assert keep.read_text() == "original"
+    assert lines[4] == "kept in scratch"
+    scratch = lines[5]
+    assert Path(scratch).name.startswith("rlvr-sandbox-") and not Path(scratch).exists()
+
+
+READ_SECRETS = """
+import json, os
+proc = {}
+for pid in ("1", str(os.getppid())):
+    try:
+        proc[pid] = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+    except OSError as exc:
+        proc[pid] = type(exc).__name__
+print(json.dumps({"environ": dict(os.environ), "proc": proc}))
+"""
+
+
+def test_environment_secrets_are_not_visible(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-token-6c1d2f"
+    monkeypatch.setenv("RLVR_FAKE_API_KEY", secret)
+    result = run_timed(READ_SECRETS, timeout_s=3, isolation=mode)
+    assert result.exit_code == 0
+    assert secret not in result.stdout and secret not in result.stderr
+    seen = json.loads(result.stdout)
+    assert set(seen["environ"]) == {"PATH", "HOME", "TMPDIR", "LANG"}
+
+
+# ------------------------------------------------------------------------------ network
+
+CONNECT = """
+import socket, sys
+tcp_port, udp_port, unix_path = sys.stdin.read().split()
+
+def tcp():
+    socket.create_connection(("127.0.0.1", int(tcp_port)), timeout=1)
+
+def udp():
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"leak", ("127.0.0.1", int(udp_port)))
+
+def unix():
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(unix_path)
+
+for attempt in (tcp, udp, unix):
+    try:
+        attempt()
+        print(attempt.__name__, "CONNECTED")
+    except OSError as exc:
+        print(attempt.__name__, "blocked", type(exc).__name__)
+"""
+
+
+def test_network_is_blocked(mode: str, tmp_path: Path) -> None:
+    with (
+        socket.socket() as tcp,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+        socket.socket(socket.AF_UNIX) as unix,
+    ):
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        udp.bind(("127.0.0.1", 0))
+        unix.bind(str(tmp_path / "s"))
+        unix.listen()
+        stdin = f"{tcp.getsockname()[1]} {udp.getsockname()[1]} {tmp_path / 's'}"
+        result = run_timed(CONNECT, stdin, timeout_s=3, isolation=mode)
+        assert [line.split()[:2] for line in result.stdout.splitlines()] == [
+            ["tcp", "blocked"],
+            ["udp", "blocked"],
+            ["unix", "blocked"],
+        ]
+        for listener in (tcp, udp, unix):
+            listener.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            tcp.accept()
+        with pytest.raises(TimeoutError):
+            udp.recv(16)
+        with pytest.raises(TimeoutError):
+            unix.accept()
+
+
+# ------------------------------------------------------------------------------ signals
+
+
+def test_killing_its_parent_kills_only_the_sandbox(mode: str) -> None:
+    program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')"
+    result = run_timed(program, timeout_s=3, isolation=mode)
+    # Namespaces: getppid() is 0, so the kill hits the sandbox's own process group.
+    # Other modes: the kill is refused.
+    assert result.killed_by_signal == signal.SIGKILL or "PermissionError" in result.stderr
+    assert "survived" not in result.stdout
+
+
+def test_killing_its_own_group_or_pid_1_ends_only_the_sandbox(mode: str) -> None:
+    group = run_timed(
+        "import os, signal\nos.killpg(os.getpgrp(), signal.SIGKILL)\nprint('survived')",
+        timeout_s=3,
+        isolation=mode,
+    )
+    assert group.killed_by_signal == signal.SIGKILL or "PermissionError" in group.stderr
+    if mode == "namespaces":  # pid 1 is the program itself; elsewhere see the SIGURG test
+        init = run_timed(
+            "import os, signal\nprint(os.getpid(), flush=True)\nos.kill(1, signal.SIGKILL)",
+            timeout_s=3,
+            isolation=mode,
+        )
+        assert init.stdout == "1\n"
+
+
+SIGNAL_OUTSIDE = """
+import os, signal, sys
+for target in sys.stdin.read().split():
+    try:
+        os.kill(int(target), signal.SIGURG)
+        print(target, "SENT")
+    except OSError as exc:
+        print(target, "refused", type(exc).__name__)
+"""
+
+
+def test_signals_do_not_leave_the_sandbox(mode: str, bystander: subprocess.Popen) -> None:
+    # SIGURG is ignored by default, so a signal that escaped would harm no process.
+    received: list[int] = []
+    previous = signal.signal(signal.SIGURG, lambda number, _: received.append(number))
+    try:
+        targets = [os.getpid(), -os.getpgrp(), bystander.pid, -1]
+        if mode != "namespaces":
+            targets.append(1)
+        stdin = " ".join(map(str, targets))
+        result = run_timed(SIGNAL_OUTSIDE, stdin, timeout_s=3, isolation=mode)
+        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGURG, previous)
+    outcomes = dict(line.split(maxsplit=1) for line in result.stdout.splitlines())
+    assert set(outcomes) == set(map(str, targets))
+    # kill(-1) reports success even when every process refused it; what counts is who got it
+    assert all(outcomes[str(t)].startswith("refused") for t in targets if t != -1), outcomes
+    assert received == []
+    assert "got SIGURG" not in bystander_output(bystander)
+
+
+def test_seccomp_alone_refuses_signals_to_other_processes(bystander: subprocess.Popen) -> None:
+    """The seccomp fallback for kernels without Landlock signal scoping: ``kill`` only to its
+    own process group, in a process with only that filter."""
+    machine = seccomp_machine()
+    if machine is None:
+        pytest.skip("no seccomp filter for this architecture")
+    script = f"""
+import os, signal
+from rlvr.rewards import _sandbox_child as child
+child._prctl(38, 1)
+child._install_seccomp(child.seccomp_program(
+    {machine!r}, pid_namespace=False, signals_scoped=False, allow_fork=True))
+got = []
+signal.signal(signal.SIGURG, lambda *_: got.append(1))
+os.kill(0, signal.SIGURG)
+for target in ({bystander.pid}, os.getppid(), -1):
+    try:
+        os.kill(target, signal.SIGURG)
+        print("SENT")
+    except PermissionError:
+        print("refused")
+child_pid = os.fork()
+if child_pid == 0:
+    os._exit(7)
+print("own group", len(got), "fork", os.waitstatus_to_exitcode(os.waitpid(child_pid, 0)[1]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=30, start_new_session=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["refused"] * 3 + ["own group 1 fork 7"], done.stderr
+    assert "got SIGURG" not in bystander_output(bystander)
