@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -95,7 +96,16 @@ def test_parse_number_and_normalize() -> None:
     assert parse_number("1/0") is None
     assert parse_number("1,23") is None
     assert parse_number("9" * 5000) is None  # more digits than int() converts
+    assert parse_number("1e99999") is None  # not expanded: left to math-verify's timeout
+    assert parse_number("-\\frac{3}{4}") == parse_number("−0.75") == Fraction(-3, 4)
+    assert parse_number("1.5 \\times 10^{-3}") == Fraction(3, 2000)
+    assert parse_number("50\\%") == parse_number("50 percent") == Fraction(1, 2)
+    assert parse_number("\\$1{,}250 dollars") == 1250
+    assert parse_number("2 million") == 2_000_000
+    assert parse_number("1 2") is None  # a space is no thousands separator
+    assert parse_number("5 pi") is None
     assert normalize_answer(" $\\dfrac{1}{2}$. ") == "\\frac{1}{2}"
+    assert normalize_answer("1 2") != normalize_answer("12")
 
 
 # ------------------------------------------------------------------------------- timeouts
@@ -119,6 +129,13 @@ def test_run_with_timeout_kills_a_hang_and_the_pool_recovers() -> None:
     assert time.monotonic() - start < 3.0
     assert _run_with_timeout(divmod, (9, 4), 10.0) == (2, 1)
     assert answers_match("0.25", "\\frac{1}{4}")
+
+
+def test_an_exception_in_the_worker_is_a_verifier_error() -> None:
+    with pytest.raises(VerifierError, match="ValueError") as info:
+        _run_with_timeout(int, ("not a number",), 10.0)
+    assert not isinstance(info.value, VerifierTimeout)
+    assert _run_with_timeout(divmod, (8, 3), 10.0) == (2, 2)  # the pool is still usable
 
 
 def test_a_crashed_worker_raises_verifier_error_and_the_pool_recovers() -> None:
@@ -174,3 +191,4 @@ def test_composer_counts_timeouts_and_keeps_scoring(monkeypatch: pytest.MonkeyPa
     assert out.per_reward["math"] == [1.0, 0.0, 0.0]
     assert out.total == [1.0, 0.0, 0.0]
     assert (out.timeouts, out.errors) == (1, 0)
+    assert out.error_examples == [f"math: timeout: NaN (verifier timed out) for {completions[1]!r}"]

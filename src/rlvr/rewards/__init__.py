@@ -4,8 +4,8 @@
 - `answers_match` compares answers exactly, then with math-verify under a hard, killable
   timeout that raises `VerifierTimeout` (`verify`).
 - `register_reward` / `get_reward` name reward functions with TRL's signature
-  ``f(prompts, completions, **columns) -> list[float]`` (`registry`); ``math``, ``format`` and
-  ``countdown`` are built in (`builtin`).
+  ``f(prompts, completions, **columns) -> list[float]`` (`registry`); ``math``, ``format``
+  (with ``format_strict`` and ``format_lenient``) and ``countdown`` are built in (`builtin`).
 - `compose_rewards` sums weighted rewards into a `RewardOutput`, counting errors and
   timeouts instead of raising (`compose`). A reward reports a verifier timeout by returning
   NaN for that completion.
@@ -19,8 +19,12 @@ from rlvr.rewards.builtin import (
     countdown_reward,
     countdown_score,
     evaluate_countdown,
+    format_lenient_reward,
+    format_lenient_score,
     format_reward,
     format_score,
+    format_strict_reward,
+    format_strict_score,
     math_reward,
     math_score,
 )
@@ -74,8 +78,12 @@ __all__ = [
     "evaluate_countdown",
     "extract_answer",
     "extract_program",
+    "format_lenient_reward",
+    "format_lenient_score",
     "format_reward",
     "format_score",
+    "format_strict_reward",
+    "format_strict_score",
     "get_reward",
     "isolation_report",
     "language_consistency_score",

@@ -1,8 +1,14 @@
-"""Built-in rewards: ``math`` (answer verification), ``format`` (R1 tags), ``countdown``.
+"""Built-in rewards: ``math``, ``format`` / ``format_strict`` / ``format_lenient`` (R1 tags),
+``countdown``.
 
 Each has TRL's signature ``f(prompts, completions, **columns) -> list[float]`` and scores 1.0 or
 0.0. A math-verify timeout is reported as ``float("nan")`` for that completion: the composer
 turns every NaN into a score of 0 and counts it in ``RewardOutput.timeouts``.
+
+The three format rewards are nested: whatever ``format_strict`` accepts, ``format`` accepts,
+and whatever ``format`` accepts, ``format_lenient`` accepts. ``math`` is marked
+``self_timed``: every wait in it is bounded by the verifier's killable timeout, so the composer
+does not also put a deadline on the whole call (see `rlvr.rewards.compose`).
 """
 
 from __future__ import annotations
@@ -55,12 +61,22 @@ def math_reward(
     return [math_score(c, gold, timeout_s) for c, gold in zip(completions, answer, strict=True)]
 
 
+math_reward.self_timed = True  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- format
 
-_R1_FORMAT = re.compile(
-    r"\s*(?:<think>)?(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL
-)
-_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_TAG = re.compile(r"</?(?:think|answer)>")
+_OPENED_IN_PROMPT = re.compile(r"<think>\s*\Z")
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
+_FULL = [_THINK_OPEN, _THINK_CLOSE, _ANSWER_OPEN, _ANSWER_CLOSE]
+
+
+def _tags(text: str) -> tuple[list[str], list[int], list[int]]:
+    """The think/answer tags of `text` in order, with their start and end offsets."""
+    matches = list(_TAG.finditer(text))
+    return [m.group(0) for m in matches], [m.start() for m in matches], [m.end() for m in matches]
 
 
 def format_score(completion: str) -> float:
@@ -69,17 +85,79 @@ def format_score(completion: str) -> float:
     The opening ``<think>`` may be missing (the prompt template often emits it); each tag may
     appear only once, the answer must not be empty, and only whitespace may surround the blocks.
     """
-    match = _R1_FORMAT.fullmatch(completion)
-    if match is None or not match.group("answer").strip():
+    names, starts, ends = _tags(completion)
+    if names not in (_FULL, _FULL[1:]):
         return 0.0
-    inner = match.group("think") + match.group("answer")
-    return 0.0 if any(tag in inner for tag in _TAGS) else 1.0
+    if names[0] == _THINK_OPEN and completion[: starts[0]].strip():
+        return 0.0
+    close, answer_open, answer_close = -3, -2, -1
+    between = completion[ends[close] : starts[answer_open]]
+    answer = completion[ends[answer_open] : starts[answer_close]]
+    after = completion[ends[answer_close] :]
+    return 1.0 if not between.strip() and answer.strip() and not after.strip() else 0.0
+
+
+def format_strict_score(completion: str, prompt: str = "") -> float:
+    """1.0 only for the exact layout ``<think>\\n…\\n</think>\\n<answer>\\n…\\n</answer>``.
+
+    This is open-r1's ``format_reward``
+    (``^<think>\\n.*?\\n</think>\\n<answer>\\n.*?\\n</answer>$``) with non-blank reasoning and
+    answer: each tag once, the newlines as shown, nothing before, only whitespace after. When
+    `prompt` ends with ``<think>`` (and whitespace), the template has opened the block: the
+    completion continues it and must not open it again.
+    """
+    opened = _OPENED_IN_PROMPT.search(prompt)
+    text = (prompt[opened.start() :] if opened else "") + completion
+    names, starts, ends = _tags(text)
+    if names != _FULL or starts[0] != 0:
+        return 0.0
+    think, answer = text[ends[0] : starts[1]], text[ends[2] : starts[3]]
+    layout_ok = (
+        think.startswith("\n")
+        and think.endswith("\n")
+        and text[ends[1] : starts[2]] == "\n"
+        and answer.startswith("\n")
+        and answer.endswith("\n")
+    )
+    filled = bool(think.strip()) and bool(answer.strip())
+    return 1.0 if layout_ok and filled and not text[ends[3] :].strip() else 0.0
+
+
+def format_lenient_score(completion: str) -> float:
+    """1.0 if a ``</think>`` is followed, anywhere later, by a non-empty ``<answer>…</answer>``.
+
+    Text may surround the blocks and tags may repeat (the last answer block after the first
+    ``</think>`` counts; it must hold no other tag). Like the "soft" format reward of the
+    widely copied GRPO demo (``<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>``), but
+    without its ``re.match`` anchoring at the start.
+    """
+    think_end = completion.find(_THINK_CLOSE)
+    if think_end < 0:
+        return 0.0
+    close = completion.rfind(_ANSWER_CLOSE)
+    open_ = completion.rfind(_ANSWER_OPEN, think_end, close) if close > think_end else -1
+    if open_ < 0:
+        return 0.0
+    answer = completion[open_ + len(_ANSWER_OPEN) : close]
+    return 1.0 if answer.strip() and _TAG.search(answer) is None else 0.0
 
 
 @register_reward("format")
 def format_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
     """DeepSeek-R1's format reward: ``<think>…</think><answer>…</answer>`` → 1.0, else 0.0."""
     return [format_score(c) for c in completions]
+
+
+@register_reward("format_strict")
+def format_strict_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """open-r1's strict layout ``<think>\\n…\\n</think>\\n<answer>\\n…\\n</answer>`` → 1.0."""
+    return [format_strict_score(c, p) for p, c in zip(prompts, completions, strict=True)]
+
+
+@register_reward("format_lenient")
+def format_lenient_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """A ``</think>`` followed by a non-empty ``<answer>…</answer>``, anything around → 1.0."""
+    return [format_lenient_score(c) for c in completions]
 
 
 # --------------------------------------------------------------------------- countdown

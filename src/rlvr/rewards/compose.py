@@ -1,4 +1,4 @@
-"""Weighted composition of reward functions, robust to errors and verifier timeouts.
+"""Weighted composition of reward functions, robust to errors, verifier timeouts and hangs.
 
 `compose_rewards([("math", 1.0), ("format", 0.1)])` returns a `RewardComposer`; calling it on a
 batch gives a `RewardOutput`: the weighted total per completion, each reward's unweighted
@@ -8,19 +8,33 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
   that call and counts one error in `errors`, with its message in `error_examples`;
 - a score of NaN means "the verifier timed out" (the built-in ``math`` reward returns NaN for
   a math-verify timeout): it scores 0.0 and counts one in `timeouts`;
+- a call that has not returned by its deadline is abandoned: its completions score 0.0 and
+  each counts one in `timeouts`;
 - ``None`` (TRL's "this reward does not apply to this sample") scores 0.0 and is not counted;
   an infinite score scores 0.0 and counts as an error.
 
-Completions are split into at most `max_workers` contiguous chunks scored in a thread pool;
-results are put back in order, so the output does not depend on the scheduling. Reward
-functions must therefore be thread-safe when ``max_workers > 1``.
+Completions are split into at most `max_workers` contiguous chunks; each (reward, chunk) call
+runs in its own daemon thread and all of them run at once; results are put back in order, so
+the output does not depend on the scheduling. Reward functions must therefore be thread-safe.
+
+The deadline of a call on ``n`` completions is ``timeout_s * (2 * n + 2)`` (``call_timeout_s``
+overrides it): each completion may take two verifier timeouts (one retry), plus two for the
+call. A Python thread cannot be killed, so an abandoned call keeps running in the background
+until it returns; being a daemon thread it never delays interpreter exit, and the messages of
+later timeouts say how many abandoned calls are still alive. A reward that bounds every wait
+itself with a killable timeout (the built-in ``math``: a verifier process is killed after
+``timeout_s``) sets the attribute ``self_timed = True`` and gets no call deadline, so that a
+slow start of the verifier pool never abandons it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +42,33 @@ from rlvr.rewards.registry import RewardFn, get_reward
 from rlvr.rewards.verify import verifier_timeout
 
 _MAX_ERROR_EXAMPLES = 5
+_SAMPLE_CHARS = 80
+
+_abandoned_lock = threading.Lock()
+_abandoned: list[threading.Thread] = []
+
+
+def _abandon(thread: threading.Thread) -> int:
+    """Remember `thread` as abandoned; return how many abandoned threads are still alive."""
+    with _abandoned_lock:
+        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+        _abandoned.append(thread)
+        return len(_abandoned)
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> tuple[Future, threading.Thread]:
+    """Start `fn()` in a new daemon thread; its result (or exception) arrives in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # delivered to the waiting caller, never lost
+            future.set_exception(exc)
+
+    thread = threading.Thread(target=run, name="rlvr-reward", daemon=True)
+    thread.start()
+    return future, thread
 
 
 @dataclass
@@ -66,21 +107,27 @@ def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _convert(name: str, raw: Any, n: int) -> _ChunkResult:
+def _convert(name: str, raw: Any, completions: list[str]) -> _ChunkResult:
     """Validate a reward function's return value and turn it into floats."""
+    n = len(completions)
     if raw is None or isinstance(raw, (str, bytes)) or len(raw) != n:
         got = "None" if raw is None else f"{len(raw)} scores" if hasattr(raw, "__len__") else raw
         raise ValueError(f"returned {got} for {n} completions")
     result = _ChunkResult(scores=[])
-    for value in raw:
+    for value, completion in zip(raw, completions, strict=True):
         score = 0.0 if value is None else float(value)
+        message = None
         if math.isnan(score):
             result.timeouts += 1
+            sample = completion[:_SAMPLE_CHARS]
+            message = f"{name}: timeout: NaN (verifier timed out) for {sample!r}"
             score = 0.0
         elif math.isinf(score):
             result.errors += 1
-            result.messages.append(f"{name}: ValueError: non-finite score {score}")
+            message = f"{name}: ValueError: non-finite score {score}"
             score = 0.0
+        if message is not None and len(result.messages) < _MAX_ERROR_EXAMPLES:
+            result.messages.append(message)
         result.scores.append(score)
     return result
 
@@ -89,7 +136,11 @@ class RewardComposer:
     """Weighted sum of named reward functions; call it on a batch to get a `RewardOutput`."""
 
     def __init__(
-        self, specs: Sequence[tuple[str, float]], max_workers: int = 4, timeout_s: float = 5.0
+        self,
+        specs: Sequence[tuple[str, float]],
+        max_workers: int = 4,
+        timeout_s: float = 5.0,
+        call_timeout_s: float | None = None,
     ) -> None:
         """Resolve every reward name now, so a typo fails before training starts."""
         if not specs:
@@ -102,10 +153,19 @@ class RewardComposer:
         self.functions: dict[str, RewardFn] = {name: get_reward(name) for name in names}
         self.max_workers = max(1, int(max_workers))
         self.timeout_s = float(timeout_s)
+        self.call_timeout_s = None if call_timeout_s is None else float(call_timeout_s)
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{name}×{weight:g}" for name, weight in self.weights.items())
         return f"RewardComposer({specs})"
+
+    def deadline(self, name: str, n: int) -> float | None:
+        """Seconds a call of reward `name` on `n` completions may take; None: no deadline."""
+        if getattr(self.functions[name], "self_timed", False):
+            return None
+        if self.call_timeout_s is not None:
+            return self.call_timeout_s
+        return self.timeout_s * (2 * n + 2)
 
     def _score_chunk(
         self, name: str, prompts: list[str], completions: list[str], columns: dict[str, list]
@@ -114,10 +174,24 @@ class RewardComposer:
         try:
             with verifier_timeout(self.timeout_s):
                 raw = self.functions[name](prompts, completions, **columns)
-            return _convert(name, raw, len(completions))
-        except Exception as exc:
+            return _convert(name, raw, completions)
+        except (Exception, SystemExit) as exc:  # a reward calling sys.exit() is an error too
             message = f"{name}: {type(exc).__name__}: {exc}"
             return _ChunkResult([0.0] * len(completions), errors=1, messages=[message])
+
+    def _abandoned_result(
+        self, name: str, completions: list[str], seconds: float, thread: threading.Thread
+    ) -> _ChunkResult:
+        """The result of a call that missed its deadline: zeros, each completion a timeout."""
+        alive = _abandon(thread)
+        sample = completions[0][:_SAMPLE_CHARS] if completions else ""
+        message = (
+            f"{name}: timeout: no result after {seconds:.3g} s for {len(completions)} "
+            f"completion(s), call abandoned ({alive} abandoned call(s) still running); "
+            f"first completion {sample!r}"
+        )
+        n = len(completions)
+        return _ChunkResult([0.0] * n, timeouts=n, messages=[message])
 
     def __call__(
         self,
@@ -141,11 +215,16 @@ class RewardComposer:
             for name in self.functions
             for a, b in bounds
         ]  # fmt: skip
-        if self.max_workers > 1 and len(tasks) > 1:
-            with ThreadPoolExecutor(min(self.max_workers, len(tasks))) as pool:
-                results = list(pool.map(lambda task: self._score_chunk(*task), tasks))
-        else:
-            results = [self._score_chunk(*task) for task in tasks]
+        started = time.monotonic()
+        running = [_in_daemon_thread(lambda task=task: self._score_chunk(*task)) for task in tasks]
+        results = []
+        for (name, _, chunk, _), (future, thread) in zip(tasks, running, strict=True):
+            deadline = self.deadline(name, len(chunk))
+            wait = None if deadline is None else max(0.0, started + deadline - time.monotonic())
+            try:
+                results.append(future.result(timeout=wait))
+            except FutureTimeout:
+                results.append(self._abandoned_result(name, chunk, deadline or 0.0, thread))
 
         output = RewardOutput(total=[0.0] * n, per_reward={name: [] for name in self.functions})
         for (name, *_), result in zip(tasks, results, strict=True):
@@ -161,11 +240,18 @@ class RewardComposer:
 
 
 def compose_rewards(
-    specs: Sequence[tuple[str, float]], max_workers: int = 4, timeout_s: float = 5.0
+    specs: Sequence[tuple[str, float]],
+    max_workers: int = 4,
+    timeout_s: float = 5.0,
+    call_timeout_s: float | None = None,
 ) -> RewardComposer:
     """A `RewardComposer` for `(name, weight)` pairs (registered names or import paths).
 
-    `max_workers` threads score chunks of completions in parallel (1 = sequential);
-    `timeout_s` is the hard timeout of one verifier call (see `rlvr.rewards.verify`).
+    `max_workers` chunks of completions are scored in parallel per reward (1 = one call per
+    reward); `timeout_s` is the hard timeout of one verifier call (see `rlvr.rewards.verify`);
+    `call_timeout_s` replaces the deadline ``timeout_s * (2 * n + 2)`` of a reward call on
+    ``n`` completions (rewards marked ``self_timed`` have none).
     """
-    return RewardComposer(specs, max_workers=max_workers, timeout_s=timeout_s)
+    return RewardComposer(
+        specs, max_workers=max_workers, timeout_s=timeout_s, call_timeout_s=call_timeout_s
+    )
