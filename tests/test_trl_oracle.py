@@ -1,0 +1,242 @@
+"""Independent oracle: rlvr's policy loss, aggregation and k3 KL equal TRL's ``GRPOTrainer`` loss.
+
+For the loss types both libraries have, on identical random float64 tensors, the loss and its
+gradient with respect to the per-token log-probs agree within 1e-6 (in practice to rounding):
+
+=========  ===========================================================================
+TRL        rlvr
+=========  ===========================================================================
+grpo       ``ppo_clip`` + ``seq_mean_token_mean`` (``num_seqs`` = sequences of the step)
+dr_grpo    ``ppo_clip`` + ``seq_mean_token_sum`` (``max_len`` = ``max_completion_length``)
+dapo       ``ppo_clip`` + ``token_mean`` over the tokens of the whole optimizer step
+bnpo       ``ppo_clip`` + ``token_mean`` over each micro-batch's own tokens, averaged over
+           the micro-batches (TRL's per-device normalisation; rlvr's loop never does this)
+=========  ===========================================================================
+
+plus β · the same aggregation of ``kl_k3(logprobs, ref_logprobs)``, with ε_low ≠ ε_high.
+
+How TRL is called: the oracle is TRL's own code, not a re-typing of it. The loss is the method
+``GRPOTrainer._compute_loss(self, model, inputs)``; building a whole ``GRPOTrainer`` would need
+a dataset, reward functions and an accelerate state, none of which the loss reads. So the real,
+unbound methods ``_compute_loss`` and ``_get_per_token_logps_and_entropies`` (which it calls)
+run on :class:`TrlLossHarness`, an object with only the attributes they read, set from a real
+``GRPOConfig`` as ``GRPOTrainer.__init__`` sets them, a single-process accelerator and a stub
+model. TRL patches its policy with a fused LM head that returns per-token log-probs instead of
+logits; the stub model is that forward: it returns fixed log-probs (the tensor the gradients are
+taken with respect to), so TRL's slicing, ratio, clipping, KL and normalisation all run as in
+training. Each micro-batch of a gradient-accumulation window is one ``_compute_loss`` call, as in
+``Trainer.training_step``; their losses are summed, so the gradient is the accumulated one.
+
+TRL 1.16 defaults to ``use_bias_correction_kl=True`` (its KL term is k3 · ρ, with the ratio ρ
+differentiable, which changes the KL gradient even on-policy); rlvr's k3 has no such factor, so
+the oracle sets it to False.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+
+GRPOConfig = pytest.importorskip("trl").GRPOConfig
+GRPOTrainer = pytest.importorskip("trl.trainer.grpo_trainer").GRPOTrainer
+# GRPOConfig passes a TrainingArguments field that transformers 5 has renamed
+pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated")
+
+B, PROMPT_LEN, T = 8, 3, 6
+"""Sequences in the optimizer step, prompt width, completion width."""
+MAX_COMPLETION_LENGTH = T + 3
+"""Generation budget (Dr. GRPO's constant normaliser), deliberately wider than the batch."""
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28
+AGGREGATION = {
+    "grpo": "seq_mean_token_mean",
+    "dr_grpo": "seq_mean_token_sum",
+    "dapo": "token_mean",
+    "bnpo": "token_mean",
+}
+
+
+class SingleProcessAccelerator:
+    """The accelerate calls ``_compute_loss`` makes, for one process with no autocast."""
+
+    num_processes = 1
+    is_main_process = True
+    sync_gradients = True
+
+    @staticmethod
+    def autocast() -> nullcontext:
+        return nullcontext()
+
+    @staticmethod
+    def gather(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    @staticmethod
+    def gather_for_metrics(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    @staticmethod
+    def reduce(tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return tensor
+
+
+class FixedLogprobModel:
+    """Stands in for TRL's fused-LM-head forward: per-token log-probs of the shifted labels."""
+
+    def __init__(self, completion_logprobs: torch.Tensor) -> None:
+        self.completion_logprobs = completion_logprobs
+
+    def __call__(
+        self, *, input_ids: torch.Tensor, labels: torch.Tensor, fused_lm_head: bool, **kwargs
+    ) -> SimpleNamespace:
+        assert fused_lm_head, "TRL is expected to ask for the fused LM head"
+        rows, width = input_ids.shape
+        assert labels.shape == input_ids.shape
+        lp = self.completion_logprobs
+        assert lp.shape[0] == rows
+        # position t of the output scores label t + 1: [rows, width - 1]
+        prompt_part = lp.new_zeros(rows, width - 1 - lp.shape[1])
+        log_probs = torch.cat([prompt_part, lp], dim=1)
+        return SimpleNamespace(log_probs=log_probs, entropy=torch.zeros_like(log_probs.detach()))
+
+
+class TrlLossHarness:
+    """Just enough of a ``GRPOTrainer`` for its own loss methods to run unchanged."""
+
+    _compute_loss = GRPOTrainer._compute_loss
+    _get_per_token_logps_and_entropies = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def __init__(self, args: GRPOConfig) -> None:
+        # the same assignments as GRPOTrainer.__init__
+        self.args = args
+        self.loss_type = args.loss_type
+        self.beta = args.beta
+        self.epsilon_low = args.epsilon
+        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.max_completion_length = args.max_completion_length
+        self.importance_sampling_level = args.importance_sampling_level
+        self.off_policy_mask_threshold = args.off_policy_mask_threshold
+        self.top_entropy_quantile = args.top_entropy_quantile
+        self.entropy_coef = args.entropy_coef
+        self.use_adaptive_entropy = args.use_adaptive_entropy
+        self._entropy_bonus_enabled = self.entropy_coef != 0.0 or self.use_adaptive_entropy
+        self.use_vllm = args.use_vllm
+        self.aux_loss_enabled = False  # a dense model without router logits
+        self.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.accelerator = SingleProcessAccelerator()
+        self.model = torch.nn.Module()  # only `.training` (True) is read
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+
+def random_step(seed: int) -> dict[str, torch.Tensor]:
+    """One optimizer step's tensors: ratios spread across both clip edges, ragged lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    logprobs = -3.0 * torch.rand(B, T, generator=g, dtype=torch.float64)
+    old = logprobs + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ref = logprobs + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    advantages = torch.randn(B, generator=g, dtype=torch.float64)
+    return {"mask": mask, "logprobs": logprobs, "old": old, "ref": ref, "advantages": advantages}
+
+
+def trl_loss_and_grad(
+    data: dict[str, torch.Tensor], loss_type: str, beta: float, accumulation: int, out_dir: Path
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's loss of the optimizer step (summed over its micro-batches) and d loss / d logprobs."""
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        report_to="none",
+        use_cpu=True,
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=CLIP_LOW,
+        epsilon_high=CLIP_HIGH,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        per_device_train_batch_size=B // accumulation,
+        gradient_accumulation_steps=accumulation,
+        num_generations=4,
+        use_bias_correction_kl=False,
+    )
+    harness = TrlLossHarness(args)
+    logprobs = data["logprobs"].clone().requires_grad_(True)
+    mask = data["mask"]
+    total = torch.zeros((), dtype=torch.float64)
+    for rows in torch.arange(B).chunk(accumulation):
+        inputs = {
+            "prompt_ids": torch.ones(len(rows), PROMPT_LEN, dtype=torch.long),
+            "prompt_mask": torch.ones(len(rows), PROMPT_LEN, dtype=torch.long),
+            "completion_ids": torch.ones(len(rows), T, dtype=torch.long),
+            "completion_mask": mask[rows],
+            "advantages": data["advantages"][rows],
+            "old_per_token_logps": data["old"][rows],
+            "ref_per_token_logps": data["ref"][rows],
+            # TRL counts the completion tokens of the whole generation batch
+            "num_items_in_batch": mask.sum(),
+        }
+        total = total + harness._compute_loss(FixedLogprobModel(logprobs[rows]), inputs)
+    total.backward()
+    return total.detach(), logprobs.grad
+
+
+def rlvr_loss_and_grad(
+    data: dict[str, torch.Tensor], loss_type: str, beta: float, accumulation: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rlvr's ppo_clip + aggregation (+ β k3) over the same micro-batches, and its gradient."""
+    logprobs = data["logprobs"].clone().requires_grad_(True)
+    mask = data["mask"].double()
+    advantages = data["advantages"][:, None] * mask
+    mode = AGGREGATION[loss_type]
+    policy_loss, k3 = POLICY_LOSSES.get("ppo_clip"), KL_ESTIMATORS.get("k3")
+    total = torch.zeros((), dtype=torch.float64)
+    for rows in torch.arange(B).chunk(accumulation):
+        m = mask[rows]
+        # bnpo: TRL normalises each micro-batch by its own tokens and averages the micro-batches;
+        # the others count over the whole optimizer step (DESIGN rule 4)
+        local = loss_type == "bnpo"
+        num_tokens = float(m.sum() if local else mask.sum())
+        norm = {"num_tokens": num_tokens, "num_seqs": float(B), "max_len": MAX_COMPLETION_LENGTH}
+        scale = 1.0 / accumulation if local else 1.0
+        out = policy_loss(
+            logprobs[rows],
+            data["old"][rows],
+            advantages[rows],
+            m,
+            clip_low=CLIP_LOW,
+            clip_high=CLIP_HIGH,
+        )
+        loss = aggregate(mode, out.token_loss, m, **norm)
+        if beta:
+            kl = k3(logprobs[rows], data["ref"][rows])
+            loss = loss + beta * aggregate(mode, kl, m, **norm)
+        total = total + scale * loss
+    total.backward()
+    return total.detach(), logprobs.grad
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rlvr_loss_and_gradient_equal_trl(seed, loss_type, beta, accumulation, tmp_path):
+    data = random_step(seed)
+    trl_loss, trl_grad = trl_loss_and_grad(data, loss_type, beta, accumulation, tmp_path)
+    rlvr_loss, rlvr_grad = rlvr_loss_and_grad(data, loss_type, beta, accumulation)
+
+    torch.testing.assert_close(rlvr_loss, trl_loss, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rlvr_grad, trl_grad, atol=1e-6, rtol=0)
+    # the comparison is not vacuous: gradients reach the response tokens and only them
+    assert trl_grad[data["mask"].bool()].abs().sum() > 0
+    assert (trl_grad[~data["mask"].bool()] == 0).all()
+
+
+def test_random_step_exercises_both_clip_edges():
+    data = random_step(0)
+    ratio = (data["logprobs"] - data["old"]).exp()[data["mask"].bool()]
+    assert (ratio < 1 - CLIP_LOW).any() and (ratio > 1 + CLIP_HIGH).any()
