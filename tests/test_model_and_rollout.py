@@ -1,5 +1,7 @@
 """Tiny model, HF-format round trip, the rollout engine and the training-side log-probs."""
 
+import math
+
 import pytest
 import torch
 
@@ -112,6 +114,26 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
             assert tok.eos_token_id not in completion[:-1]
         else:
             assert len(completion) == 30 and tok.eos_token_id not in completion
+
+
+def test_min_new_tokens_bans_eos_until_the_minimum(tiny):
+    _, tok = tiny
+    # EOS and "7" equally likely: without the ban about half the rows stop at the first token
+    biased = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128)
+    biased.lm_head = torch.nn.Linear(64, len(tok), bias=True)
+    with torch.no_grad():
+        biased.lm_head.weight.zero_()
+        biased.lm_head.bias.fill_(-20.0)
+        biased.lm_head.bias[tok.eos_token_id] = 0.0
+        biased.lm_head.bias[tok.convert_tokens_to_ids("7")] = 0.0
+    engine = HFRolloutEngine(
+        biased, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
+    )
+    out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=12, min_new_tokens=5))
+    lengths = [len(c) for c in out.completion_ids]
+    assert min(lengths) >= 6 and min(lengths) < 12  # EOS first possible as the 6th token
+    # the reported log-prob is that of the unmasked distribution: log(1/2) for "7" and EOS
+    assert all(lp == pytest.approx(math.log(0.5), abs=1e-6) for c in out.logprobs for lp in c)
 
 
 def test_same_seed_same_samples(tiny):

@@ -101,6 +101,8 @@ class RolloutConfig(Section):
     """Top-k sampling (0 = off)."""
     max_new_tokens: int = 64
     """Generation budget per completion; longer completions are truncated."""
+    min_new_tokens: int = 0
+    """EOS is not sampled before this many tokens (0 = off; benchmarks force equal lengths)."""
     batch_size: int = 512
     """Most sequences decoded at once by the in-process engine."""
     schedule: list[RolloutStage] = Field(default_factory=list)

@@ -22,6 +22,8 @@ class SamplingParams:
     """Keep the k most likely tokens (0 = off)."""
     max_new_tokens: int = 64
     """Generation budget per completion."""
+    min_new_tokens: int = 0
+    """EOS cannot be sampled before this many tokens (benchmarks force equal lengths with it)."""
 
 
 @dataclass

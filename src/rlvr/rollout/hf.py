@@ -4,7 +4,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 - each prompt is prefilled once and its KV cache repeated for its `n` samples;
 - finished sequences are dropped from the batch, so late tokens cost only the live rows;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
-  logits before top-p/top-k truncation (the distribution the trainer's log-probs use).
+  logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
+  distribution the trainer's log-probs use).
 """
 
 from __future__ import annotations
@@ -43,16 +44,21 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return (tokens, log-probs under the temperature-scaled logits)."""
+    """Draw one token per row, never one of `banned`; return (tokens, log-probs under the
+    temperature-scaled logits)."""
     logits = logits.float()
+    allowed = logits if banned is None else logits.index_fill(-1, banned, float("-inf"))
     if params.temperature <= 0:
-        tokens = logits.argmax(-1)
+        tokens = allowed.argmax(-1)
         return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
     scaled = logits / params.temperature
     logprobs = scaled.log_softmax(-1)
-    probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+    probs = filter_logits(allowed / params.temperature, params.top_k, params.top_p).softmax(-1)
     tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -120,7 +126,8 @@ class HFRolloutEngine:
         live = torch.arange(rows, device=device)
         eos = self.eos_ids.to(device)
         for step in range(params.max_new_tokens):
-            token, logp = sample_tokens(logits, params, self.generator)
+            banned = eos if step < params.min_new_tokens else None
+            token, logp = sample_tokens(logits, params, self.generator, banned)
             for row, tok, lp in zip(live.tolist(), token.tolist(), logp.tolist()):
                 tokens[row].append(tok)
                 logps[row].append(lp)

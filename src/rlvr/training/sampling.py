@@ -34,7 +34,9 @@ def rollout_batch(
     problems = [task.train[i] for i in indices]
     texts, prompt_ids = encode_prompts(cfg.data.template, [p.question for p in problems], tokenizer)
     r = cfg.rollout
-    params = SamplingParams(r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
+    params = SamplingParams(
+        r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.min_new_tokens
+    )
     out = engine.generate(prompt_ids, params)
     lengths = [len(c) for c in out.completion_ids]
     width = max(lengths)
