@@ -22,9 +22,8 @@ assembly), ``train`` (the rest: advantages, forward/backward, optimizer); comple
 second; padding waste of the training forwards (1 − real tokens / token slots) and rollout token
 slots per generated token (both counted by a forward pre-hook on the policy); the reward curve.
 
-Equal completion lengths: TRL gets ``generation_kwargs={"min_new_tokens": L}`` (EOS is masked);
-rlvr has no such setting yet, so its in-process engine is given no stop token (the same work:
-every completion is L tokens long).
+Equal completion lengths: TRL gets ``generation_kwargs={"min_new_tokens": L}`` and rlvr
+``rollout.min_new_tokens=L`` (EOS is masked in both), so every completion is L tokens long.
 """
 
 from __future__ import annotations
@@ -218,7 +217,6 @@ def run_rlvr(spec: RunSpec) -> dict:
     """Train with `rlvr.training.rl.train`; read its metrics.jsonl."""
     import rlvr.training.rl as rl
     from rlvr.config import resolve_config
-    from rlvr.rollout.hf import HFRolloutEngine
     from rlvr.tracking.jsonl import read_jsonl
 
     torch.set_num_threads(THREADS)
@@ -231,16 +229,7 @@ def run_rlvr(spec: RunSpec) -> dict:
         return model, tokenizer
 
     rl.load_model_and_tokenizer = load_with_counter
-    if spec.force_length:
-
-        class NoStopEngine(HFRolloutEngine):
-            """rlvr's engine with no stop token: every completion is max_new_tokens long."""
-
-            def __init__(self, model: Any, eos_ids: list[int], *args: Any, **kwargs: Any):
-                super().__init__(model, [], *args, **kwargs)
-
-        rl.HFRolloutEngine = NoStopEngine
-
+    forced = [f"rollout.min_new_tokens={spec.max_new_tokens}"] if spec.force_length else []
     overrides = [f"data.{key}={value}" for key, value in spec.data.items()] + [
         f"model.name_or_path={spec.model_dir}",
         f"rollout.prompts_per_step={spec.prompts_per_step}",
@@ -258,6 +247,7 @@ def run_rlvr(spec: RunSpec) -> dict:
         f"train.save_every={spec.eval_every}",
         "train.log_samples=0",
         f"train.output_dir={spec.output_dir}",
+        *forced,
     ]
     cfg = resolve_config(preset="grpo", overrides=overrides)
     run_dir = rl.train(cfg, show_progress=False)
