@@ -11,7 +11,9 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine, filter_logits, left_pad
 from rlvr.training.batching import (
     collate,
+    collate_shared_prefix,
     forward_logits,
+    forward_logits_shared_prefix,
     token_budget_micro_batches,
     token_entropy,
     token_logprobs,
@@ -185,3 +187,32 @@ def test_token_budget_micro_batches():
     for group in groups:
         assert len(group) == 1 or len(group) * max(lengths[r] for r in group) <= 80
     assert token_budget_micro_batches([0], [500], max_tokens=80) == [[0]]
+
+
+def test_shared_prefix_forward_equals_the_padded_one_in_value_and_gradient(tiny):
+    model, tok = tiny
+    g = torch.Generator().manual_seed(0)
+    prompts, completions = [], []
+    for length in (5, 9, 3):  # three prompts of four samples each, ragged completions
+        prompt = torch.randint(10, 90, (length,), generator=g).tolist()
+        for _ in range(4):
+            size = int(torch.randint(1, 8, (1,), generator=g))
+            prompts.append(prompt)
+            completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
+    rows = [4, 0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11]  # any order
+    results = []
+    for build, forward in (
+        (collate, forward_logits),
+        (collate_shared_prefix, forward_logits_shared_prefix),
+    ):
+        model.zero_grad()
+        mb = build(prompts, completions, rows, tok.pad_token_id)
+        logprobs = token_logprobs(forward(model, mb), mb.completion_ids, 0.7) * mb.response_mask
+        (logprobs * torch.linspace(-1, 1, logprobs.numel()).view_as(logprobs)).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((logprobs.detach(), grads))
+    shared = collate_shared_prefix(prompts, completions, rows, tok.pad_token_id)
+    assert shared.prompt_ids.shape[0] == 3  # each distinct prompt once
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+    assert results[0][1].abs().max() > 0

@@ -6,6 +6,12 @@ the same column, and the model only has to produce logits for the last `T + 1` p
 (`logits_to_keep`), where `logits[:, t]` scores completion token `t` (DESIGN rule 3).
 Per-token tensors of a whole batch (`response_mask`, `old_logprobs`, `advantages`, ...) are
 completion-aligned, shape [num_samples, max_completion_len].
+
+The policy's update and log-prob passes use the shared-prefix layout instead
+(`collate_shared_prefix`): each distinct prompt of a micro-batch runs through the model once,
+and the G completions of a group attend to its KV cache, so a group costs P + G·T tokens of
+forward and backward instead of G·(P + T). It gives the same log-probs and gradients as the
+padded layout (tested); the critic keeps the padded layout.
 """
 
 from __future__ import annotations
@@ -147,3 +153,87 @@ def forward_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
         logits_to_keep=width + 1,
     ).logits
     return logits[:, :width]
+
+
+@dataclass
+class SharedPrefixBatch:
+    """A micro-batch whose identical prompts are stored, and run through the model, once."""
+
+    rows: torch.Tensor
+    """Indices of these samples in the batch."""
+    prompt_ids: torch.Tensor
+    """[u, P] the distinct prompts, left-padded."""
+    prompt_mask: torch.Tensor
+    """[u, P] 1 on real prompt tokens."""
+    prompt_index: torch.Tensor
+    """[b] which distinct prompt each sample continues."""
+    completion_ids: torch.Tensor
+    """[b, T] completion tokens, right-padded."""
+    response_mask: torch.Tensor
+    """[b, T] 1 on completion tokens (from lengths, DESIGN rule 2)."""
+
+
+def collate_shared_prefix(
+    prompts: list[list[int]], completions: list[list[int]], rows: list[int], pad_id: int
+) -> SharedPrefixBatch:
+    """Like `collate`, but each distinct prompt of `rows` appears once."""
+    distinct: dict[tuple[int, ...], int] = {}
+    prompt_index = [distinct.setdefault(tuple(prompts[r]), len(distinct)) for r in rows]
+    unique = [list(p) for p in distinct]
+    p_width = max(len(p) for p in unique)
+    prompt_ids = torch.full((len(unique), p_width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(unique), p_width), dtype=torch.long)
+    for i, prompt in enumerate(unique):
+        prompt_ids[i, p_width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[i, p_width - len(prompt) :] = 1
+    lengths = [len(completions[r]) for r in rows]
+    t_width = max(max(lengths), 1)
+    completion_ids = torch.full((len(rows), t_width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if completions[r]:
+            completion_ids[i, : lengths[i]] = torch.tensor(completions[r], dtype=torch.long)
+    return SharedPrefixBatch(
+        rows=torch.tensor(rows, dtype=torch.long),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        prompt_index=torch.tensor(prompt_index, dtype=torch.long),
+        completion_ids=completion_ids,
+        response_mask=response_mask_from_lengths(lengths, t_width),
+    )
+
+
+def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> torch.Tensor:
+    """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once.
+
+    The prompts' forward pass fills a KV cache; its rows are gathered for the samples (a
+    differentiable index) and the completions attend to them. Gradients flow back through the
+    shared prompt activations once per prompt instead of once per sample, which is what makes a
+    group of G samples of one prompt cost P + G·T tokens instead of G·(P + T).
+    """
+    prompt_positions = (sb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=sb.prompt_ids,
+        attention_mask=sb.prompt_mask,
+        position_ids=prompt_positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    first = out.logits[:, -1][sb.prompt_index, None]
+    width = sb.completion_ids.shape[1]
+    if width == 1:
+        return first
+    cache = out.past_key_values
+    cache.batch_select_indices(sb.prompt_index)
+    prompt_mask = sb.prompt_mask[sb.prompt_index]
+    inputs = sb.completion_ids[:, :-1]
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(inputs)], dim=-1)
+    prompt_lengths = prompt_mask.sum(-1, keepdim=True)
+    positions = prompt_lengths + torch.arange(width - 1)[None, :]
+    rest = model(
+        input_ids=inputs,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first, rest], dim=1)

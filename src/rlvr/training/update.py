@@ -18,8 +18,8 @@ from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
-    collate,
-    forward_logits,
+    collate_shared_prefix,
+    forward_logits_shared_prefix,
     token_budget_micro_batches,
     token_entropy,
     token_logprobs,
@@ -60,8 +60,8 @@ def batch_token_stats(
     logprobs = torch.zeros_like(batch.response_mask)
     entropy = torch.zeros_like(batch.response_mask) if with_entropy else None
     for rows in micro_batches(batch, list(range(len(batch))), budget):
-        mb = collate(batch.prompt_ids, batch.completion_ids, rows, pad_id)
-        logits = forward_logits(model, mb)
+        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id)
+        logits = forward_logits_shared_prefix(model, mb)
         lp = token_logprobs(logits, mb.completion_ids, temperature)
         logprobs[mb.rows, : lp.shape[1]] = lp * mb.response_mask
         if entropy is not None:
@@ -90,10 +90,10 @@ def minibatch_backward(
         correct = batch.correct[rows].float()[:, None]
         positive_tokens = float((batch.response_mask[rows] * correct).sum())
     for mb_rows in micro_batches(batch, rows, s.micro_batch_tokens):
-        mb = collate(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
+        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
         width = mb.completion_ids.shape[1]
         mask = batch.response_mask[mb.rows, :width]
-        logits = forward_logits(model, mb)
+        logits = forward_logits_shared_prefix(model, mb)
         logprobs = token_logprobs(logits, mb.completion_ids, s.temperature)
         old = (
             logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb.rows, :width]
