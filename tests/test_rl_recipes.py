@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.config import RLConfig, resolve_config
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
-from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, save_pretrained
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import response_mask_from_lengths
@@ -159,3 +159,34 @@ def test_top_entropy_training_runs(tmp_path):
     )
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
+
+
+def test_critic_can_start_from_a_separate_model(tmp_path):
+    other = resolve_config(overrides=["model.tiny.hidden_size=48", "model.tiny.num_layers=1"])
+    model, tokenizer = load_model_and_tokenizer(other.model, seed=3)
+    save_pretrained(model, tokenizer, tmp_path / "critic_init")
+    cfg = resolve_config(
+        preset="ppo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=1",
+            f"algorithm.critic.model={tmp_path / 'critic_init'}",
+            f"train.output_dir={tmp_path / 'run'}",
+        ],
+    )
+    run_dir = train(cfg, show_progress=False)
+    critic = load_trainer_state(run_dir / "checkpoints" / "step-1")["critic"]["model"]
+    assert critic["head.weight"].shape == (1, 48)  # the separate model's width, not the policy's
+
+
+def test_critic_from_a_missing_model_is_a_clear_error(tmp_path):
+    cfg = resolve_config(
+        preset="ppo",
+        overrides=[
+            *TINY_RUN,
+            f"algorithm.critic.model={tmp_path / 'nope'}",
+            f"train.output_dir={tmp_path / 'run'}",
+        ],
+    )
+    with pytest.raises(ModelLoadError, match="nope"):
+        train(cfg, show_progress=False)

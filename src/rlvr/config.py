@@ -189,6 +189,8 @@ class CriticConfig(Section):
     """First steps train only the critic (ORZ critic warm-up, VAPO value pretraining)."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the batch's response tokens."""
+    model: str | None = None
+    """Initialise the critic from this causal LM (same tokenizer) instead of the policy."""
 
 
 class AlgorithmConfig(Section):

@@ -2,6 +2,8 @@
 
 Departures from `model.generate`, all for speed and for the trainer's needs:
 - each prompt is prefilled once and its KV cache repeated for its `n` samples;
+- the KV cache is preallocated for prompt + budget and written in place (`PreallocatedLayer`),
+  instead of being re-concatenated at every token;
 - finished sequences are dropped from the batch, so late tokens cost only the live rows;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from rlvr.rollout.base import Rollout, SamplingParams
 
@@ -63,6 +65,62 @@ def sample_tokens(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer with room for `capacity` positions, filled in place.
+
+    `DynamicLayer` concatenates the whole cache with each new token (quadratic copying over a
+    generation); this one writes the new keys/values into a buffer allocated at the first
+    update and hands the attention a view of the filled part.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate [batch, heads, capacity, head_dim] buffers."""
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.key_buffer = key_states.new_zeros(b, h, self.capacity, d)
+        self.value_buffer = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _views(self) -> None:
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new positions; return keys and values of every filled position."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache of {self.capacity} positions is full")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """Positions filled so far."""
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times (a prompt's cache for its samples)."""
+        self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+        self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows `indices` (finished sequences leave the batch)."""
+        self.key_buffer = self.key_buffer[indices]
+        self.value_buffer = self.value_buffer[indices]
+        self._views()
+
+
 class HFRolloutEngine:
     """Samples from the policy module itself, so weight sync is free."""
 
@@ -105,7 +163,10 @@ class HFRolloutEngine:
         device = next(self.model.parameters()).device
         input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        capacity = input_ids.shape[1] + params.max_new_tokens
+        cache = Cache(
+            layers=[PreallocatedLayer(capacity) for _ in range(self.model.config.num_hidden_layers)]
+        )
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

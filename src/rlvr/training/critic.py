@@ -1,9 +1,10 @@
 """The critic of PPO-style presets (`algorithm.advantage: gae`): values, targets, its update.
 
-The critic is a `ValueModel` (the policy's backbone copied, plus a scalar head) with its own
-AdamW. Each step it predicts V for every response token before the update (these are the "old"
-values of the clipped value loss and the baseline of GAE), then learns the returns with the
-same mini-batches as the policy, normalised over the mini-batch's tokens (DESIGN rule 4).
+The critic is a `ValueModel` (the policy's backbone copied, or that of `critic.model`, plus a
+scalar head) with its own AdamW. Each step it predicts V for every response token before the
+update (these are the "old" values of the clipped value loss and the baseline of GAE), then
+learns the returns with the same mini-batches as the policy, normalised over the mini-batch's
+tokens (DESIGN rule 4).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from rlvr.algorithms import aggregate
 from rlvr.algorithms.value import clipped_value_loss
 from rlvr.config import CriticConfig, TrainConfig
+from rlvr.models.loading import load_pretrained
 from rlvr.models.value import ValueModel
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import collate
@@ -30,7 +32,8 @@ class Critic:
         self, settings: CriticConfig, policy: torch.nn.Module, train: TrainConfig, pad_id: int
     ) -> None:
         self.settings = settings
-        self.model = ValueModel(policy)
+        base = policy if settings.model is None else load_pretrained(settings.model)[0]
+        self.model = ValueModel(base)
         self.optimizer = build_optimizer(self.model, settings.lr, train.weight_decay, train.betas)
         self.budget, self.pad_id = train.micro_batch_tokens, pad_id
         self.max_grad_norm = train.max_grad_norm or math.inf

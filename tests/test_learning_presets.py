@@ -1,0 +1,82 @@
+"""Integration: the main presets each raise held-out accuracy on the tiny default task.
+
+One cold-start SFT model (the demo's task and model, built once for the module) is trained
+with each preset for a few dozen RL steps; pass@1 on 200 held-out problems (k = 4, same
+sampling seed) must rise by a margin well above the evaluation noise (measured gains at these
+settings: 9-17 points). Every preset uses the demo's policy learning rate (1e-4; at 3e-4 GRPO
+and Dr. GRPO collapse on this model); the critic presets use a critic rate fit for the tiny
+model and a short value warm-up instead of the papers' 50 steps.
+"""
+
+import pytest
+
+from rlvr.config import resolve_config
+from rlvr.data.tasks import load_task
+from rlvr.demo import DATA, RL, demo_configs
+from rlvr.evaluation.evaluate import evaluate
+from rlvr.models.loading import load_pretrained
+from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.rl import train
+from rlvr.training.sft import run_sft
+
+STEPS, PROMPTS, EVAL_PROBLEMS, MIN_GAIN = 32, 32, 200, 0.04
+CRITIC = ["algorithm.critic.lr=1e-3"]
+PRESETS = {
+    "grpo": [],
+    "dr_grpo": [],
+    "dapo": [],
+    "rloo": [],
+    "ppo": [*CRITIC, "algorithm.kl.coef=0.0"],
+    # VAPO's alpha = 0.05 is set for responses of thousands of tokens: at the tiny task's ~12
+    # tokens it gives lambda = 0 (pure TD); alpha = 1 gives lambda ~ 0.92, as the paper's
+    # alpha does at its lengths
+    "vapo": [
+        *CRITIC,
+        "algorithm.critic.warmup_steps=5",
+        "algorithm.critic.length_adaptive_alpha=1.0",
+    ],
+}
+
+
+def pass_at_1(model_dir, problems, reward, cfg) -> float:
+    model, tokenizer = load_pretrained(str(model_dir))
+    return evaluate(
+        model,
+        tokenizer,
+        problems,
+        reward=reward,
+        template=cfg.data.template,
+        k=4,
+        temperature=1.0,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seed=0,
+    )["pass@1"]
+
+
+@pytest.fixture(scope="module")
+def cold_start(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cold_start")
+    sft_cfg, rl_cfg = demo_configs(root, sft_steps=600, rl_steps=STEPS)
+    sft_dir = run_sft(sft_cfg)
+    task = load_task(rl_cfg.data)
+    held_out = task.test[:EVAL_PROBLEMS]
+    before = pass_at_1(sft_dir, held_out, task.reward, rl_cfg)
+    return sft_dir, held_out, task.reward, rl_cfg, before
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_raises_held_out_pass_at_1(preset, cold_start, tmp_path):
+    sft_dir, held_out, reward, rl_cfg, before = cold_start
+    overrides = [
+        *(f"data.{k}={v}" for k, v in DATA.items()),
+        *RL,
+        f"model.name_or_path={sft_dir}",
+        f"train.output_dir={tmp_path}",
+        f"train.steps={STEPS}",
+        f"rollout.prompts_per_step={PROMPTS}",
+        *PRESETS[preset],
+    ]
+    cfg = resolve_config(preset=preset, overrides=overrides)
+    run_dir = train(cfg, show_progress=False)
+    after = pass_at_1(latest_checkpoint(run_dir), held_out, reward, rl_cfg)
+    assert after - before >= MIN_GAIN, (preset, before, after)
