@@ -28,9 +28,14 @@ from rlvr.training.sft import run_sft
 # skip the steps and state the answer at once, so the SFT model mixes two behaviours and samples
 # both noisily; RL finds out from the verifier alone which answers to make more likely.
 DATA = {
-    "task": "arithmetic", "max_digits": 1, "min_terms": 3, "max_terms": 4, "operators": "+",
+    "task": "arithmetic",
+    "max_digits": 1,
+    "min_terms": 3,
+    "max_terms": 4,
+    "operators": "+",
     "shortcut_frac": 0.5,
-    "train_size": 5000, "template": "chat",
+    "train_size": 5000,
+    "template": "chat",
 }
 MODEL = {"tiny": {"hidden_size": 192, "intermediate_size": 576, "num_layers": 4}}
 SFT = {"steps": 600, "lr": 3e-3, "batch_size": 32, "warmup_steps": 20}

@@ -13,6 +13,7 @@ import copy
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 
 
 class ValueModel(nn.Module):
@@ -32,13 +33,19 @@ class ValueModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        keep_last: int,
-    ) -> torch.Tensor:
-        """Values [b, keep_last] of the last `keep_last` positions."""
-        hidden = self.backbone(
+        past_key_values: Cache | None = None,
+        keep_last: int | None = None,
+    ) -> tuple[torch.Tensor, Cache]:
+        """Values [b, keep_last] of the last `keep_last` positions (all when None), and the
+        KV cache (extended in place when one is given)."""
+        out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            use_cache=False,
-        ).last_hidden_state
-        return self.head(hidden[:, -keep_last:]).squeeze(-1)
+            past_key_values=past_key_values,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state
+        if keep_last is not None:
+            hidden = hidden[:, -keep_last:]
+        return self.head(hidden).squeeze(-1), out.past_key_values

@@ -11,16 +11,18 @@ The policy's update and log-prob passes use the shared-prefix layout instead
 (`collate_shared_prefix`): each distinct prompt of a micro-batch runs through the model once,
 and the G completions of a group attend to its KV cache, so a group costs P + G·T tokens of
 forward and backward instead of G·(P + T). It gives the same log-probs and gradients as the
-padded layout (tested); the critic keeps the padded layout.
+padded layout (tested); the critic reads its values the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import Cache
 
 
 @dataclass
@@ -202,8 +204,13 @@ def collate_shared_prefix(
     )
 
 
-def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> torch.Tensor:
-    """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once.
+PrefixStep = Callable[..., tuple[torch.Tensor, Cache]]
+"""`step(input_ids, attention_mask, position_ids, past_key_values, keep_last)` -> (per-position
+outputs of the last `keep_last` positions (all when None), the KV cache)."""
+
+
+def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tensor:
+    """Outputs [b, T, ...] at the positions that score each completion token, prompts run once.
 
     The prompts' forward pass fills a KV cache; its rows are gathered for the samples (a
     differentiable index) and the completions attend to them. Gradients flow back through the
@@ -211,29 +218,32 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
     group of G samples of one prompt cost P + G·T tokens instead of G·(P + T).
     """
     prompt_positions = (sb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=sb.prompt_ids,
-        attention_mask=sb.prompt_mask,
-        position_ids=prompt_positions,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    first = out.logits[:, -1][sb.prompt_index, None]
+    first, cache = step(sb.prompt_ids, sb.prompt_mask, prompt_positions, None, 1)
+    first = first[:, -1][sb.prompt_index].unsqueeze(1)
     width = sb.completion_ids.shape[1]
     if width == 1:
         return first
-    cache = out.past_key_values
     cache.batch_select_indices(sb.prompt_index)
     prompt_mask = sb.prompt_mask[sb.prompt_index]
     inputs = sb.completion_ids[:, :-1]
     attention_mask = torch.cat([prompt_mask, torch.ones_like(inputs)], dim=-1)
-    prompt_lengths = prompt_mask.sum(-1, keepdim=True)
-    positions = prompt_lengths + torch.arange(width - 1)[None, :]
-    rest = model(
-        input_ids=inputs,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
+    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width - 1)[None, :]
+    rest, _ = step(inputs, attention_mask, positions, cache, None)
     return torch.cat([first, rest], dim=1)
+
+
+def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> torch.Tensor:
+    """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once."""
+
+    def step(input_ids, attention_mask, position_ids, cache, keep_last):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep_last or 0,
+        )
+        return out.logits, out.past_key_values
+
+    return shared_prefix_forward(step, sb)

@@ -20,7 +20,7 @@ from rlvr.config import CriticConfig, TrainConfig
 from rlvr.models.loading import load_pretrained
 from rlvr.models.value import ValueModel
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import collate
+from rlvr.training.batching import collate_shared_prefix, shared_prefix_forward
 from rlvr.training.optim import build_optimizer
 from rlvr.training.update import micro_batches
 
@@ -39,10 +39,8 @@ class Critic:
         self.max_grad_norm = train.max_grad_norm or math.inf
 
     def _values(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, list[int]]:
-        mb = collate(batch.prompt_ids, batch.completion_ids, rows, self.pad_id)
-        width = mb.completion_ids.shape[1]
-        values = self.model(mb.input_ids, mb.attention_mask, mb.position_ids, width + 1)
-        return values[:, :width], mb.rows.tolist()
+        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, self.pad_id)
+        return shared_prefix_forward(self.model, mb), mb.rows.tolist()
 
     @torch.no_grad()
     def predict(self, batch: RolloutBatch) -> torch.Tensor:
