@@ -333,10 +333,15 @@ def test_network_is_blocked(mode: str, tmp_path: Path) -> None:
 def test_killing_its_parent_kills_only_the_sandbox(mode: str) -> None:
     program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')"
     result = run_timed(program, timeout_s=3, isolation=mode)
-    # Namespaces: getppid() is 0, so the kill hits the sandbox's own process group.
-    # Other modes: the kill is refused.
-    assert result.killed_by_signal == signal.SIGKILL or "PermissionError" in result.stderr
-    assert "survived" not in result.stdout
+    # This test process, the trainer's stand-in, is still running: that is the point.
+    if mode == "namespaces":
+        # The parent is outside the PID namespace, so getppid() is 0 and kill(0) reaches only
+        # the sandbox's own group, whose init (the program, PID 1) ignores signals sent from
+        # inside its namespace: depending on the kernel the program dies or carries on.
+        assert result.killed_by_signal == signal.SIGKILL or result.stdout == "survived\n"
+    else:  # the kill is refused
+        assert result.killed_by_signal == signal.SIGKILL or "PermissionError" in result.stderr
+        assert "survived" not in result.stdout
 
 
 def test_killing_its_own_group_or_pid_1_ends_only_the_sandbox(mode: str) -> None:

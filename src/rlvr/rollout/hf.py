@@ -12,6 +12,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
@@ -164,9 +166,7 @@ class HFRolloutEngine:
         input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         capacity = input_ids.shape[1] + params.max_new_tokens
-        cache = Cache(
-            layers=[PreallocatedLayer(capacity) for _ in range(self.model.config.num_hidden_layers)]
-        )
+        cache = Cache(layer_class_to_replicate=partial(PreallocatedLayer, capacity))
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
