@@ -19,8 +19,8 @@ completions decoded the same way (TRL's own decoding drops the answer tags).
 What is measured per step (the first step is reported but left out of the medians: warm-up):
 ``rollout`` (prompt encoding, sampling, decoding), ``reward`` (scoring, and for rlvr the batch
 assembly), ``train`` (the rest: advantages, forward/backward, optimizer); completion tokens per
-second; padding waste of the training forwards (1 − real tokens / token slots) and rollout token
-slots per generated token (both counted by a forward pre-hook on the policy); the reward curve.
+second; token slots of the training forwards and of the rollout forwards per generated token
+(both counted by a forward pre-hook on the policy); the reward curve.
 
 Equal completion lengths: TRL gets ``generation_kwargs={"min_new_tokens": L}`` and rlvr
 ``rollout.min_new_tokens=L`` (EOS is masked in both), so every completion is L tokens long.
@@ -157,7 +157,6 @@ class ForwardCounter:
     def __init__(self) -> None:
         self.rollout_slots = 0
         self.train_slots = 0
-        self.train_real = 0
 
     def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -165,8 +164,6 @@ class ForwardCounter:
             return
         if torch.is_grad_enabled():
             self.train_slots += ids.numel()
-            mask = kwargs.get("attention_mask")
-            self.train_real += int(mask.sum()) if mask is not None else ids.numel()
         else:
             self.rollout_slots += ids.numel()
 
@@ -429,7 +426,7 @@ def worker(spec_path: Path) -> None:
         "steps": out["steps"],
         "peak_rss_mb": out["peak_rss_mb"],
         "wall_s": wall,
-        "train_padding_waste": 1 - counter.train_real / max(counter.train_slots, 1),
+        "train_slots_per_token": counter.train_slots / max(tokens, 1),
         "rollout_slots_per_token": counter.rollout_slots / max(tokens, 1),
     }
     if spec.eval_every:
@@ -466,7 +463,7 @@ def summarize(result: dict) -> dict:
         "reward_s": median("reward_s"),
         "train_s": median("train_s"),
         "tokens_per_s": statistics.median(s["completion_tokens"] / s["step_s"] for s in steps),
-        "train_padding_waste": result["train_padding_waste"],
+        "train_slots_per_token": result["train_slots_per_token"],
         "rollout_slots_per_token": result["rollout_slots_per_token"],
         "peak_rss_mb": result["peak_rss_mb"],
         "reward_curve": [s["reward"] for s in result["steps"]],
@@ -643,7 +640,7 @@ def print_report(mode: str, report: dict) -> None:
             "reward_s",
             "train_s",
             "tokens_per_s",
-            "train_padding_waste",
+            "train_slots_per_token",
             "rollout_slots_per_token",
             "peak_rss_mb",
         ):
