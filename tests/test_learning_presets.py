@@ -12,9 +12,7 @@ import pytest
 
 from rlvr.config import resolve_config
 from rlvr.data.tasks import load_task
-from rlvr.demo import DATA, RL, demo_configs
-from rlvr.evaluation.evaluate import evaluate
-from rlvr.models.loading import load_pretrained
+from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
 from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
@@ -39,18 +37,9 @@ PRESETS = {
 
 
 def pass_at_1(model_dir, problems, reward, cfg) -> float:
-    model, tokenizer = load_pretrained(str(model_dir))
-    return evaluate(
-        model,
-        tokenizer,
-        problems,
-        reward=reward,
-        template=cfg.data.template,
-        k=4,
-        temperature=1.0,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=0,
-    )["pass@1"]
+    """pass@1 with k = 4 samples per problem at T = 1 (the demo's evaluation, smaller)."""
+    small = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"k": 4})})
+    return evaluate_model_dir(model_dir, small, problems, reward)["pass@1"]
 
 
 @pytest.fixture(scope="module")

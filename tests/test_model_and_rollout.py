@@ -94,9 +94,8 @@ def test_rollout_logprobs_match_an_unpadded_forward(tiny):
         assert torch.allclose(expected, torch.tensor(out.logprobs[i]), atol=1e-4)
 
 
-def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
-    _, tok = tiny
-    # make EOS overwhelmingly likely after one token by biasing the output layer
+def eos_or_seven_model(tok):
+    """A model that samples EOS or "7", each with probability 1/2, whatever the input."""
     biased = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128)
     biased.lm_head = torch.nn.Linear(64, len(tok), bias=True)
     with torch.no_grad():
@@ -104,6 +103,12 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
         biased.lm_head.bias.fill_(-20.0)
         biased.lm_head.bias[tok.eos_token_id] = 0.0
         biased.lm_head.bias[tok.convert_tokens_to_ids("7")] = 0.0
+    return biased
+
+
+def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
+    _, tok = tiny
+    biased = eos_or_seven_model(tok)
     engine = HFRolloutEngine(
         biased, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
     )
@@ -120,14 +125,8 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
 
 def test_min_new_tokens_bans_eos_until_the_minimum(tiny):
     _, tok = tiny
-    # EOS and "7" equally likely: without the ban about half the rows stop at the first token
-    biased = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128)
-    biased.lm_head = torch.nn.Linear(64, len(tok), bias=True)
-    with torch.no_grad():
-        biased.lm_head.weight.zero_()
-        biased.lm_head.bias.fill_(-20.0)
-        biased.lm_head.bias[tok.eos_token_id] = 0.0
-        biased.lm_head.bias[tok.convert_tokens_to_ids("7")] = 0.0
+    # without the ban about half the rows would stop at the first token
+    biased = eos_or_seven_model(tok)
     engine = HFRolloutEngine(
         biased, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
     )

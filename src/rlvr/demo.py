@@ -75,7 +75,8 @@ def demo_configs(output_dir: Path, sft_steps: int, rl_steps: int) -> tuple[SFTCo
     return sft_cfg, resolve_config(preset="grpo", overrides=overrides)
 
 
-def _evaluate(model_dir: Path, cfg: RLConfig, problems: list, reward: str) -> dict:
+def evaluate_model_dir(model_dir: Path, cfg: RLConfig, problems: list, reward: str) -> dict:
+    """Evaluate the HF model in `model_dir` with the eval settings of `cfg` (k, temperature)."""
     model, tokenizer = load_pretrained(str(model_dir))
     return evaluate(
         model,
@@ -109,11 +110,11 @@ def run_demo(
     console.rule("1/4 cold-start SFT on worked solutions")
     sft_dir = run_sft(sft_cfg)
     console.rule(f"2/4 evaluate the SFT model on {len(held_out)} held-out problems")
-    before = _evaluate(sft_dir, rl_cfg, held_out, task.reward)
+    before = evaluate_model_dir(sft_dir, rl_cfg, held_out, task.reward)
     console.rule("3/4 GRPO")
     run_dir = train(rl_cfg)
     console.rule("4/4 evaluate the RL model")
-    after = _evaluate(latest_checkpoint(run_dir), rl_cfg, held_out, task.reward)
+    after = evaluate_model_dir(latest_checkpoint(run_dir), rl_cfg, held_out, task.reward)
 
     with JsonlWriter(output_dir / "eval.jsonl") as log:
         log.write({"stage": "before_rl", "model": str(sft_dir), **before})
