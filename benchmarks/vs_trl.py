@@ -73,6 +73,8 @@ class RunSpec:
     """Checkpoint every N steps and evaluate the checkpoints after training (0 = no eval)."""
     eval_problems: int = 0
     eval_k: int = 1
+    reward: str = "task"
+    """`task`: the task's verifier; `dense`: `digit_share` (every group has a nonzero advantage)."""
     data: dict[str, Any] = field(default_factory=dict)
 
 
@@ -93,6 +95,7 @@ class ModeSettings:
     eval_k: int = 1
     lengths: tuple[int, ...] = ()
     group_sizes: tuple[int, ...] = ()
+    reward: str = "task"
 
 
 FULL = {
@@ -151,17 +154,24 @@ QUICK = {
 # --------------------------------------------------------------------------- worker side
 
 
+def digit_share(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """The dense reward (`--reward dense`): the share of digits in the completion. It differs
+    between the samples of a group, so no group has all-zero advantages and both frameworks
+    train on every sample (with the task's verifier a random model scores 0 almost everywhere,
+    and rlvr skips those samples)."""
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
 class ForwardCounter:
-    """Forward pre-hook on the policy: token slots of rollout and training forwards."""
+    """Forward pre-hook on the input embedding: token slots of rollout and training forwards
+    (rlvr's lean forward does not call the model's own `forward`, but both embed the tokens)."""
 
     def __init__(self) -> None:
         self.rollout_slots = 0
         self.train_slots = 0
 
-    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            return
+    def __call__(self, module: Any, args: tuple) -> None:
+        ids = args[0]
         if torch.is_grad_enabled():
             self.train_slots += ids.numel()
         else:
@@ -222,11 +232,13 @@ def run_rlvr(spec: RunSpec) -> dict:
 
     def load_with_counter(*args: Any, **kwargs: Any) -> Any:
         model, tokenizer = load(*args, **kwargs)
-        model.register_forward_pre_hook(counter, with_kwargs=True)
+        model.get_input_embeddings().register_forward_pre_hook(counter)
         return model, tokenizer
 
     rl.load_model_and_tokenizer = load_with_counter
     forced = [f"rollout.min_new_tokens={spec.max_new_tokens}"] if spec.force_length else []
+    if spec.reward == "dense":
+        forced.append('reward.functions=[{name: "vs_trl:digit_share"}]')
     overrides = [f"data.{key}={value}" for key, value in spec.data.items()] + [
         f"model.name_or_path={spec.model_dir}",
         f"rollout.prompts_per_step={spec.prompts_per_step}",
@@ -259,6 +271,7 @@ def run_rlvr(spec: RunSpec) -> dict:
             "step_s": m["time/step"],
             "completion_tokens": m["response_length/mean"] * n,
             "reward": m["reward/mean"],
+            "skipped_frac": m["skipped_samples"] / n,
         }
         for m in read_jsonl(run_dir / "metrics.jsonl")
     ]
@@ -285,7 +298,7 @@ def run_trl(spec: RunSpec) -> dict:
     torch.set_num_threads(THREADS)
     model, tokenizer = load_pretrained(spec.model_dir)
     counter = ForwardCounter()
-    model.register_forward_pre_hook(counter, with_kwargs=True)
+    model.get_input_embeddings().register_forward_pre_hook(counter)
 
     task = load_task(DataConfig.model_validate(spec.data))
     sampler = EpochSampler(len(task.train), spec.seed)
@@ -302,6 +315,8 @@ def run_trl(spec: RunSpec) -> dict:
 
     def math(prompts: list[str], completions: list[str], completion_ids: list, **columns: Any):
         texts = decode_completions(tokenizer, completion_ids, eos)
+        if spec.reward == "dense":
+            return digit_share(prompts, texts)
         return scorer(prompts, texts, {"answer": columns["answer"]}).total
 
     seconds = {"rollout": 0.0, "reward": 0.0}
@@ -466,6 +481,7 @@ def summarize(result: dict) -> dict:
         "train_slots_per_token": result["train_slots_per_token"],
         "rollout_slots_per_token": result["rollout_slots_per_token"],
         "peak_rss_mb": result["peak_rss_mb"],
+        "skipped_frac": statistics.mean(s.get("skipped_frac", 0.0) for s in steps),
         "reward_curve": [s["reward"] for s in result["steps"]],
         "per_step": result["steps"],
     }
@@ -509,6 +525,7 @@ def make_spec(
         eval_every=s.eval_every,
         eval_problems=s.eval_problems,
         eval_k=s.eval_k,
+        reward=s.reward,
         data=dict(DATA),
     )
     for key, value in changes.items():
@@ -643,6 +660,7 @@ def print_report(mode: str, report: dict) -> None:
             "train_slots_per_token",
             "rollout_slots_per_token",
             "peak_rss_mb",
+            "skipped_frac",
         ):
             table.add_row(key, *(fmt(best[fw][key]) for fw in FRAMEWORKS))
         table.add_row(
@@ -690,6 +708,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="RL steps per run (default: per mode)")
     parser.add_argument("--quick", action="store_true", help="a smoke version (< 3 minutes)")
     parser.add_argument("--target", type=float, help="learning: held-out pass@1 to reach")
+    parser.add_argument(
+        "--reward",
+        choices=("task", "dense"),
+        default="task",
+        help="task: the task's verifier; dense: digit share (no zero-advantage group to skip)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep models and runs here (default: temp)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -701,6 +725,7 @@ def main() -> None:
     settings = (QUICK if args.quick else FULL)[args.mode]
     if args.steps:
         settings.steps = args.steps
+    settings.reward = args.reward
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
         workdir = args.workdir or Path(tmp)
@@ -723,7 +748,8 @@ def main() -> None:
     }
     print_report(args.mode, report)
     RESULTS_DIR.mkdir(exist_ok=True)
-    path = RESULTS_DIR / f"{args.mode}{'-quick' if args.quick else ''}.json"
+    dense = "-dense" if args.reward == "dense" else ""
+    path = RESULTS_DIR / f"{args.mode}{dense}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path} ({report['wall_s']:.0f} s)")
 

@@ -172,3 +172,20 @@ def test_high_entropy_mask_bad_values():
             high_entropy_mask(entropy, mask, top_frac)
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         high_entropy_mask(torch.zeros(2, 4), mask, 0.5)
+
+
+def test_a_step_that_trained_no_token_leaves_the_entropy_coefficient_alone():
+    """The entropy metric is NaN when the filters left nothing to train: no measurement."""
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    algo = AlgorithmConfig.model_validate(
+        {"entropy": {"target": 0.5, "delta": 0.25, "max_coef": 0.5}}
+    )
+    reg = Regularization(algo, nn.Linear(2, 2))
+    reg.after_step(1, nn.Linear(2, 2), kl=0.0, entropy=0.2)
+    assert reg.entropy_coef == 0.25
+    reg.after_step(2, nn.Linear(2, 2), kl=0.0, entropy=float("nan"))
+    assert reg.entropy_coef == 0.25
+    reg.after_step(3, nn.Linear(2, 2), kl=0.0, entropy=0.1)
+    assert reg.entropy_coef == 0.5

@@ -312,3 +312,27 @@ def test_cispo_without_lower_clip_as_minimax_uses_it():
 def test_new_losses_are_registered():
     assert POLICY_LOSSES.get("gspo") is gspo_loss
     assert POLICY_LOSSES.get("cispo") is cispo_loss
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES.names()))
+def test_losses_said_to_vanish_at_zero_advantage_do_and_the_others_do_not(name):
+    """`VANISH_AT_ZERO_ADVANTAGE` lets the update skip zero-advantage samples: for those losses
+    value and gradient must be exactly 0 there, with ratios far from 1 and a dual clip on."""
+    from rlvr.algorithms.policy_losses import VANISH_AT_ZERO_ADVANTAGE
+
+    g = torch.Generator().manual_seed(0)
+    logprobs = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 0.7).requires_grad_(True)
+    old = torch.randn(3, 5, generator=g, dtype=torch.float64) * 0.7
+    out = POLICY_LOSSES.get(name)(
+        logprobs,
+        old,
+        torch.zeros_like(old),
+        torch.ones(3, 5),
+        clip_low=0.2,
+        clip_high=0.28,
+        dual_clip=3.0,
+        tau=0.5,
+    )
+    out.token_loss.sum().backward()
+    vanishes = not out.token_loss.detach().any() and not logprobs.grad.any()
+    assert vanishes == (name in VANISH_AT_ZERO_ADVANTAGE)

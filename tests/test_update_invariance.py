@@ -92,3 +92,63 @@ def test_critic_update_does_not_depend_on_the_micro_batch_split():
     for loss, grads in results[1:]:
         assert loss == pytest.approx(results[0][0], abs=1e-6)
         assert torch.allclose(grads, results[0][1], atol=1e-6)
+
+
+def _grads_and_stats(model, batch, algo, tok, **settings_kw):
+    model.zero_grad(set_to_none=True)
+    settings = LossSettings(algo, 1.0, 12, 10_000, tok.pad_token_id, **settings_kw)
+    stats = minibatch_backward(model, batch, list(range(len(batch))), settings)
+    return [p.grad for p in model.parameters()], stats
+
+
+def test_skipping_zero_advantage_samples_keeps_the_gradient_exactly():
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = make_batch()
+    batch.advantages[3:] = 0.0  # the second group carries no signal
+    batch.old_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) + 0.1
+    algo = AlgorithmConfig.model_validate({"aggregation": "token_mean"})
+    full, full_stats = _grads_and_stats(model, batch, algo, tok, skip_zero_advantage=False)
+    skipped, stats = _grads_and_stats(model, batch, algo, tok, skip_zero_advantage=True)
+    assert full_stats["skipped_samples"] == 0 and stats["skipped_samples"] == 3
+    assert stats["tokens"] == float(batch.response_mask[:3].sum())
+    assert stats["loss"] == pytest.approx(full_stats["loss"], abs=1e-7)
+    for a, b in zip(full, skipped):
+        assert torch.allclose(a, b, atol=1e-7)
+    assert max(float(g.abs().max()) for g in full) > 0
+
+
+def test_an_all_zero_advantage_batch_gives_zero_gradients_not_none():
+    """The optimizer must still step (AdamW momentum), as it would on the computed zeros."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = make_batch()
+    batch.advantages.zero_()
+    algo = AlgorithmConfig()
+    grads, stats = _grads_and_stats(model, batch, algo, tok, skip_zero_advantage=True)
+    assert stats["skipped_samples"] == len(batch) and stats["tokens"] == 0
+    assert all(g is not None and not g.any() for g in grads)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"algo": {"loss": "kimi_omd"}},
+        {"algo": {"positive_lm_coef": 0.1}},
+        {"settings": {"entropy_coef": 0.01}},
+        {"ref": True},
+    ],
+    ids=["kimi_omd", "positive_lm", "entropy_bonus", "kl_in_loss"],
+)
+def test_no_sample_is_skipped_when_another_term_has_a_gradient(change):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = make_batch()
+    batch.advantages[3:] = 0.0
+    batch.correct = torch.ones(len(batch), dtype=torch.bool)
+    if change.get("ref"):
+        batch.ref_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) - 0.05
+    algo = AlgorithmConfig.model_validate(change.get("algo", {}))
+    kw = {"skip_zero_advantage": True, "kl_coef": 0.1, **change.get("settings", {})}
+    _, stats = _grads_and_stats(model, batch, algo, tok, **kw)
+    assert stats["skipped_samples"] == 0

@@ -42,6 +42,10 @@ class ModelConfig(Section):
     """Parameter dtype for training and rollout."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used only when name_or_path is `tiny`)."""
+    fused_forward: bool = True
+    """Run Llama / Mistral / Qwen2 models through rlvr's lean forward (`rlvr.models.fused`:
+    padding-free training, fewer decode operations); false = the `transformers` forward. Other
+    architectures always use their own forward."""
 
 
 class DataConfig(Section):
@@ -267,6 +271,10 @@ class TrainConfig(Section):
     """Optimizer steps per pass over a rollout batch; above 1, old log-probs are computed."""
     micro_batch_tokens: int = 16384
     """Token budget of one forward/backward micro-batch (padding included)."""
+    skip_zero_advantage: bool = True
+    """No forward/backward for samples whose advantages are all 0 when the loss then has no
+    gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
+    the trained samples). Off for KL-in-loss, entropy bonus, positive-example NLL, `kimi_omd`."""
     seed: int = 0
     """Seed of sampling, initialisation and prompt order."""
     output_dir: str = "runs/rl"

@@ -30,6 +30,11 @@ from rlvr.algorithms.registry import POLICY_LOSSES
 LOG_RATIO_CLAMP = 20.0
 """|log π_θ − log π_old| is clamped to this before exponentiating (numerical safety)."""
 
+VANISH_AT_ZERO_ADVANTAGE = frozenset({"ppo_clip", "reinforce", "gspo", "cispo"})
+"""Losses whose value and gradient on a sample are 0 when all of its advantages are 0 (every
+term is a multiple of A). The update skips such samples (`train.skip_zero_advantage`); a loss
+with another term (`kimi_omd`'s squared log-ratio) or a user-registered loss is never skipped."""
+
 
 @dataclass
 class PolicyLossOutput:

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from rlvr.config import ModelConfig
+from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,8 +32,10 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
             intermediate_size=t.intermediate_size,
             seed=seed,
         )
-        return model.to(DTYPES[cfg.dtype]), tokenizer
-    return load_pretrained(cfg.name_or_path, cfg.dtype)
+    else:
+        model, tokenizer = load_pretrained(cfg.name_or_path, cfg.dtype)
+    setattr(model, fused.ENABLE_ATTR, cfg.fused_forward)
+    return model.to(DTYPES[cfg.dtype]), tokenizer
 
 
 def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrainedModel, Tokenizer]:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
+from rlvr.models import fused
 from rlvr.rollout.base import Rollout, SamplingParams
 
 
@@ -110,12 +111,6 @@ class PreallocatedLayer(DynamicLayer):
         """Positions filled so far."""
         return self.length
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat every row `repeats` times (a prompt's cache for its samples)."""
-        self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
-        self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
-        self._views()
-
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the rows `indices` (finished sequences leave the batch)."""
         self.key_buffer = self.key_buffer[indices]
@@ -166,17 +161,11 @@ class HFRolloutEngine:
         input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         capacity = input_ids.shape[1] + params.max_new_tokens
-        cache = Cache(layer_class_to_replicate=partial(PreallocatedLayer, capacity))
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        decoder_class = FusedDecoder if fused.supports(self.model) else HFDecoder
+        decoder = decoder_class(self.model, capacity)
+        logits = decoder.prefill(input_ids, attention_mask, position_ids)
         n = params.n
-        cache.batch_repeat_interleave(n)
+        decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
         logits = logits.repeat_interleave(n, 0)
         attention_mask = attention_mask.repeat_interleave(n, 0)
         next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
@@ -199,21 +188,69 @@ class HFRolloutEngine:
                 break
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                decoder.select(keep)
                 live, token = live[keep], token[keep]
                 attention_mask, next_position = attention_mask[keep], next_position[keep]
             attention_mask = torch.cat(
                 [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
             )
-            logits = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            logits = decoder.step(token, attention_mask, next_position)
             next_position = next_position + 1
         out.prompt_index.extend(offset + r // n for r in range(rows))
         out.completion_ids.extend(tokens)
         out.logprobs.extend(logps)
         out.finish_reason.extend(finish)
+
+
+class HFDecoder:
+    """Decoding through the `transformers` forward with a preallocated cache."""
+
+    def __init__(self, model: nn.Module, capacity: int) -> None:
+        self.model = model
+        self.cache = Cache(layer_class_to_replicate=partial(PreallocatedLayer, capacity))
+
+    def _logits(self, input_ids, attention_mask, position_ids, keep: int) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        ).logits[:, -1]
+
+    def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Next-token logits [b, vocab] after each (left-padded) prompt."""
+        return self._logits(input_ids, attention_mask, position_ids, 1)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) cache rows."""
+        self.cache.batch_select_indices(rows)
+
+    def step(self, token, attention_mask, position) -> torch.Tensor:
+        """Feed one token per row; next-token logits [b, vocab]."""
+        return self._logits(token[:, None], attention_mask, position[:, None], 0)
+
+
+class FusedDecoder:
+    """Decoding through `rlvr.models.fused` (same function, fewer operations)."""
+
+    def __init__(self, model: nn.Module, capacity: int) -> None:
+        self.forward = fused.FusedForward(model, fuse=True)
+        self.cache = fused.BufferKV(len(self.forward.weights), capacity)
+
+    def _logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        hidden = self.forward.hidden(input_ids, position_ids, attention_mask, self.cache)
+        return self.forward.logits(hidden[:, -1])
+
+    def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Next-token logits [b, vocab] after each (left-padded) prompt."""
+        return self._logits(input_ids, attention_mask, position_ids)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep (or repeat) cache rows."""
+        self.cache.batch_select_indices(rows)
+
+    def step(self, token, attention_mask, position) -> torch.Tensor:
+        """Feed one token per row; next-token logits [b, vocab]."""
+        return self._logits(token[:, None], attention_mask, position[:, None])

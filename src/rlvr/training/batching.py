@@ -24,6 +24,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache
 
+from rlvr.models import fused
+
 
 @dataclass
 class MicroBatch:
@@ -78,20 +80,25 @@ def collate(
 
 
 def token_budget_micro_batches(
-    rows: list[int], seq_lengths: list[int], max_tokens: int
+    rows: list[int], seq_lengths: list[int], max_tokens: int, by_length: bool = True
 ) -> list[list[int]]:
-    """Group rows (sorted by length) so that rows x longest length stays within `max_tokens`.
+    """Group rows so that rows x longest length stays within `max_tokens`.
 
-    Sorting keeps padding low; a single sequence longer than the budget gets its own group.
+    Sorted by length (`by_length`) the groups carry little padding; otherwise `rows` keep
+    their order (a padding-free forward keeps a prompt's samples together instead). A single
+    sequence longer than the budget gets its own group.
     """
-    order = sorted(rows, key=lambda r: seq_lengths[r])
+    order = sorted(rows, key=lambda r: seq_lengths[r]) if by_length else rows
     groups: list[list[int]] = []
     current: list[int] = []
+    longest = 0
     for r in order:
-        if current and (len(current) + 1) * seq_lengths[r] > max_tokens:
+        longest_with = max(longest, seq_lengths[r])
+        if current and (len(current) + 1) * longest_with > max_tokens:
             groups.append(current)
-            current = []
+            current, longest_with = [], seq_lengths[r]
         current.append(r)
+        longest = longest_with
     if current:
         groups.append(current)
     return groups
@@ -205,8 +212,10 @@ def collate_shared_prefix(
 
 
 PrefixStep = Callable[..., tuple[torch.Tensor, Cache]]
-"""`step(input_ids, attention_mask, position_ids, past_key_values, keep_last)` -> (per-position
-outputs of the last `keep_last` positions (all when None), the KV cache)."""
+"""`step(input_ids, attention_mask, position_ids, past_key_values, keep_last, real)` ->
+(per-position outputs of the last `keep_last` positions (all when None), the KV cache). `real`
+([b, t] bool, or None) marks the positions whose outputs are used; a step may skip the others
+(padding-free) and leave zeros there."""
 
 
 def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tensor:
@@ -218,7 +227,7 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     group of G samples of one prompt cost P + G·T tokens instead of G·(P + T).
     """
     prompt_positions = (sb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    first, cache = step(sb.prompt_ids, sb.prompt_mask, prompt_positions, None, 1)
+    first, cache = step(sb.prompt_ids, sb.prompt_mask, prompt_positions, None, 1, None)
     first = first[:, -1][sb.prompt_index].unsqueeze(1)
     width = sb.completion_ids.shape[1]
     if width == 1:
@@ -228,14 +237,32 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     inputs = sb.completion_ids[:, :-1]
     attention_mask = torch.cat([prompt_mask, torch.ones_like(inputs)], dim=-1)
     positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width - 1)[None, :]
-    rest, _ = step(inputs, attention_mask, positions, cache, None)
+    real = sb.response_mask[:, 1:].bool()
+    rest, _ = step(inputs, attention_mask, positions, cache, None, real)
     return torch.cat([first, rest], dim=1)
 
 
 def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> torch.Tensor:
-    """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once."""
+    """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once.
 
-    def step(input_ids, attention_mask, position_ids, cache, keep_last):
+    Supported Llama-family models run through `rlvr.models.fused` (same function, fewer
+    operations); others through their own forward."""
+    if fused.supports(model):
+        forward = fused.FusedForward(model)
+
+        def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
+            cache = cache if cache is not None else fused.ConcatKV(len(forward.weights))
+            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, real)
+            if real is None:
+                return forward.logits(hidden[:, -keep_last:] if keep_last else hidden), cache
+            logits = forward.logits(hidden)
+            flat = real.reshape(-1).nonzero().squeeze(-1)
+            padded = logits.new_zeros(real.numel(), logits.shape[-1]).index_copy(0, flat, logits)
+            return padded.view(*real.shape, -1), cache
+
+        return shared_prefix_forward(step, sb)
+
+    def hf_step(input_ids, attention_mask, position_ids, cache, keep_last, real):
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -246,4 +273,4 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
         )
         return out.logits, out.past_key_values
 
-    return shared_prefix_forward(step, sb)
+    return shared_prefix_forward(hf_step, sb)

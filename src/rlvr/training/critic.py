@@ -47,7 +47,7 @@ class Critic:
         """[N, T] values of every response token (0 elsewhere)."""
         self.model.eval()
         out = torch.zeros_like(batch.response_mask)
-        for rows in micro_batches(batch, list(range(len(batch))), self.budget):
+        for rows in micro_batches(batch, list(range(len(batch))), self.budget, self.model):
             values, idx = self._values(batch, rows)
             width = values.shape[1]
             out[idx, :width] = values.float() * batch.response_mask[idx, :width]
@@ -60,7 +60,7 @@ class Critic:
         num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
         norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": 1}
         stats = {"value_loss": 0.0, "value_clip_tokens": 0.0}
-        for mb_rows in micro_batches(batch, rows, self.budget):
+        for mb_rows in micro_batches(batch, rows, self.budget, self.model):
             values, idx = self._values(batch, mb_rows)
             width = values.shape[1]
             mask = batch.response_mask[idx, :width]

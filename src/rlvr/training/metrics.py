@@ -33,7 +33,8 @@ def step_metrics(
     """Rollout statistics from every sample, update statistics from the trained ones."""
     lengths = torch.tensor(sampled.lengths, dtype=torch.float32)
     correct = sampled.correct
-    tokens = max(totals.get("tokens", 0.0), 1.0)
+    trained_tokens = totals.get("tokens", 0.0)
+    tokens = max(trained_tokens, 1.0)
     passes = cfg.train.epochs
     metrics = {
         "reward/mean": _mean(sampled.rewards),
@@ -44,12 +45,15 @@ def step_metrics(
         "response_length/incorrect": _mean(lengths[~correct]),
         "truncated_frac": _mean(sampled.truncated),
         "zero_std_frac": zero_std_fraction(sampled.rewards, sampled.group_ids),
-        "entropy": totals.get("entropy_sum", float("nan")) / tokens,
+        "entropy": totals.get("entropy_sum", float("nan")) / trained_tokens
+        if trained_tokens
+        else float("nan"),
         "kl": totals.get("kl_sum", 0.0) / tokens if trained.ref_logprobs is not None else 0.0,
         "clip_frac": totals.get("clip_tokens", 0.0) / tokens,
         "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
         "loss": totals.get("loss", float("nan")) / max(passes * cfg.train.mini_batches, 1),
         "trained_samples": len(trained),
+        "skipped_samples": totals.get("skipped_samples", 0.0) / max(passes, 1),
     }
     if "value_loss" in totals:
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)

@@ -10,6 +10,7 @@ reference (DESIGN rule 10).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from torch import nn
@@ -43,10 +44,13 @@ class Regularization:
         self.kl_coef, self.entropy_coef = kl.coef, entropy.coef
 
     def after_step(self, step: int, policy: nn.Module, kl: float, entropy: float) -> None:
-        """Update the coefficients from this step's measurements and move the reference."""
+        """Update the coefficients from this step's measurements and move the reference.
+
+        `entropy` is NaN when no token was trained (the filters left nothing); the entropy
+        coefficient then stays where it is."""
         if self.kl_control is not None:
             self.kl_coef = self.kl_control.update(kl, n_steps=1)
-        if self.entropy_control is not None:
+        if self.entropy_control is not None and math.isfinite(entropy):
             self.entropy_coef = self.entropy_control.update(entropy)
         if self.reference is None:
             return

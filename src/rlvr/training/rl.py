@@ -118,6 +118,8 @@ def train(
     settings = LossSettings(
         algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id
     )
+    # The adaptive entropy coefficient follows the measured entropy, so it needs every sample.
+    settings.skip_zero_advantage = cfg.train.skip_zero_advantage and algo.entropy.target is None
 
     def checkpoint_state() -> dict:
         return {

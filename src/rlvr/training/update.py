@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.algorithms.policy_losses import VANISH_AT_ZERO_ADVANTAGE
 from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
+from rlvr.models import fused
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -39,12 +41,44 @@ class LossSettings:
     """This step's KL coefficient (fixed, or set by the adaptive controller)."""
     entropy_coef: float = 0.0
     """This step's entropy coefficient (fixed, or set by the adaptive controller)."""
+    skip_zero_advantage: bool = False
+    """Whether samples with all-zero advantages may skip forward/backward (`trainable_rows`)."""
 
 
-def micro_batches(batch: RolloutBatch, rows: list[int], budget: int) -> list[list[int]]:
-    """Token-budget micro-batches of `rows` (prompt + completion length decides the cost)."""
+def micro_batches(
+    batch: RolloutBatch, rows: list[int], budget: int, model: nn.Module
+) -> list[list[int]]:
+    """Token-budget micro-batches of `rows` (prompt + completion length decides the cost).
+
+    With the padding-free forward (`fused.supports`), padding costs no matmul, so rows stay in
+    group order and a group's prompt is computed once; otherwise they are sorted by length to
+    keep padding low."""
     seq_lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-    return token_budget_micro_batches(rows, seq_lengths, budget)
+    padding_free = fused.supports(model)
+    if padding_free:
+        group = batch.group_ids.tolist()
+        rows = sorted(rows, key=lambda r: (group[r], r))
+    return token_budget_micro_batches(rows, seq_lengths, budget, by_length=not padding_free)
+
+
+def trainable_rows(batch: RolloutBatch, rows: list[int], s: LossSettings) -> list[int]:
+    """The rows whose loss can have a gradient: all of them, or, when `s.skip_zero_advantage`
+    and nothing but the advantage-weighted policy loss is trained (no KL in the loss, no
+    entropy bonus, no positive-example NLL, a loss in `VANISH_AT_ZERO_ADVANTAGE`), the rows with
+    a nonzero advantage. The loss is still normalised over all `rows` (DESIGN rule 4), so the
+    gradient is exactly that of the full mini-batch."""
+    algo = s.algorithm
+    skippable = (
+        s.skip_zero_advantage
+        and algo.loss in VANISH_AT_ZERO_ADVANTAGE
+        and batch.ref_logprobs is None
+        and not s.entropy_coef
+        and not algo.positive_lm_coef
+    )
+    if not skippable:
+        return rows
+    signal = (batch.advantages[rows] * batch.response_mask[rows]).abs().sum(-1) > 0
+    return [r for r, keep in zip(rows, signal.tolist()) if keep]
 
 
 @torch.no_grad()
@@ -59,7 +93,7 @@ def batch_token_stats(
     """[N, T] log-probs (and entropies when asked) of every completion token, no gradient."""
     logprobs = torch.zeros_like(batch.response_mask)
     entropy = torch.zeros_like(batch.response_mask) if with_entropy else None
-    for rows in micro_batches(batch, list(range(len(batch))), budget):
+    for rows in micro_batches(batch, list(range(len(batch))), budget, model):
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id)
         logits = forward_logits_shared_prefix(model, mb)
         lp = token_logprobs(logits, mb.completion_ids, temperature)
@@ -79,7 +113,10 @@ def batch_logprobs(
 def minibatch_backward(
     model: nn.Module, batch: RolloutBatch, rows: list[int], s: LossSettings
 ) -> dict[str, float]:
-    """Accumulate the gradient of the mini-batch `rows`; return summed statistics."""
+    """Accumulate the gradient of the mini-batch `rows`; return summed statistics.
+
+    Rows that `trainable_rows` leaves out get no forward/backward; when none is left, the
+    gradient is set to zeros, so the optimizer steps as it would on the full mini-batch."""
     algo = s.algorithm
     policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
@@ -89,7 +126,13 @@ def minibatch_backward(
     if algo.positive_lm_coef:
         correct = batch.correct[rows].float()[:, None]
         positive_tokens = float((batch.response_mask[rows] * correct).sum())
-    for mb_rows in micro_batches(batch, rows, s.micro_batch_tokens):
+    trained = trainable_rows(batch, rows, s)
+    stats["skipped_samples"] = float(len(rows) - len(trained))
+    if not trained:
+        for param in model.parameters():
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    for mb_rows in micro_batches(batch, trained, s.micro_batch_tokens, model):
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
         width = mb.completion_ids.shape[1]
         mask = batch.response_mask[mb.rows, :width]

@@ -1,0 +1,283 @@
+"""A lean forward pass for Llama-family causal LMs (Llama, Mistral, Qwen2), used by the rollout
+engine and the policy update in place of the `transformers` module stack.
+
+It computes the same function as the Hugging Face model from the same parameters (tested to
+fp32 rounding, gradients included), with less work:
+- padding-free training: given the real positions of a padded batch, only those tokens go
+  through the matmuls and norms; attention alone sees the padded layout;
+- attention for one query position (a decode step) is two batched matmuls with the grouped
+  query heads folded into the query axis (no repeated K/V, and not the CPU flash-attention
+  kernel, which is slow for one query); longer queries use the fused SDPA kernel;
+- in decoding, q/k/v and gate/up are one matmul each (weights concatenated once per rollout)
+  and the KV cache is one preallocated buffer per layer, written in place.
+
+Only plain modules are accepted (`supports`): exact `nn.Linear` projections (no LoRA or
+quantised wrappers), SiLU MLP, full attention, rotary types that do not depend on the sequence
+length. Anything else uses the `transformers` forward, as does `model.fused_forward: false`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+ENABLE_ATTR = "rlvr_fused_forward"
+"""Attribute on the model that turns the fused forward off when False (`model.fused_forward`)."""
+
+
+def _plain_linear(module: object) -> bool:
+    return type(module) is nn.Linear
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether the fused forward computes exactly what `model` computes."""
+    if not getattr(model, ENABLE_ATTR, True):
+        return False
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
+        return False
+    full_attention = all(t == "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+    window = getattr(cfg, "sliding_window", None)
+    if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+        window = None
+    if not full_attention or window is not None or getattr(cfg, "hidden_act", "") != "silu":
+        return False
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return False
+    try:
+        base, head = model.model, model.lm_head
+        rope_type = getattr(base.rotary_emb, "rope_type", "default")
+        layers = list(base.layers)
+    except AttributeError:
+        return False
+    if rope_type in ("dynamic", "longrope") or type(base.embed_tokens) is not nn.Embedding:
+        return False
+    projections = [head]
+    for layer in layers:
+        a, m = layer.self_attn, layer.mlp
+        projections += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    return all(_plain_linear(p) for p in projections)
+
+
+Projection = list[tuple[torch.Tensor, torch.Tensor | None]]
+"""(weight, bias) pairs: the separate projections, or one concatenated projection."""
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's parameters (differentiable references to the model's)."""
+
+    input_norm: torch.Tensor
+    qkv: Projection
+    o: nn.Linear
+    post_norm: torch.Tensor
+    gate_up: Projection
+    down: nn.Linear
+
+
+def _projection(linears: list[nn.Linear], fuse: bool) -> Projection:
+    if not fuse:
+        return [(m.weight, m.bias) for m in linears]
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat(
+            [m.weight.new_zeros(m.out_features) if m.bias is None else m.bias for m in linears]
+        )
+    return [(torch.cat([m.weight for m in linears]), bias)]
+
+
+def layer_weights(model: nn.Module, fuse: bool = False) -> list[LayerWeights]:
+    """Per-layer weights; `fuse` concatenates q/k/v and gate/up into one matmul each.
+
+    Fusing pays where operations are small (a decode step); in training the concatenation and
+    the split of the gradient cost more than the matmul saves (measured), so it is off there.
+    """
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out.append(
+            LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv=_projection([a.q_proj, a.k_proj, a.v_proj], fuse),
+                o=a.o_proj,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=_projection([m.gate_proj, m.up_proj], fuse),
+                down=m.down_proj,
+            )
+        )
+    return out
+
+
+def project(x: torch.Tensor, parts: Projection, sizes: list[int]) -> list[torch.Tensor]:
+    """The outputs of `parts` on x, one tensor per size in `sizes`."""
+    if len(parts) == 1:
+        weight, bias = parts[0]
+        return list(F.linear(x, weight, bias).split(sizes, dim=-1))
+    return [F.linear(x, weight, bias) for weight, bias in parts]
+
+
+class ConcatKV:
+    """Per-layer keys/values grown by concatenation: differentiable (training)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append positions to `layer`; return all of its keys and values."""
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep (or repeat) rows `indices`, e.g. a prompt's cache for each of its samples."""
+        self.keys = [k[indices] for k in self.keys]
+        self.values = [v[indices] for v in self.values]
+
+
+class BufferKV:
+    """Per-layer [batch, kv_heads, capacity, head_dim] buffers written in place (inference)."""
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.capacity, self.length = capacity, 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Write positions [length, length + t) of `layer`; return the filled part."""
+        if self.keys[layer] is None:
+            b, h, _, d = k.shape
+            self.keys[layer] = k.new_zeros(b, h, self.capacity, d)
+            self.values[layer] = v.new_zeros(b, h, self.capacity, v.shape[-1])
+        end = self.length + k.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache of {self.capacity} positions is full")
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep (or repeat) rows `indices`."""
+        self.keys = [k[indices] for k in self.keys]
+        self.values = [v[indices] for v in self.values]
+
+
+KVStore = ConcatKV | BufferKV
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Su et al. 2021, RoFormer eq. 34, half-split layout as in Llama):
+    x·cos + rotate_half(x)·sin, with rotate_half(x1, x2) = (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + bias)·v with grouped-query heads (K/V head j serves query heads
+    j·g … j·g + g − 1, as in `transformers`' repeat_kv).
+
+    q: [b, heads, t, d], k, v: [b, kv_heads, s, d], bias: [b, 1, t, s] additive mask (0 or
+    -inf). One query position (a decode step) uses two batched matmuls with the g query heads
+    folded into the query axis, so no K/V is repeated; longer queries use the fused
+    scaled-dot-product kernel, which does not keep the [t, s] scores for backward.
+    """
+    b, nq, t, d = q.shape
+    nkv, s = k.shape[1], k.shape[2]
+    if t > 1:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, scale=scale, enable_gqa=nq != nkv
+        )
+    scores = torch.matmul(q.reshape(b, nkv, nq // nkv, d) * scale, k.transpose(-1, -2))
+    probs = (scores + bias.view(b, 1, 1, s)).softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).view(b, nq, 1, d)
+
+
+def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor:
+    """[b, 1, t, s] additive bias: the last t keys are the queries (causal among them), earlier
+    keys are visible where `key_mask` [b, s] is 1. A query always sees itself, so the left
+    padding of a prompt gets finite (unused) outputs instead of NaN."""
+    s = key_mask.shape[1]
+    query_pos = torch.arange(s - t, s, device=key_mask.device)[:, None]
+    key_pos = torch.arange(s, device=key_mask.device)[None, :]
+    visible = (key_pos <= query_pos) & key_mask[:, None, :].bool()
+    visible = visible | (key_pos == query_pos)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=key_mask.device)
+    return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1)
+
+
+class FusedForward:
+    """The decoder of a supported model as plain tensor operations."""
+
+    def __init__(self, model: nn.Module, fuse: bool = False) -> None:
+        cfg = model.config
+        self.model = model
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.eps = model.model.norm.variance_epsilon
+        self.scale = model.model.layers[0].self_attn.scaling
+        self.weights = layer_weights(model, fuse)
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor,
+        cache: KVStore,
+        real: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final-norm hidden states of `input_ids` [b, t] placed after the cached positions.
+
+        key_mask [b, cache.length + t] is 1 on real tokens. With `real` ([b, t] bool), only
+        those positions go through the matmuls (padding-free): the result is [N, hidden] for
+        the N real positions in row-major order, and only attention sees the padded layout.
+        Without it the result is [b, t, hidden].
+        """
+        b, t = input_ids.shape
+        nq, nkv, d = self.heads, self.kv_heads, self.head_dim
+        flat = None if real is None else real.reshape(-1).nonzero().squeeze(-1)
+        lead = (b, t) if flat is None else (flat.shape[0],)
+        h = self.model.model.embed_tokens(
+            input_ids if flat is None else input_ids.reshape(-1)[flat]
+        )
+        cos, sin = self.model.model.rotary_emb(h, positions)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        if flat is not None:
+            cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
+        bias = mask_bias(key_mask, t, h.dtype)
+
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            """[b, heads, t, d] from per-token rows (zeros at padding)."""
+            if flat is not None:
+                x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, flat, x)
+            return x.view(b, t, -1, d).transpose(1, 2)
+
+        sizes = [nq * d, nkv * d, nkv * d]
+        for i, w in enumerate(self.weights):
+            x = F.rms_norm(h, (h.shape[-1],), w.input_norm, self.eps)
+            q, k, v = project(x, w.qkv, sizes)
+            q = rotate(q.view(*lead, nq, d), cos, sin)
+            k = rotate(k.view(*lead, nkv, d), cos, sin)
+            k, v = cache.update(i, padded(k), padded(v.view(*lead, nkv, d)))
+            a = attention(padded(q), k, v, bias, self.scale).transpose(1, 2)
+            a = a.reshape(b * t, nq * d)
+            a = a if flat is None else a[flat]
+            h = h + F.linear(a.view(*lead, nq * d), w.o.weight, w.o.bias)
+            x = F.rms_norm(h, (h.shape[-1],), w.post_norm, self.eps)
+            gate, up = project(x, w.gate_up, [w.down.in_features] * 2)
+            h = h + F.linear(F.silu(gate) * up, w.down.weight, w.down.bias)
+        cache.length += t
+        return F.rms_norm(h, (h.shape[-1],), self.model.model.norm.weight, self.eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head."""
+        return self.model.lm_head(hidden)

@@ -1,0 +1,199 @@
+"""The lean forward (`rlvr.models.fused`) computes what the `transformers` model computes.
+
+Checked on a Llama (multi-head) and a Qwen2 (grouped-query heads, q/k/v biases) model: the
+training log-probs and gradients (padding-free, shared prefix), the decode samples and their
+log-probs, and which models fall back to the `transformers` forward.
+"""
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from rlvr.models import fused
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.batching import (
+    collate_shared_prefix,
+    forward_logits_shared_prefix,
+    token_budget_micro_batches,
+    token_logprobs,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+def qwen2_gqa(tok) -> nn.Module:
+    """4 query heads sharing 2 K/V heads, biases on q/k/v (Qwen2's layout)."""
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def llama(tok) -> nn.Module:
+    return build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128, seed=3)
+
+
+MODELS = {"llama": llama, "qwen2_gqa": qwen2_gqa}
+
+
+def ragged_batch(tok, seed: int = 0):
+    """Three prompts (lengths 5, 9, 3) with four completions each of 1..11 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, completions = [], []
+    for length in (5, 9, 3):
+        prompt = torch.randint(10, 90, (length,), generator=g).tolist()
+        for _ in range(4):
+            size = int(torch.randint(1, 12, (1,), generator=g))
+            prompts.append(prompt)
+            completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
+    return collate_shared_prefix(prompts, completions, list(range(12)), tok.pad_token_id)
+
+
+def logprobs_and_grads(model: nn.Module, mb, enabled: bool):
+    setattr(model, fused.ENABLE_ATTR, enabled)
+    model.zero_grad()
+    lp = token_logprobs(forward_logits_shared_prefix(model, mb), mb.completion_ids, 0.7)
+    lp = lp * mb.response_mask
+    (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return lp.detach(), grads
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_training_logprobs_and_gradients_equal_the_transformers_forward(tok, name):
+    model = MODELS[name](tok)
+    assert fused.supports(model)
+    mb = ragged_batch(tok)
+    ref_lp, ref_grads = logprobs_and_grads(model, mb, enabled=False)
+    lp, grads = logprobs_and_grads(model, mb, enabled=True)
+    assert torch.allclose(lp, ref_lp, atol=1e-5)
+    assert (ref_lp != 0).sum() == mb.response_mask.sum()
+    for param_name, ref in ref_grads.items():
+        assert torch.allclose(grads[param_name], ref, atol=1e-5), param_name
+    assert max(g.abs().max() for g in ref_grads.values()) > 1e-3
+
+
+def test_training_runs_only_real_positions_through_the_matmuls(tok):
+    """Padding-free: the embedding (and so every matmul after it) sees the distinct prompts'
+    padded tokens and then exactly the completion inputs that score a real token."""
+    model = llama(tok)
+    mb = ragged_batch(tok)
+    seen = []
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].numel())
+    )
+    try:
+        forward_logits_shared_prefix(model, mb)
+    finally:
+        hook.remove()
+    real_inputs = int(mb.response_mask.sum() - len(mb.rows))  # token t+1 scored by input t
+    assert seen == [mb.prompt_ids.numel(), real_inputs]
+    assert real_inputs < mb.completion_ids[:, :-1].numel()  # there was padding to skip
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decode_gives_the_same_samples_and_logprobs(tok, name):
+    model = MODELS[name](tok)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
+    params = SamplingParams(n=4, temperature=0.9, max_new_tokens=16)
+    outs = []
+    for enabled in (False, True):
+        setattr(model, fused.ENABLE_ATTR, enabled)
+        engine = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(5)
+        )
+        outs.append(engine.generate(prompts, params))
+    ref, out = outs
+    assert out.completion_ids == ref.completion_ids
+    assert out.finish_reason == ref.finish_reason
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_decode_drops_finished_rows_and_keeps_sampling_the_live_ones(tok):
+    """An EOS-heavy model: rows finish at different steps, the others continue exactly."""
+    model = llama(tok)
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] += 0.4 * model.model.embed_tokens.weight.mean(0)
+    prompts = [[20, 30, 40], [50, 60]]
+    outs = []
+    for enabled in (False, True):
+        setattr(model, fused.ENABLE_ATTR, enabled)
+        engine = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(2)
+        )
+        outs.append(engine.generate(prompts, SamplingParams(n=6, max_new_tokens=24)))
+    lengths = {len(c) for c in outs[1].completion_ids}
+    assert len(lengths) > 2 and "stop" in outs[1].finish_reason
+    assert outs[1].completion_ids == outs[0].completion_ids
+
+
+class WrappedLinear(nn.Linear):
+    """Stands for an adapter or quantised layer: its forward is not a plain matmul."""
+
+
+def test_unsupported_models_use_the_transformers_forward(tok):
+    plain = llama(tok)
+    assert fused.supports(plain)
+    setattr(plain, fused.ENABLE_ATTR, False)  # model.fused_forward: false
+    assert not fused.supports(plain)
+
+    wrapped = llama(tok)
+    old = wrapped.model.layers[0].self_attn.q_proj
+    wrapped.model.layers[0].self_attn.q_proj = WrappedLinear(old.in_features, old.out_features)
+    assert not fused.supports(wrapped)
+
+    windowed = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            sliding_window=16,
+        )
+    )
+    assert not fused.supports(windowed)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
+    assert not fused.supports(gpt2)
+    # and the training path still works on the fallback
+    mb = ragged_batch(tok)
+    assert forward_logits_shared_prefix(gpt2, mb).shape == (*mb.completion_ids.shape, len(tok))
+
+
+def test_micro_batches_in_given_order_keep_groups_together():
+    lengths = [30, 5, 28, 6, 29, 4]
+    by_group = token_budget_micro_batches(list(range(6)), lengths, 60, by_length=False)
+    assert by_group == [[0, 1], [2, 3], [4, 5]]  # each pair shares a prompt
+    by_length = token_budget_micro_batches(list(range(6)), lengths, 60)
+    assert by_length == [[5, 1, 3], [2, 4], [0]]
