@@ -8,8 +8,10 @@ fp32 rounding, gradients included), with less work:
 - attention for one query position (a decode step) is two batched matmuls with the grouped
   query heads folded into the query axis (no repeated K/V, and not the CPU flash-attention
   kernel, which is slow for one query); longer queries use the fused SDPA kernel;
-- in decoding, q/k/v and gate/up are one matmul each (weights concatenated once per rollout)
-  and the KV cache is one preallocated buffer per layer, written in place.
+- the decode KV cache is one preallocated buffer per layer, written in place.
+
+Concatenating q/k/v and gate/up into one matmul each was measured and dropped: no gain in
+decoding at batch 128, a loss in training (the gradient split costs more than it saves).
 
 Only plain modules are accepted (`supports`): exact `nn.Linear` projections (no LoRA or
 quantised wrappers), SiLU MLP, full attention, rotary types that do not depend on the sequence
@@ -17,8 +19,6 @@ length. Anything else uses the `transformers` forward, as does `model.fused_forw
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,63 +61,6 @@ def supports(model: nn.Module) -> bool:
         a, m = layer.self_attn, layer.mlp
         projections += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     return all(_plain_linear(p) for p in projections)
-
-
-Projection = list[tuple[torch.Tensor, torch.Tensor | None]]
-"""(weight, bias) pairs: the separate projections, or one concatenated projection."""
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer's parameters (differentiable references to the model's)."""
-
-    input_norm: torch.Tensor
-    qkv: Projection
-    o: nn.Linear
-    post_norm: torch.Tensor
-    gate_up: Projection
-    down: nn.Linear
-
-
-def _projection(linears: list[nn.Linear], fuse: bool) -> Projection:
-    if not fuse:
-        return [(m.weight, m.bias) for m in linears]
-    bias = None
-    if any(m.bias is not None for m in linears):
-        bias = torch.cat(
-            [m.weight.new_zeros(m.out_features) if m.bias is None else m.bias for m in linears]
-        )
-    return [(torch.cat([m.weight for m in linears]), bias)]
-
-
-def layer_weights(model: nn.Module, fuse: bool = False) -> list[LayerWeights]:
-    """Per-layer weights; `fuse` concatenates q/k/v and gate/up into one matmul each.
-
-    Fusing pays where operations are small (a decode step); in training the concatenation and
-    the split of the gradient cost more than the matmul saves (measured), so it is off there.
-    """
-    out = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out.append(
-            LayerWeights(
-                input_norm=layer.input_layernorm.weight,
-                qkv=_projection([a.q_proj, a.k_proj, a.v_proj], fuse),
-                o=a.o_proj,
-                post_norm=layer.post_attention_layernorm.weight,
-                gate_up=_projection([m.gate_proj, m.up_proj], fuse),
-                down=m.down_proj,
-            )
-        )
-    return out
-
-
-def project(x: torch.Tensor, parts: Projection, sizes: list[int]) -> list[torch.Tensor]:
-    """The outputs of `parts` on x, one tensor per size in `sizes`."""
-    if len(parts) == 1:
-        weight, bias = parts[0]
-        return list(F.linear(x, weight, bias).split(sizes, dim=-1))
-    return [F.linear(x, weight, bias) for weight, bias in parts]
 
 
 class ConcatKV:
@@ -172,6 +115,11 @@ class BufferKV:
 KVStore = ConcatKV | BufferKV
 
 
+def linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
+    """`module(x)` without the module call (`supports` checked it is a plain nn.Linear)."""
+    return F.linear(x, module.weight, module.bias)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (Su et al. 2021, RoFormer eq. 34, half-split layout as in Llama):
     x·cos + rotate_half(x)·sin, with rotate_half(x1, x2) = (-x2, x1)."""
@@ -217,7 +165,7 @@ def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tenso
 class FusedForward:
     """The decoder of a supported model as plain tensor operations."""
 
-    def __init__(self, model: nn.Module, fuse: bool = False) -> None:
+    def __init__(self, model: nn.Module) -> None:
         cfg = model.config
         self.model = model
         self.heads = cfg.num_attention_heads
@@ -225,7 +173,7 @@ class FusedForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = model.model.norm.variance_epsilon
         self.scale = model.model.layers[0].self_attn.scaling
-        self.weights = layer_weights(model, fuse)
+        self.layers = list(model.model.layers)
 
     def hidden(
         self,
@@ -261,20 +209,19 @@ class FusedForward:
                 x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, flat, x)
             return x.view(b, t, -1, d).transpose(1, 2)
 
-        sizes = [nq * d, nkv * d, nkv * d]
-        for i, w in enumerate(self.weights):
-            x = F.rms_norm(h, (h.shape[-1],), w.input_norm, self.eps)
-            q, k, v = project(x, w.qkv, sizes)
-            q = rotate(q.view(*lead, nq, d), cos, sin)
-            k = rotate(k.view(*lead, nkv, d), cos, sin)
-            k, v = cache.update(i, padded(k), padded(v.view(*lead, nkv, d)))
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, self.eps)
+            q = rotate(linear(x, attn.q_proj).view(*lead, nq, d), cos, sin)
+            k = rotate(linear(x, attn.k_proj).view(*lead, nkv, d), cos, sin)
+            v = linear(x, attn.v_proj).view(*lead, nkv, d)
+            k, v = cache.update(i, padded(k), padded(v))
             a = attention(padded(q), k, v, bias, self.scale).transpose(1, 2)
             a = a.reshape(b * t, nq * d)
             a = a if flat is None else a[flat]
-            h = h + F.linear(a.view(*lead, nq * d), w.o.weight, w.o.bias)
-            x = F.rms_norm(h, (h.shape[-1],), w.post_norm, self.eps)
-            gate, up = project(x, w.gate_up, [w.down.in_features] * 2)
-            h = h + F.linear(F.silu(gate) * up, w.down.weight, w.down.bias)
+            h = h + linear(a.view(*lead, nq * d), attn.o_proj)
+            x = F.rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, self.eps)
+            h = h + linear(F.silu(linear(x, mlp.gate_proj)) * linear(x, mlp.up_proj), mlp.down_proj)
         cache.length += t
         return F.rms_norm(h, (h.shape[-1],), self.model.model.norm.weight, self.eps)
 

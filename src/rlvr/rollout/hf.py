@@ -236,8 +236,8 @@ class FusedDecoder:
     """Decoding through `rlvr.models.fused` (same function, fewer operations)."""
 
     def __init__(self, model: nn.Module, capacity: int) -> None:
-        self.forward = fused.FusedForward(model, fuse=True)
-        self.cache = fused.BufferKV(len(self.forward.weights), capacity)
+        self.forward = fused.FusedForward(model)
+        self.cache = fused.BufferKV(len(self.forward.layers), capacity)
 
     def _logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.forward.hidden(input_ids, position_ids, attention_mask, self.cache)

@@ -251,7 +251,7 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
         forward = fused.FusedForward(model)
 
         def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
-            cache = cache if cache is not None else fused.ConcatKV(len(forward.weights))
+            cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
             hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, real)
             if real is None:
                 return forward.logits(hidden[:, -keep_last:] if keep_last else hidden), cache
