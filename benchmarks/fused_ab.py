@@ -1,0 +1,91 @@
+"""A/B of rlvr's lean forward (`rlvr.models.fused`) against the `transformers` forward, in one
+process, alternating: a systems-mode rollout and a training forward + backward at equal and at
+ragged completion lengths, on the demo-shaped tiny model (2 threads).
+
+    python benchmarks/fused_ab.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr.models import fused
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.batching import (
+    collate_shared_prefix,
+    forward_logits_shared_prefix,
+    token_logprobs,
+)
+
+RESULTS = Path(__file__).parent / "results" / "fused_ab.json"
+PROMPTS, GROUP, PROMPT_LEN, REPEATS = 16, 8, 18, 5
+
+
+def rollout_case(model, tok, prompts):
+    params = SamplingParams(n=GROUP, max_new_tokens=64, min_new_tokens=64)
+
+    def run() -> None:
+        engine = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(0)
+        )
+        engine.generate(prompts, params)
+
+    return run
+
+
+def train_case(model, tok, prompts, lengths: tuple[int, int]):
+    g = torch.Generator().manual_seed(1)
+    rows = [p for p in prompts for _ in range(GROUP)]
+    completions = [
+        torch.randint(
+            10, 100, (int(torch.randint(*lengths, (1,), generator=g)),), generator=g
+        ).tolist()
+        for _ in rows
+    ]
+
+    def run() -> None:
+        model.zero_grad()
+        mb = collate_shared_prefix(rows, completions, list(range(len(rows))), tok.pad_token_id)
+        logprobs = token_logprobs(forward_logits_shared_prefix(model, mb), mb.completion_ids)
+        (logprobs * mb.response_mask).sum().backward()
+
+    return run
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=192, intermediate_size=576, num_layers=4)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 100, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    cases = {
+        "rollout 16x8, 64 forced tokens": rollout_case(model, tok, prompts),
+        "train 16x8, 64 tokens each": train_case(model, tok, prompts, (64, 65)),
+        "train 16x8, 5..48 tokens": train_case(model, tok, prompts, (5, 49)),
+    }
+    report = {}
+    for name, run in cases.items():
+        times: dict[str, list[float]] = {"transformers": [], "fused": []}
+        for _ in range(REPEATS):
+            for variant in times:
+                setattr(model, fused.ENABLE_ATTR, variant == "fused")
+                start = time.perf_counter()
+                run()
+                times[variant].append(time.perf_counter() - start)
+        medians = {k: statistics.median(v) for k, v in times.items()}
+        medians["speedup"] = medians["transformers"] / medians["fused"]
+        report[name] = medians
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()), flush=True)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
