@@ -197,3 +197,21 @@ def test_micro_batches_in_given_order_keep_groups_together():
     assert by_group == [[0, 1], [2, 3], [4, 5]]  # each pair shares a prompt
     by_length = token_budget_micro_batches(list(range(6)), lengths, 60)
     assert by_length == [[5, 1, 3], [2, 4], [0]]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bfloat16_models_agree_with_the_transformers_forward(tok, name):
+    """bf16 training (the GPU setting): same log-probs as the HF forward in bf16, and both
+    within bf16 rounding of the fp32 model."""
+    model = MODELS[name](tok)
+    mb = ragged_batch(tok)
+    fp32, _ = logprobs_and_grads(model, mb, enabled=False)
+    model = model.to(torch.bfloat16)
+    ref, ref_grads = logprobs_and_grads(model, mb, enabled=False)
+    lp, grads = logprobs_and_grads(model, mb, enabled=True)
+    assert lp.dtype == torch.float32  # log-probs are taken in fp32 from bf16 logits
+    assert torch.allclose(lp, ref, atol=2e-2)
+    assert 0 < (lp - fp32).abs().max() < 5e-2
+    for param_name, g in ref_grads.items():
+        assert grads[param_name].dtype == torch.bfloat16
+        assert torch.allclose(grads[param_name].float(), g.float(), atol=2e-2, rtol=5e-2)
