@@ -3,10 +3,12 @@ process, alternating: a systems-mode rollout and a training forward + backward a
 ragged completion lengths, on the demo-shaped tiny model (2 threads).
 
     python benchmarks/fused_ab.py
+    python benchmarks/fused_ab.py --compile   # also: the rollout with torch.compile'd layers
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -59,7 +61,22 @@ def train_case(model, tok, prompts, lengths: tuple[int, int]):
     return run
 
 
+def compiled_rollout(run) -> dict[str, float]:
+    """Seconds of the first (compiling) and the median of three later rollouts, with the lean
+    forward's `hidden` under `torch.compile(dynamic=True)` (batch and cache length vary)."""
+    fused.FusedForward.hidden = torch.compile(fused.FusedForward.hidden, dynamic=True)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return {"first_call": times[0], "compiled": statistics.median(times[1:])}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    args = parser.parse_args()
     torch.set_num_threads(2)
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=192, intermediate_size=576, num_layers=4)
@@ -83,6 +100,11 @@ def main() -> None:
         medians["speedup"] = medians["transformers"] / medians["fused"]
         report[name] = medians
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()), flush=True)
+    if args.compile:
+        setattr(model, fused.ENABLE_ATTR, True)
+        name = next(iter(cases))
+        report[name].update(compiled_rollout(cases[name]))
+        print(f"{name}, torch.compile: {report[name]}", flush=True)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
 
