@@ -184,6 +184,9 @@ def test_unsupported_models_use_the_transformers_forward(tok):
         )
     )
     assert not fused.supports(windowed)
+    dropout = llama(tok)
+    dropout.config.attention_dropout = 0.1  # the fused attention has no dropout
+    assert not fused.supports(dropout)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
     assert not fused.supports(gpt2)
     # and the training path still works on the fallback

@@ -14,8 +14,9 @@ Concatenating q/k/v and gate/up into one matmul each was measured and dropped: n
 decoding at batch 128, a loss in training (the gradient split costs more than it saves).
 
 Only plain modules are accepted (`supports`): exact `nn.Linear` projections (no LoRA or
-quantised wrappers), SiLU MLP, full attention, rotary types that do not depend on the sequence
-length. Anything else uses the `transformers` forward, as does `model.fused_forward: false`.
+quantised wrappers), SiLU MLP, full attention without dropout, rotary types that do not depend
+on the sequence length. Anything else uses the `transformers` forward, as does
+`model.fused_forward: false`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def supports(model: nn.Module) -> bool:
         window = None
     if not full_attention or window is not None or getattr(cfg, "hidden_act", "") != "silu":
         return False
-    if getattr(cfg, "pretraining_tp", 1) != 1:
+    if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "attention_dropout", 0.0):
         return False
     try:
         base, head = model.model, model.lm_head
