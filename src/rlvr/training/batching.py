@@ -7,13 +7,11 @@ the same column, and the model only has to produce logits for the last `T + 1` p
 Per-token tensors of a whole batch (`response_mask`, `old_logprobs`, `advantages`, ...) are
 completion-aligned, shape [num_samples, max_completion_len].
 
-The policy's update and log-prob passes and SFT use the shared-prefix layout instead
+The policy's update and log-prob passes use the shared-prefix layout instead
 (`collate_shared_prefix`): each distinct prompt of a micro-batch runs through the model once,
 and the G completions of a group attend to its KV cache, so a group costs P + G·T tokens of
 forward and backward instead of G·(P + T). It gives the same log-probs and gradients as the
-padded layout (tested); the critic reads its values the same way. On supported models the
-completion pass is also padding-free (`rlvr.models.fused`). The likelihood reward still uses
-the padded layout.
+padded layout (tested); the critic reads its values the same way.
 """
 
 from __future__ import annotations
