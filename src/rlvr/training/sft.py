@@ -18,8 +18,8 @@ from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
-    collate_shared_prefix,
-    forward_logits_shared_prefix,
+    collate,
+    forward_logits,
     token_budget_micro_batches,
     token_logprobs,
 )
@@ -69,9 +69,8 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for mb_rows in token_budget_micro_batches(rows, seq_lengths, s.micro_batch_tokens):
-                mb = collate_shared_prefix(prompts, targets, mb_rows, tokenizer.pad_token_id)
-                logits = forward_logits_shared_prefix(model, mb)
-                logprobs = token_logprobs(logits, mb.completion_ids)
+                mb = collate(prompts, targets, mb_rows, tokenizer.pad_token_id)
+                logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids)
                 loss = -(logprobs * mb.response_mask).sum() / num_tokens
                 loss.backward()
                 total += float(loss.detach())
