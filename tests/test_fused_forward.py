@@ -128,6 +128,7 @@ def test_decode_gives_the_same_samples_and_logprobs(tok, name):
     outs = []
     for enabled in (False, True):
         setattr(model, fused.ENABLE_ATTR, enabled)
+        assert fused.supports(model) is enabled  # the two runs take the two paths
         engine = HFRolloutEngine(
             model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(5)
         )
@@ -148,6 +149,7 @@ def test_decode_drops_finished_rows_and_keeps_sampling_the_live_ones(tok):
     outs = []
     for enabled in (False, True):
         setattr(model, fused.ENABLE_ATTR, enabled)
+        assert fused.supports(model) is enabled
         engine = HFRolloutEngine(
             model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(2)
         )

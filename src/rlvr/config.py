@@ -274,7 +274,8 @@ class TrainConfig(Section):
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
-    the trained samples). Off for KL-in-loss, entropy bonus, positive-example NLL, `kimi_omd`."""
+    the trained samples). Off with a reference model (KL), an entropy bonus or target, the
+    positive-example NLL and `kimi_omd`."""
     seed: int = 0
     """Seed of sampling, initialisation and prompt order."""
     output_dir: str = "runs/rl"

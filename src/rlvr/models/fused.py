@@ -116,6 +116,11 @@ class BufferKV:
 KVStore = ConcatKV | BufferKV
 
 
+def real_positions(real: torch.Tensor) -> torch.Tensor:
+    """Indices of the True entries of a [b, t] mask in its flattened [b·t] layout."""
+    return real.reshape(-1).nonzero().squeeze(-1)
+
+
 def linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
     """`module(x)` without the module call (`supports` checked it is a plain nn.Linear)."""
     return F.linear(x, module.weight, module.bias)
@@ -182,18 +187,18 @@ class FusedForward:
         positions: torch.Tensor,
         key_mask: torch.Tensor,
         cache: KVStore,
-        real: torch.Tensor | None = None,
+        flat: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final-norm hidden states of `input_ids` [b, t] placed after the cached positions.
 
-        key_mask [b, cache.length + t] is 1 on real tokens. With `real` ([b, t] bool), only
-        those positions go through the matmuls (padding-free): the result is [N, hidden] for
-        the N real positions in row-major order, and only attention sees the padded layout.
+        key_mask [b, cache.length + t] is 1 on real tokens. With `flat` (the indices of the N
+        used positions in the flattened [b·t] layout, `real_positions`), only those go through
+        the matmuls (padding-free): the result is [N, hidden] in that order, and only attention
+        sees the padded layout.
         Without it the result is [b, t, hidden].
         """
         b, t = input_ids.shape
         nq, nkv, d = self.heads, self.kv_heads, self.head_dim
-        flat = None if real is None else real.reshape(-1).nonzero().squeeze(-1)
         lead = (b, t) if flat is None else (flat.shape[0],)
         h = self.model.model.embed_tokens(
             input_ids if flat is None else input_ids.reshape(-1)[flat]

@@ -252,11 +252,12 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
 
         def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
             cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
-            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, real)
             if real is None:
+                hidden = forward.hidden(input_ids, position_ids, attention_mask, cache)
                 return forward.logits(hidden[:, -keep_last:] if keep_last else hidden), cache
+            flat = fused.real_positions(real)
+            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat)
             logits = forward.logits(hidden)
-            flat = real.reshape(-1).nonzero().squeeze(-1)
             padded = logits.new_zeros(real.numel(), logits.shape[-1]).index_copy(0, flat, logits)
             return padded.view(*real.shape, -1), cache
 

@@ -63,8 +63,9 @@ def micro_batches(
 
 def trainable_rows(batch: RolloutBatch, rows: list[int], s: LossSettings) -> list[int]:
     """The rows whose loss can have a gradient: all of them, or, when `s.skip_zero_advantage`
-    and nothing but the advantage-weighted policy loss is trained (no KL in the loss, no
-    entropy bonus, no positive-example NLL, a loss in `VANISH_AT_ZERO_ADVANTAGE`), the rows with
+    and nothing but the advantage-weighted policy loss is trained (no reference model, whose
+    KL term and metric need every sample; no entropy bonus; no positive-example NLL; a loss in
+    `VANISH_AT_ZERO_ADVANTAGE`), the rows with
     a nonzero advantage. The loss is still normalised over all `rows` (DESIGN rule 4), so the
     gradient is exactly that of the full mini-batch."""
     algo = s.algorithm
