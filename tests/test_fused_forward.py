@@ -159,6 +159,19 @@ def test_decode_drops_finished_rows_and_keeps_sampling_the_live_ones(tok):
     assert outs[1].completion_ids == outs[0].completion_ids
 
 
+@pytest.mark.parametrize("rows", [[0, 2, 3], [3, 1], [0, 0, 1, 1, 2, 2, 3, 3]])
+def test_select_rows_copies_the_filled_positions_of_the_chosen_rows(rows):
+    buffer = torch.randn(4, 2, 10, 3)
+    expected = buffer[rows, :, :6].clone()
+    out = fused.select_rows(buffer, torch.tensor(rows), length=6)
+    assert out.shape == (len(rows), 2, 10, 3)
+    torch.testing.assert_close(out[:, :, :6], expected, rtol=0, atol=0)
+    shares_storage = out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    assert shares_storage is (len(rows) <= 4)  # compacted in place, or a new buffer
+    out[:, :, 6:7] = 1.0  # the next decode position can be written to every row
+    assert bool((out[:, :, 6] == 1.0).all())
+
+
 class WrappedLinear(nn.Linear):
     """Stands for an adapter or quantised layer: its forward is not a plain matmul."""
 

@@ -86,6 +86,23 @@ class ConcatKV:
         self.values = [v[indices] for v in self.values]
 
 
+def select_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    """Rows `rows` of a [batch, heads, capacity, dim] cache buffer whose first `length`
+    positions are filled; only those positions are copied.
+
+    When no more rows are asked for than the buffer has (finished rows leaving the batch), they
+    are compacted into its leading rows and a view of those is returned; otherwise (a prompt's
+    cache repeated for its samples) a new buffer is allocated.
+    """
+    filled = buffer[rows, :, :length]
+    if len(rows) <= buffer.shape[0]:
+        out = buffer[: len(rows)]
+    else:
+        out = buffer.new_empty(len(rows), *buffer.shape[1:])
+    out[:, :, :length] = filled
+    return out
+
+
 class BufferKV:
     """Per-layer [batch, kv_heads, capacity, head_dim] buffers written in place (inference)."""
 
@@ -98,8 +115,8 @@ class BufferKV:
         """Write positions [length, length + t) of `layer`; return the filled part."""
         if self.keys[layer] is None:
             b, h, _, d = k.shape
-            self.keys[layer] = k.new_zeros(b, h, self.capacity, d)
-            self.values[layer] = v.new_zeros(b, h, self.capacity, v.shape[-1])
+            self.keys[layer] = k.new_empty(b, h, self.capacity, d)
+            self.values[layer] = v.new_empty(b, h, self.capacity, v.shape[-1])
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache of {self.capacity} positions is full")
@@ -109,8 +126,8 @@ class BufferKV:
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep (or repeat) rows `indices`."""
-        self.keys = [k[indices] for k in self.keys]
-        self.values = [v[indices] for v in self.values]
+        self.keys = [select_rows(k, indices, self.length) for k in self.keys]
+        self.values = [select_rows(v, indices, self.length) for v in self.values]
 
 
 KVStore = ConcatKV | BufferKV

@@ -4,7 +4,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 - each prompt is prefilled once and its KV cache repeated for its `n` samples;
 - the KV cache is preallocated for prompt + budget and written in place (`PreallocatedLayer`),
   instead of being re-concatenated at every token;
-- finished sequences are dropped from the batch, so late tokens cost only the live rows;
+- finished sequences are dropped from the batch, so late tokens cost only the live rows (the
+  live rows' cache is compacted in place, copying only the filled positions: `select_rows`);
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
@@ -84,8 +85,8 @@ class PreallocatedLayer(DynamicLayer):
         """Allocate [batch, heads, capacity, head_dim] buffers."""
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
-        self.key_buffer = key_states.new_zeros(b, h, self.capacity, d)
-        self.value_buffer = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.key_buffer = key_states.new_empty(b, h, self.capacity, d)
+        self.value_buffer = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
         self.is_initialized = True
 
     def _views(self) -> None:
@@ -113,8 +114,8 @@ class PreallocatedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the rows `indices` (finished sequences leave the batch)."""
-        self.key_buffer = self.key_buffer[indices]
-        self.value_buffer = self.value_buffer[indices]
+        self.key_buffer = fused.select_rows(self.key_buffer, indices, self.length)
+        self.value_buffer = fused.select_rows(self.value_buffer, indices, self.length)
         self._views()
 
 
