@@ -26,6 +26,20 @@ def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
     assert "algorithm.clip.hihg" in result.output and "algorithm.clip.high" in result.output
 
 
+def test_train_on_a_device_that_is_not_there_names_the_key(tmp_path):
+    result = runner.invoke(
+        app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "model.device=cuda:7"]
+    )
+    assert result.exit_code == 2
+    assert "model.device 'cuda:7'" in result.output
+
+
+def test_eval_on_a_device_that_is_not_there_names_it():
+    result = runner.invoke(app, ["eval", "--model", "tiny", "--device", "tpu"])
+    assert result.exit_code == 2
+    assert "model.device 'tpu'" in result.output
+
+
 def test_train_then_report_then_eval(tmp_path):
     run_dir = tmp_path / "run"
     result = runner.invoke(

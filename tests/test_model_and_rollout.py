@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from rlvr.models.loading import ModelLoadError, load_pretrained, save_pretrained
+from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import HFRolloutEngine, filter_logits, left_pad
+from rlvr.rollout.hf import HFRolloutEngine, filter_logits, inverse_cdf_sample, left_pad
 from rlvr.training.batching import (
     collate,
     collate_shared_prefix,
@@ -54,6 +54,42 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match=r"missing config\.json"):
         load_pretrained(str(tmp_path / "empty"))
+
+
+def test_model_device_resolves_or_names_the_key():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ModelLoadError, match=r"model\.device 'gpu0' is not a device"):
+        resolve_device("gpu0")
+    with pytest.raises(ModelLoadError, match=r"model\.device 'meta': only cpu and cuda"):
+        resolve_device("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match=r"model\.device 'cuda:1': no CUDA GPU"):
+            resolve_device("cuda:1")
+
+
+def test_inverse_cdf_sample_picks_the_interval_of_u():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0]] * 6)
+    # cumulative 0.5, 0.5, 0.8, 1.0, 1.0: u in [0, .5) -> 0, [.5, .8) -> 2, [.8, 1) -> 3
+    uniform = torch.tensor([0.0, 0.4999, 0.5, 0.79, 0.8, 0.9999])
+    assert inverse_cdf_sample(probs, uniform).tolist() == [0, 0, 2, 2, 3, 3]
+    # unnormalised rows scale u by their total; u·total rounding up to the total gives the last
+    # token with nonzero probability, never a zero-probability one
+    weights = torch.tensor([[2.0, 6.0, 0.0], [1.0, 0.0, 0.0]])
+    assert inverse_cdf_sample(weights, torch.tensor([0.3, 0.5])).tolist() == [1, 0]
+    assert inverse_cdf_sample(weights, torch.tensor([1.0, 1.0])).tolist() == [1, 0]
+
+
+def test_inverse_cdf_sample_matches_the_distribution():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    tokens = inverse_cdf_sample(probs.expand(n, 4), torch.rand(n, generator=g))
+    freq = torch.bincount(tokens, minlength=4).float() / n
+    assert freq[1] == 0.0
+    # 4.5 binomial standard deviations (sqrt(p(1-p)/n) <= 0.0035)
+    torch.testing.assert_close(freq, probs, atol=0.016, rtol=0)
 
 
 def test_left_pad():

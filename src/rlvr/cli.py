@@ -129,6 +129,7 @@ def eval_cmd(
         str | None, typer.Option(help="Local data file (task file/gsm8k/math)")
     ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
     ] = None,
@@ -141,7 +142,7 @@ def eval_cmd(
 
     try:
         data = DataConfig(task=task, path=data_path, template=template, test_size=samples)
-        policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model))
+        policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model, device=device))
         problems = load_task(data)
     except (ValueError, *_user_errors()) as exc:
         _fail(str(exc))

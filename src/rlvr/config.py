@@ -40,6 +40,9 @@ class ModelConfig(Section):
     """`tiny` (the built-in offline model), a local Hugging Face model directory, or a hub name."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for training and rollout."""
+    device: str = "auto"
+    """Where the policy (and its reference, critic and model rewards) run: `auto` (the first
+    CUDA GPU when there is one, else the CPU), `cpu`, `cuda` or `cuda:N`."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used only when name_or_path is `tiny`)."""
     fused_forward: bool = True

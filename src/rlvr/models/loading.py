@@ -19,8 +19,31 @@ class ModelLoadError(ValueError):
     """A model path or name that cannot be loaded."""
 
 
+def resolve_device(name: str) -> torch.device:
+    """The torch device of `model.device` (`auto`: CUDA when available, else the CPU)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ModelLoadError(
+            f"model.device {name!r} is not a device (use auto, cpu, cuda or cuda:N)"
+        ) from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"model.device {name!r}: only cpu and cuda devices are supported")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelLoadError(f"model.device {name!r}: no CUDA GPU is available here")
+        if device.index is not None and device.index >= count:
+            raise ModelLoadError(f"model.device {name!r}: this machine has {count} CUDA GPU(s)")
+    return device
+
+
 def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, Tokenizer]:
-    """Build the tiny model (`name_or_path: tiny`) or load a local directory / hub name."""
+    """Build the tiny model (`name_or_path: tiny`) or load a local directory / hub name, in
+    `cfg.dtype` on `cfg.device`."""
+    device = resolve_device(cfg.device)
     if cfg.name_or_path == "tiny":
         tokenizer = build_tiny_tokenizer()
         t = cfg.tiny
@@ -35,7 +58,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
     else:
         model, tokenizer = load_pretrained(cfg.name_or_path, cfg.dtype)
     setattr(model, fused.ENABLE_ATTR, cfg.fused_forward)
-    return model.to(DTYPES[cfg.dtype]), tokenizer
+    return model.to(device=device, dtype=DTYPES[cfg.dtype]), tokenizer
 
 
 def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrainedModel, Tokenizer]:

@@ -42,16 +42,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import fields
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.training.batching import (
-    MicroBatch,
     collate,
     forward_logits,
+    model_device,
+    to_device,
     token_budget_micro_batches,
     token_logprobs,
 )
@@ -81,7 +81,7 @@ def target_logprobs(
             raise ValueError(f"pair {i}: the context and the target must both be non-empty")
     contexts, targets = [list(c) for c in contexts], [list(t) for t in targets]
     lengths = [len(c) + len(t) for c, t in zip(contexts, targets)]
-    device = next(model.parameters()).device
+    device = model_device(model)
     out: list[torch.Tensor] = [torch.empty(0)] * len(targets)
     was_training = model.training
     model.eval()
@@ -90,7 +90,7 @@ def target_logprobs(
             list(range(len(targets))), lengths, micro_batch_tokens
         ):
             mb = collate(contexts, targets, rows, pad_id)
-            mb = MicroBatch(**{f.name: getattr(mb, f.name).to(device) for f in fields(mb)})
+            mb = to_device(mb, device)
             logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids).float().cpu()
             for k, row in enumerate(rows):
                 out[row] = logprobs[k, : len(targets[row])]

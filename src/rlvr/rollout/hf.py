@@ -65,8 +65,27 @@ def sample_tokens(
     scaled = logits / params.temperature
     logprobs = scaled.log_softmax(-1)
     probs = filter_logits(allowed / params.temperature, params.top_k, params.top_p).softmax(-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if probs.device.type == "cpu":
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:  # the run's generator lives on the CPU: draw there, pick on the device
+        uniform = torch.rand(probs.shape[0], generator=generator, dtype=probs.dtype)
+        tokens = inverse_cdf_sample(probs, uniform.to(probs.device))
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Token i of each row with cdf[i - 1] <= u·total < cdf[i] (inverse-transform sampling).
+
+    probs: [b, vocab], rows need not sum to 1; uniform: [b] in [0, 1). A zero-probability
+    token has an empty interval and is never drawn; if rounding puts u·total at or above the
+    last cumulative value, the row's last token with nonzero probability is drawn.
+    """
+    cdf = probs.cumsum(-1)
+    target = uniform[:, None] * cdf[:, -1:]
+    tokens = (cdf <= target).sum(-1)
+    vocab = probs.shape[-1]
+    last_nonzero = vocab - 1 - (probs.flip(-1) > 0).int().argmax(-1)
+    return torch.where(tokens >= vocab, last_nonzero, tokens)
 
 
 class PreallocatedLayer(DynamicLayer):

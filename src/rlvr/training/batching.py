@@ -17,7 +17,8 @@ padded layout (tested); the critic reads its values the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -25,6 +26,26 @@ from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache
 
 from rlvr.models import fused
+
+Batch = TypeVar("Batch")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of `model`'s parameters (`model.device`), where its inputs must be."""
+    return next(model.parameters()).device
+
+
+def to_device(mb: Batch, device: torch.device) -> Batch:
+    """A copy of a collated micro-batch (`MicroBatch`, `SharedPrefixBatch`) with every tensor
+    on `device`. Collation builds on the CPU; only the model's inputs travel."""
+    return replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in fields(mb)})
+
+
+def rows_on(
+    tensor: torch.Tensor, rows: list[int], width: int, device: torch.device
+) -> torch.Tensor:
+    """`tensor[rows, :width]` of a per-token batch tensor ([N, T], on the CPU) on `device`."""
+    return tensor[rows, :width].to(device)
 
 
 @dataclass
@@ -236,7 +257,8 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     prompt_mask = sb.prompt_mask[sb.prompt_index]
     inputs = sb.completion_ids[:, :-1]
     attention_mask = torch.cat([prompt_mask, torch.ones_like(inputs)], dim=-1)
-    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width - 1)[None, :]
+    steps = torch.arange(width - 1, device=inputs.device)
+    positions = prompt_mask.sum(-1, keepdim=True) + steps[None, :]
     real = sb.response_mask[:, 1:].bool()
     rest, _ = step(inputs, attention_mask, positions, cache, None, real)
     return torch.cat([first, rest], dim=1)

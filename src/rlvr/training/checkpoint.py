@@ -62,4 +62,4 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """The trainer state saved next to the model weights."""
-    return torch.load(checkpoint / STATE_FILE, weights_only=False)
+    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)

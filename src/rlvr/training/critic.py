@@ -20,7 +20,13 @@ from rlvr.config import CriticConfig, TrainConfig
 from rlvr.models.loading import load_pretrained
 from rlvr.models.value import ValueModel
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import collate_shared_prefix, shared_prefix_forward
+from rlvr.training.batching import (
+    collate_shared_prefix,
+    model_device,
+    rows_on,
+    shared_prefix_forward,
+    to_device,
+)
 from rlvr.training.optim import build_optimizer
 from rlvr.training.update import micro_batches
 
@@ -33,14 +39,16 @@ class Critic:
     ) -> None:
         self.settings = settings
         base = policy if settings.model is None else load_pretrained(settings.model)[0]
-        self.model = ValueModel(base)
+        self.model = ValueModel(base).to(model_device(policy))
+        self.device = model_device(policy)
         self.optimizer = build_optimizer(self.model, settings.lr, train.weight_decay, train.betas)
         self.budget, self.pad_id = train.micro_batch_tokens, pad_id
         self.max_grad_norm = train.max_grad_norm or math.inf
 
-    def _values(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def _values(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
+        """[b, T] values of the completion tokens of `rows`, on the critic's device."""
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, self.pad_id)
-        return shared_prefix_forward(self.model, mb), mb.rows.tolist()
+        return shared_prefix_forward(self.model, to_device(mb, self.device))
 
     @torch.no_grad()
     def predict(self, batch: RolloutBatch) -> torch.Tensor:
@@ -48,9 +56,9 @@ class Critic:
         self.model.eval()
         out = torch.zeros_like(batch.response_mask)
         for rows in micro_batches(batch, list(range(len(batch))), self.budget, self.model):
-            values, idx = self._values(batch, rows)
+            values = self._values(batch, rows).float().cpu()
             width = values.shape[1]
-            out[idx, :width] = values.float() * batch.response_mask[idx, :width]
+            out[rows, :width] = values * batch.response_mask[rows, :width]
         return out
 
     def update(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
@@ -61,13 +69,13 @@ class Critic:
         norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": 1}
         stats = {"value_loss": 0.0, "value_clip_tokens": 0.0}
         for mb_rows in micro_batches(batch, rows, self.budget, self.model):
-            values, idx = self._values(batch, mb_rows)
+            values = self._values(batch, mb_rows)
             width = values.shape[1]
-            mask = batch.response_mask[idx, :width]
+            mask = rows_on(batch.response_mask, mb_rows, width, self.device)
             token_loss, clipped = clipped_value_loss(
                 values,
-                batch.values[idx, :width],
-                batch.returns[idx, :width],
+                rows_on(batch.values, mb_rows, width, self.device),
+                rows_on(batch.returns, mb_rows, width, self.device),
                 mask,
                 self.settings.value_clip,
             )

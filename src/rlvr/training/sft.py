@@ -20,6 +20,8 @@ from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
     collate,
     forward_logits,
+    model_device,
+    to_device,
     token_budget_micro_batches,
     token_logprobs,
 )
@@ -57,6 +59,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     order_rng = random.Random(s.seed)
     order: list[int] = []
     model.train()
+    device = model_device(model)
     start = time.perf_counter()
     with JsonlWriter(out_dir / "metrics.jsonl") as log:
         for step in range(1, s.steps + 1):
@@ -69,7 +72,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for mb_rows in token_budget_micro_batches(rows, seq_lengths, s.micro_batch_tokens):
-                mb = collate(prompts, targets, mb_rows, tokenizer.pad_token_id)
+                mb = to_device(collate(prompts, targets, mb_rows, tokenizer.pad_token_id), device)
                 logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids)
                 loss = -(logprobs * mb.response_mask).sum() / num_tokens
                 loss.backward()

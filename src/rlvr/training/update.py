@@ -22,6 +22,9 @@ from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
+    model_device,
+    rows_on,
+    to_device,
     token_budget_micro_batches,
     token_entropy,
     token_logprobs,
@@ -91,16 +94,22 @@ def batch_token_stats(
     pad_id: int,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[N, T] log-probs (and entropies when asked) of every completion token, no gradient."""
+    """[N, T] log-probs (and entropies when asked) of every completion token, no gradient; on
+    the batch's device (the CPU), whatever the model's."""
+    device = model_device(model)
     logprobs = torch.zeros_like(batch.response_mask)
     entropy = torch.zeros_like(batch.response_mask) if with_entropy else None
     for rows in micro_batches(batch, list(range(len(batch))), budget, model):
-        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id)
+        mb = to_device(
+            collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id), device
+        )
         logits = forward_logits_shared_prefix(model, mb)
         lp = token_logprobs(logits, mb.completion_ids, temperature)
-        logprobs[mb.rows, : lp.shape[1]] = lp * mb.response_mask
+        width = lp.shape[1]
+        logprobs[rows, :width] = (lp * mb.response_mask).to(logprobs)
         if entropy is not None:
-            entropy[mb.rows, : lp.shape[1]] = token_entropy(logits, temperature) * mb.response_mask
+            ent = token_entropy(logits, temperature) * mb.response_mask
+            entropy[rows, :width] = ent.to(entropy)
     return logprobs, entropy
 
 
@@ -133,19 +142,23 @@ def minibatch_backward(
         for param in model.parameters():
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
+    device = model_device(model)
     for mb_rows in micro_batches(batch, trained, s.micro_batch_tokens, model):
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
+        mb = to_device(mb, device)
         width = mb.completion_ids.shape[1]
-        mask = batch.response_mask[mb.rows, :width]
+        mask = rows_on(batch.response_mask, mb_rows, width, device)
         logits = forward_logits_shared_prefix(model, mb)
         logprobs = token_logprobs(logits, mb.completion_ids, s.temperature)
         old = (
-            logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb.rows, :width]
+            logprobs.detach()
+            if batch.old_logprobs is None
+            else rows_on(batch.old_logprobs, mb_rows, width, device)
         )
         out = policy_loss(
             logprobs,
             old,
-            batch.advantages[mb.rows, :width],
+            rows_on(batch.advantages, mb_rows, width, device),
             mask,
             clip_low=algo.clip.low,
             clip_high=algo.clip.high,
@@ -154,10 +167,12 @@ def minibatch_backward(
         )
         loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
         if positive_tokens:
-            nll = positive_example_nll(logprobs, mask, batch.correct[mb.rows])
+            nll = positive_example_nll(logprobs, mask, batch.correct[mb_rows].to(device))
             loss = loss + algo.positive_lm_coef * nll.sum() / positive_tokens
         if batch.ref_logprobs is not None:
-            kl = KL_ESTIMATORS.get(algo.kl.estimator)(logprobs, batch.ref_logprobs[mb.rows, :width])
+            kl = KL_ESTIMATORS.get(algo.kl.estimator)(
+                logprobs, rows_on(batch.ref_logprobs, mb_rows, width, device)
+            )
             if not algo.kl.in_reward:
                 loss = loss + s.kl_coef * aggregate(algo.aggregation, kl, mask, **norm)
             stats["kl_sum"] += float((kl.detach() * mask).sum())

@@ -1,0 +1,314 @@
+"""rlvr's rollout and training throughput against the hardware's limits, for a GPU.
+
+For each model shape (random init) it measures:
+- **decode**: `HFRolloutEngine` sampling `--samples` completions for each of the prompts of a
+  batch of `--batch` rows, every completion forced to `--new-tokens` tokens. Decode time is a
+  full rollout minus a prefill-only rollout of the same prompts. The memory-bandwidth roofline
+  of a decode step reads every matmul weight once and the K/V of every earlier position of
+  every row; `roofline_frac` = roofline time / measured time, against the device's data-sheet
+  bandwidth and against the copy bandwidth measured here;
+- **training**: one GRPO mini-batch (`minibatch_backward` on shared-prefix, padding-free
+  micro-batches, then AdamW) on ragged completions; tokens/s over the tokens the model really
+  computes (each prompt once, then the completions), and MFU = model FLOPs/s (6 · matmul
+  parameters · tokens plus causal attention) over the data-sheet bf16 dense peak and over the
+  matmul peak measured here.
+
+    python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
+    python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
+
+Results go to `benchmarks/results/gpu[-quick].json` with the device, versions and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rlvr.config import resolve_config
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.optim import build_optimizer
+from rlvr.training.update import LossSettings, minibatch_backward
+
+RESULTS = Path(__file__).parent / "results"
+
+SHAPES: dict[str, Callable[[], torch.nn.Module]] = {
+    # ≈ 110M parameters: a GPT-2-small-sized Llama
+    "100m": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32000,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            intermediate_size=2048,
+            tie_word_embeddings=True,
+        )
+    ),
+    # ≈ 494M parameters: the Qwen2.5-0.5B shape (GQA 14/2, q/k/v biases, 152k vocabulary)
+    "0.5b": lambda: Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+            tie_word_embeddings=True,
+        )
+    ),
+    # a toy shape for `--quick` on a CPU
+    "toy": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            tie_word_embeddings=True,
+        )
+    ),
+}
+
+# Data-sheet figures: HBM bandwidth (bytes/s) and dense bf16 tensor-core peak (FLOP/s).
+DATASHEET = {
+    "H100 PCIe": (2.0e12, 756e12),
+    "H100": (3.35e12, 989e12),  # SXM5
+    "H200": (4.8e12, 989e12),
+    "A100": (2.0e12, 312e12),  # 80 GB SXM
+}
+
+
+def datasheet(device: torch.device) -> tuple[float | None, float | None]:
+    """(bandwidth, bf16 peak) of a known GPU by name, else (None, None)."""
+    if device.type != "cuda":
+        return None, None
+    name = torch.cuda.get_device_name(device)
+    for key, figures in DATASHEET.items():
+        if all(part in name for part in key.split()):
+            return figures
+    return None, None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measured_copy_bandwidth(device: torch.device, dtype: torch.dtype) -> float:
+    """Bytes/s of a large device-to-device copy (one read plus one write per element)."""
+    x = torch.empty(256 * 2**20 // 2, dtype=dtype, device=device)
+    y = torch.empty_like(x)
+    seconds = timed(lambda: y.copy_(x), device, 10)
+    return 2 * x.numel() * x.element_size() / seconds
+
+
+def measured_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a large square matmul in `dtype`."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n**3 / timed(lambda: a @ b, device, 10)
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters of the linear layers a token goes through (the LM head included)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def kv_bytes_per_position(model: torch.nn.Module) -> int:
+    """Bytes of K and V of one position of one row, over all layers."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
+
+
+def decode_case(model, args, device, bandwidths) -> dict:
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, vocab - 1, (args.prompt_len,), generator=g).tolist()
+        for _ in range(args.batch // args.samples)
+    ]
+    eos = [vocab - 1]
+
+    def rollout(tokens: int) -> Callable[[], object]:
+        params = SamplingParams(n=args.samples, max_new_tokens=tokens, min_new_tokens=tokens)
+
+        def run() -> object:
+            engine = HFRolloutEngine(model, eos, 0, generator=torch.Generator().manual_seed(0))
+            return engine.generate(prompts, params)
+
+        return run
+
+    full = timed(rollout(args.new_tokens), device, args.repeats)
+    prefill = timed(rollout(1), device, args.repeats)
+    rows, steps = len(prompts) * args.samples, args.new_tokens - 1
+    decode_s = full - prefill
+    weight_bytes = matmul_params(model) * next(model.parameters()).element_size()
+    kv_bytes = (
+        kv_bytes_per_position(model) * rows * sum(args.prompt_len + 1 + j for j in range(steps))
+    )
+    total_bytes = steps * weight_bytes + kv_bytes
+    result = {
+        "rows": rows,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "rollout_s": full,
+        "prefill_s": prefill,
+        "decode_s": decode_s,
+        "decode_tokens_per_s": rows * steps / decode_s,
+        "decode_step_ms": 1e3 * decode_s / steps,
+        "bytes_per_step_mb": total_bytes / steps / 1e6,
+        "weight_share_of_bytes": steps * weight_bytes / total_bytes,
+    }
+    for name, bandwidth in bandwidths.items():
+        if bandwidth:
+            result[f"roofline_frac_{name}"] = total_bytes / bandwidth / decode_s
+    return result
+
+
+def train_case(model, args, device, peaks) -> dict:
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    groups, n, t = args.train_prompts, args.samples, args.train_len
+    prompts = [
+        torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(groups)
+    ]
+    lengths = torch.randint(t // 2, t + 1, (groups * n,), generator=g).tolist()
+    completions = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
+    mask = response_mask_from_lengths(lengths, t)
+    signs = torch.randint(0, 2, (groups * n, 1), generator=g).float() * 2 - 1
+    batch = RolloutBatch(
+        problems=[],
+        prompt_ids=[prompts[i // n] for i in range(groups * n)],
+        completion_ids=completions,
+        prompt_texts=[],
+        completion_texts=[],
+        group_ids=torch.arange(groups).repeat_interleave(n),
+        truncated=torch.zeros(groups * n, dtype=torch.bool),
+        response_mask=mask,
+        rollout_logprobs=torch.zeros_like(mask),
+        advantages=signs * mask,
+    )
+    algo = resolve_config(preset="grpo").algorithm
+    settings = LossSettings(algo, 1.0, t, args.micro_batch_tokens, 0)
+    optimizer = build_optimizer(model, 1e-6, 0.0, (0.9, 0.999))
+    rows = list(range(len(batch)))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        minibatch_backward(model, batch, rows, settings)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    model.train()
+    seconds = timed(step, device, args.repeats)
+    tokens = groups * args.prompt_len + sum(lengths)
+    cfg = model.config
+    attn_width = cfg.num_attention_heads * (
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    )
+    # causal attention: QKᵀ and PV, 2 FLOPs per multiply-add, 3× for forward + backward, each
+    # token attending on average to half of its sequence
+    mean_context = args.prompt_len + statistics.mean(lengths) / 2
+    flops_per_token = (
+        6 * matmul_params(model) + 12 * cfg.num_hidden_layers * attn_width * mean_context
+    )
+    flops = flops_per_token * tokens / seconds
+    result = {
+        "samples": len(batch),
+        "tokens": tokens,
+        "step_s": seconds,
+        "tokens_per_s": tokens / seconds,
+        "model_tflops": flops / 1e12,
+    }
+    for name, peak in peaks.items():
+        if peak:
+            result[f"mfu_{name}"] = flops / peak
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["100m", "0.5b"], choices=list(SHAPES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--batch", type=int, default=128, help="decode rows")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--train-prompts", type=int, default=16)
+    parser.add_argument("--train-len", type=int, default=1024, help="longest completion")
+    parser.add_argument("--micro-batch-tokens", type=int, default=32768)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="toy shape on the CPU, fp32")
+    args = parser.parse_args()
+    if args.quick:
+        args.shapes, args.device, args.dtype = ["toy"], "cpu", "float32"
+        args.batch, args.prompt_len, args.new_tokens = 16, 8, 8
+        args.train_prompts, args.train_len, args.repeats = 2, 16, 1
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    sheet_bandwidth, sheet_flops = datasheet(device)
+    bandwidths = {"datasheet": sheet_bandwidth, "measured": measured_copy_bandwidth(device, dtype)}
+    peaks = {"datasheet": sheet_flops, "measured": measured_matmul_flops(device, dtype)}
+    report = {
+        "command": " ".join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": args.dtype,
+        "bandwidth_gb_s": {k: v / 1e9 for k, v in bandwidths.items() if v},
+        "peak_tflops": {k: v / 1e12 for k, v in peaks.items() if v},
+        "shapes": {},
+    }
+    for shape in args.shapes:
+        torch.manual_seed(0)
+        model = SHAPES[shape]().to(device=device, dtype=dtype)
+        entry = {"parameters": sum(p.numel() for p in model.parameters())}
+        entry["decode"] = decode_case(model, args, device, bandwidths)
+        print(shape, "decode", json.dumps(entry["decode"]), flush=True)
+        entry["train"] = train_case(model, args, device, peaks)
+        print(shape, "train", json.dumps(entry["train"]), flush=True)
+        report["shapes"][shape] = entry
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"gpu{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
