@@ -65,11 +65,9 @@ def sample_tokens(
     scaled = logits / params.temperature
     logprobs = scaled.log_softmax(-1)
     probs = filter_logits(allowed / params.temperature, params.top_k, params.top_p).softmax(-1)
-    if probs.device.type == "cpu":
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    else:  # the run's generator lives on the CPU: draw there, pick on the device
-        uniform = torch.rand(probs.shape[0], generator=generator, dtype=probs.dtype)
-        tokens = inverse_cdf_sample(probs, uniform.to(probs.device))
+    # one uniform per row from the run's generator (on the CPU, whatever the model's device)
+    uniform = torch.rand(probs.shape[0], generator=generator, dtype=probs.dtype)
+    tokens = inverse_cdf_sample(probs, uniform.to(probs.device))
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
