@@ -73,15 +73,22 @@ def compiled_rollout(run) -> dict[str, float]:
     return {"first_call": times[0], "compiled": statistics.median(times[1:])}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
-    args = parser.parse_args()
+def demo_setup() -> tuple:
+    """2 threads; the demo-shaped tiny model, its tokenizer, and `PROMPTS` random prompts of
+    `PROMPT_LEN` tokens (shared with the other decode A/B scripts)."""
     torch.set_num_threads(2)
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=192, intermediate_size=576, num_layers=4)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 100, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    return tok, model, prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    args = parser.parse_args()
+    tok, model, prompts = demo_setup()
     cases = {
         "rollout 16x8, 64 forced tokens": rollout_case(model, tok, prompts),
         "train 16x8, 64 tokens each": train_case(model, tok, prompts, (64, 65)),

@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import torch
+from fused_ab import GROUP, demo_setup
 
 from rlvr.models import fused
-from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 
 RESULTS = Path(__file__).parent / "results" / "kv_select_ab.json"
-PROMPTS, GROUP, PROMPT_LEN, REPEATS = 16, 8, 18, 10
+REPEATS = 10
 
 
 def whole_buffer_select(self: fused.BufferKV, indices: torch.Tensor) -> None:
@@ -35,11 +35,7 @@ def whole_buffer_select(self: fused.BufferKV, indices: torch.Tensor) -> None:
 
 
 def main() -> None:
-    torch.set_num_threads(2)
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=192, intermediate_size=576, num_layers=4)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(10, 100, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    tok, model, prompts = demo_setup()
     cases = {
         "64 forced tokens": (
             [tok.eos_token_id],
