@@ -1,5 +1,5 @@
-"""A/B of one AdamW step: PyTorch's fused kernel (what `build_optimizer` uses) against the
-`foreach` implementation (PyTorch's default before it), in one process, alternating, on the
+"""A/B of one AdamW step: PyTorch's fused kernel against the `foreach` implementation
+(PyTorch's default, which `build_optimizer` uses), in one process, alternating, on the
 demo-shaped tiny model (1.9M parameters) and the ~110M shape of `gpu.py`, fp32, 2 threads.
 
     python benchmarks/optimizer_ab.py

@@ -14,14 +14,9 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; PyTorch's fused kernel (one pass over each
-    parameter instead of a chain of `foreach` operations) when every parameter is a floating
-    tensor on the CPU or a CUDA GPU (`benchmarks/optimizer_ab.py`)."""
+    """AdamW over the trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(
-        params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None
-    )
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
 
 def lr_multiplier(
