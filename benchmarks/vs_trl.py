@@ -76,6 +76,8 @@ class RunSpec:
     reward: str = "task"
     """`task`: the task's verifier; `dense`: `digit_share` (every group has a nonzero advantage)."""
     data: dict[str, Any] = field(default_factory=dict)
+    rlvr_overrides: list[str] = field(default_factory=list)
+    """Extra rlvr config overrides (A/B scripts of one rlvr setting; empty in this script)."""
 
 
 @dataclass
@@ -257,6 +259,7 @@ def run_rlvr(spec: RunSpec) -> dict:
         "train.log_samples=0",
         f"train.output_dir={spec.output_dir}",
         *forced,
+        *spec.rlvr_overrides,
     ]
     cfg = resolve_config(preset="grpo", overrides=overrides)
     run_dir = rl.train(cfg, show_progress=False)

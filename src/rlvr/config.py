@@ -272,8 +272,11 @@ class TrainConfig(Section):
     """Passes over each rollout batch (PPO epochs); above 1, old log-probs are computed."""
     mini_batches: int = 1
     """Optimizer steps per pass over a rollout batch; above 1, old log-probs are computed."""
-    micro_batch_tokens: int = 16384
-    """Token budget of one forward/backward micro-batch (padding included)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (padding included). Larger is not
+    faster on a CPU: above a few thousand tokens every activation is a fresh multi-MB
+    allocation that the OS must fault in (`docs/benchmarks.md`); on a GPU raise it until
+    memory is full."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
@@ -482,8 +485,8 @@ class SFTTrainConfig(Section):
     """Cosine floor as a fraction of the peak learning rate."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
-    micro_batch_tokens: int = 16384
-    """Token budget of one forward/backward micro-batch."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (see `train.micro_batch_tokens`)."""
     seed: int = 0
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"

@@ -66,7 +66,7 @@ def target_logprobs(
     contexts: Sequence[Sequence[int]],
     targets: Sequence[Sequence[int]],
     pad_id: int,
-    micro_batch_tokens: int = 16384,
+    micro_batch_tokens: int = 4096,
 ) -> list[torch.Tensor]:
     """Per-token log π(target_t | context, target_<t) of each (context, target) pair.
 
@@ -136,7 +136,7 @@ def reference_likelihood_rewards(
     answer_prefix: str = "",
     answer_suffix: str = "",
     reasoning_stop: str | None = None,
-    micro_batch_tokens: int = 16384,
+    micro_batch_tokens: int = 4096,
 ) -> list[float]:
     """Reward each completion by how much it raises the likelihood of its reference answer.
 

@@ -80,7 +80,7 @@ class RewardContext:
     """How to load the initial policy again (``frozen``); None = a copy of `policy`."""
     seed: int = 0
     """Seed of the tiny model's initialisation (``frozen`` of ``tiny``)."""
-    micro_batch_tokens: int = 16384
+    micro_batch_tokens: int = 4096
     """Token budget of one scoring forward pass."""
     _loaded: dict[str, tuple[nn.Module, PreTrainedTokenizerBase]] = field(
         default_factory=dict, repr=False
