@@ -24,6 +24,7 @@ from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
+    packed_micro_batches,
     token_budget_micro_batches,
     token_logprobs,
 )
@@ -209,12 +210,31 @@ def test_unsupported_models_use_the_transformers_forward(tok):
     assert forward_logits_shared_prefix(gpt2, mb).shape == (*mb.completion_ids.shape, len(tok))
 
 
-def test_micro_batches_in_given_order_keep_groups_together():
+def test_packed_micro_batches_count_each_prompt_once_and_only_real_tokens():
+    groups, prompts = [0, 0, 0, 1, 1], [10] * 5
+    completions = [5, 5, 5, 20, 20]
+    # 10 + 5 + 5 + 5 = 25 fits 30; group 1 costs 10 + 20 = 30, then 20 more: a cut each time
+    assert packed_micro_batches(list(range(5)), groups, prompts, completions, 30) == [
+        [0, 1, 2],
+        [3],
+        [4],
+    ]
+    # at 60 the second group's prompt is counted once: 25 + 30 = 55, then + 20 = 75 > 60
+    assert packed_micro_batches(list(range(5)), groups, prompts, completions, 60) == [
+        [0, 1, 2, 3],
+        [4],
+    ]
+    # the padded layout (rows x longest completion) stays within 3 x the budget: 34 real
+    # tokens fit 40, but 5 rows x 30 = 150 slots > 120
+    ragged = packed_micro_batches(list(range(5)), [0] * 5, [0] * 5, [1, 1, 1, 1, 30], 40)
+    assert ragged == [[0, 1, 2, 3], [4]]
+    # a row over the budget on its own
+    assert packed_micro_batches([0, 1], [0, 1], [5, 5], [100, 1], 30) == [[0], [1]]
+
+
+def test_token_budget_micro_batches_sort_by_length():
     lengths = [30, 5, 28, 6, 29, 4]
-    by_group = token_budget_micro_batches(list(range(6)), lengths, 60, by_length=False)
-    assert by_group == [[0, 1], [2, 3], [4, 5]]  # each pair shares a prompt
-    by_length = token_budget_micro_batches(list(range(6)), lengths, 60)
-    assert by_length == [[5, 1, 3], [2, 4], [0]]
+    assert token_budget_micro_batches(list(range(6)), lengths, 60) == [[5, 1, 3], [2, 4], [0]]
 
 
 @pytest.mark.parametrize("name", MODELS)

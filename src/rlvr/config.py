@@ -273,7 +273,9 @@ class TrainConfig(Section):
     mini_batches: int = 1
     """Optimizer steps per pass over a rollout batch; above 1, old log-probs are computed."""
     micro_batch_tokens: int = 4096
-    """Token budget of one forward/backward micro-batch (padding included). Larger is not
+    """Tokens one forward/backward micro-batch computes: with rlvr's padding-free forward, each
+    distinct prompt once plus the completions; otherwise rows × longest sequence, padding
+    included. Larger is not
     faster on a CPU: above a few thousand tokens every activation is a fresh multi-MB
     allocation that the OS must fault in (`docs/benchmarks.md`); on a GPU raise it until
     memory is full."""
@@ -486,7 +488,8 @@ class SFTTrainConfig(Section):
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
     micro_batch_tokens: int = 4096
-    """Token budget of one forward/backward micro-batch (see `train.micro_batch_tokens`)."""
+    """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
+    included (why 4096: `train.micro_batch_tokens`)."""
     seed: int = 0
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"

@@ -101,15 +101,13 @@ def collate(
 
 
 def token_budget_micro_batches(
-    rows: list[int], seq_lengths: list[int], max_tokens: int, by_length: bool = True
+    rows: list[int], seq_lengths: list[int], max_tokens: int
 ) -> list[list[int]]:
-    """Group rows so that rows x longest length stays within `max_tokens`.
-
-    Sorted by length (`by_length`) the groups carry little padding; otherwise `rows` keep
-    their order (a padding-free forward keeps a prompt's samples together instead). A single
-    sequence longer than the budget gets its own group.
+    """Group rows, sorted by length so the groups carry little padding, so that rows x longest
+    length stays within `max_tokens` (the padded layout). A single sequence longer than the
+    budget gets its own group.
     """
-    order = sorted(rows, key=lambda r: seq_lengths[r]) if by_length else rows
+    order = sorted(rows, key=lambda r: seq_lengths[r])
     groups: list[list[int]] = []
     current: list[int] = []
     longest = 0
@@ -123,6 +121,42 @@ def token_budget_micro_batches(
     if current:
         groups.append(current)
     return groups
+
+
+def packed_micro_batches(
+    rows: list[int],
+    groups: list[int],
+    prompt_lengths: list[int],
+    completion_lengths: list[int],
+    max_tokens: int,
+) -> list[list[int]]:
+    """Cut `rows` (in order, a group's rows together) into micro-batches that each compute at
+    most `max_tokens` tokens in the shared-prefix, padding-free forward: each distinct group's
+    prompt once plus every completion token.
+
+    Attention alone sees the padded [rows, longest completion] layout; it is kept within
+    3 × `max_tokens` slots, so its tensors stay no larger than the MLP's (about 3 × hidden
+    wide per real token). A single row over the budget gets its own micro-batch.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    seen: set[int] = set()
+    cost = longest = 0
+    for r in rows:
+        add = completion_lengths[r] + (0 if groups[r] in seen else prompt_lengths[r])
+        longest_with = max(longest, completion_lengths[r])
+        over = cost + add > max_tokens or (len(current) + 1) * longest_with > 3 * max_tokens
+        if current and over:
+            batches.append(current)
+            current, seen = [], set()
+            add, longest_with = completion_lengths[r] + prompt_lengths[r], completion_lengths[r]
+            cost = 0
+        current.append(r)
+        seen.add(groups[r])
+        cost, longest = cost + add, longest_with
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _logprobs_chunk(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -23,6 +23,7 @@ from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
     model_device,
+    packed_micro_batches,
     rows_on,
     to_device,
     token_budget_micro_batches,
@@ -51,17 +52,20 @@ class LossSettings:
 def micro_batches(
     batch: RolloutBatch, rows: list[int], budget: int, model: nn.Module
 ) -> list[list[int]]:
-    """Token-budget micro-batches of `rows` (prompt + completion length decides the cost).
+    """Token-budget micro-batches of `rows`.
 
-    With the padding-free forward (`fused.supports`), padding costs no matmul, so rows stay in
-    group order and a group's prompt is computed once; otherwise they are sorted by length to
-    keep padding low."""
-    seq_lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-    padding_free = fused.supports(model)
-    if padding_free:
+    With the padding-free forward (`fused.supports`), rows stay in group order and the budget
+    counts the tokens computed: each group's prompt once, plus the completions
+    (`packed_micro_batches`). Otherwise rows are sorted by length to keep padding low and the
+    budget counts rows × longest prompt + completion, padding included."""
+    if fused.supports(model):
         group = batch.group_ids.tolist()
         rows = sorted(rows, key=lambda r: (group[r], r))
-    return token_budget_micro_batches(rows, seq_lengths, budget, by_length=not padding_free)
+        prompts = [len(p) for p in batch.prompt_ids]
+        completions = [len(c) for c in batch.completion_ids]
+        return packed_micro_batches(rows, group, prompts, completions, budget)
+    seq_lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    return token_budget_micro_batches(rows, seq_lengths, budget)
 
 
 def trainable_rows(batch: RolloutBatch, rows: list[int], s: LossSettings) -> list[int]:
