@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +196,55 @@ def test_composer_counts_timeouts_and_keeps_scoring(monkeypatch: pytest.MonkeyPa
     assert out.total == [1.0, 0.0, 0.0]
     assert (out.timeouts, out.errors) == (1, 0)
     assert out.error_examples == [f"math: timeout: NaN (verifier timed out) for {completions[1]!r}"]
+
+
+# ----------------------------------------------------------------------- worker start-up
+
+MAIN_SCRIPT = """
+import os
+import threading
+import time
+
+import sibling  # found through the script's own directory, as vs_trl.py is by its A/B scripts
+
+if __name__ == "__mp_main__":  # a verifier process running this script as its main module
+    with open(os.environ["RUN_LOG"], "a") as log:
+        log.write(f"{os.getpid()}\\n")
+
+if __name__ == "__main__":
+    from rlvr.rewards import verify
+
+    verify._run_with_timeout(divmod, (1, 1), 60.0)
+    threads = [
+        threading.Thread(target=verify._run_with_timeout, args=(time.sleep, (0.5,), 60.0))
+        for _ in range(verify._WORKERS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    workers = getattr(verify._pool, "_processes", {})
+    print(len(workers))
+    verify.shutdown_verifier_pool()
+"""
+
+
+@pytest.mark.skipif(
+    "forkserver" not in multiprocessing.get_all_start_methods(), reason="needs forkserver"
+)
+def test_verifier_workers_inherit_the_main_script_instead_of_each_rerunning_it(
+    tmp_path: Path,
+) -> None:
+    """A script's module-level code (its imports, e.g. torch) runs once in the fork server,
+    not once in every worker, whatever the Python version."""
+    script, log = tmp_path / "train_script.py", tmp_path / "runs.log"
+    script.write_text(MAIN_SCRIPT)
+    (tmp_path / "sibling.py").write_text("")
+    env = {**os.environ, "RUN_LOG": str(log)}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    workers = int(done.stdout.split()[-1])
+    assert workers >= 2  # the pool did start several workers
+    assert len(log.read_text().split()) == 1  # the fork server only

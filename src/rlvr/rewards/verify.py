@@ -22,11 +22,11 @@ then ``verify(gold, predicted)``), which handles LaTeX, symbolic equality, sets,
 equations; a predicted answer over 1,000 characters is not sent (it matches nothing).
 
 math-verify runs in a worker process of a lazily created, reused `ProcessPoolExecutor`
-(``forkserver`` start method where available, else ``spawn``). The fork server preloads
-math-verify and, as the standard library's default does, the parent's ``__main__``. CPython
-honours the ``__main__`` preload only from its fix of gh-126631 (September 2025; 3.13 and 3.14
-branches). On earlier versions each worker re-runs the parent's main script before its first
-task: 0.35 s for the ``rlvr`` CLI, the cost of importing torch for a script that does.
+(``forkserver`` start method where available, else ``spawn``). The fork server preloads the
+parent's main script and a warmed-up math-verify (`rlvr.rewards._verifier_preload`), so a
+worker, first or replacement, starts in milliseconds. Without that, each worker would re-run
+the main script before its first task, since CPython ignores a ``"__main__"`` preload before
+its fix of gh-126631; for a script that imports torch that is about 1.5 s of CPU per worker.
 math-verify's own ``signal.alarm`` timeouts are switched off in the worker
 (``parsing_timeout=None``, ``timeout_seconds=None``): they need the main thread and do not
 cover every hang. Instead the caller waits at most ``timeout_s``; on a
@@ -44,8 +44,10 @@ guard its entry point with ``if __name__ == "__main__":``.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import multiprocessing
+import multiprocessing.spawn
 import os
 import re
 import threading
@@ -330,19 +332,41 @@ def _ping() -> int:
 # The function answers_match runs in the worker; a test may swap it for one that hangs.
 _VERIFY_FN: Callable[[str, str], bool] = _math_verify_worker
 
+MAIN_PATH_ENV = "RLVR_FORKSERVER_MAIN"
+"""The parent's main script and ``sys.path`` while the fork server starts
+(`_main_path_for_fork_server`)."""
+
 _pool_lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _generation = 0
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """The forkserver context (the parent's main module and math-verify preloaded) where
-    available, else spawn."""
+    """The forkserver context (`rlvr.rewards._verifier_preload` preloaded) where available,
+    else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", "math_verify"])
+        ctx.set_forkserver_preload(["__main__", "rlvr.rewards._verifier_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+@contextmanager
+def _main_path_for_fork_server() -> Iterator[None]:
+    """Within this block, ``RLVR_FORKSERVER_MAIN`` holds the main script and ``sys.path`` that
+    a fork server started now preloads (`rlvr.rewards._verifier_preload`), as JSON."""
+    data = multiprocessing.spawn.get_preparation_data("verifier")
+    before = os.environ.get(MAIN_PATH_ENV)
+    if "init_main_from_path" in data:
+        parent = {"main_path": data["init_main_from_path"], "sys_path": data["sys_path"]}
+        os.environ[MAIN_PATH_ENV] = json.dumps(parent)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MAIN_PATH_ENV, None)
+        else:
+            os.environ[MAIN_PATH_ENV] = before
 
 
 def _get_pool() -> tuple[ProcessPoolExecutor, int]:
@@ -352,7 +376,8 @@ def _get_pool() -> tuple[ProcessPoolExecutor, int]:
         if _pool is None:
             pool = ProcessPoolExecutor(max_workers=_WORKERS, mp_context=_context())
             try:  # start the workers now, so start-up time never counts against a timeout
-                pool.submit(_ping).result(timeout=_STARTUP_TIMEOUT_S)
+                with _main_path_for_fork_server():  # the fork server starts with the first one
+                    pool.submit(_ping).result(timeout=_STARTUP_TIMEOUT_S)
             except Exception as exc:
                 _kill(pool)
                 # Not a VerifierError: this is no per-answer failure to score as a timeout.
