@@ -20,7 +20,8 @@ What is measured per step (the first step is reported but left out of the median
 ``rollout`` (prompt encoding, sampling, decoding), ``reward`` (scoring, and for rlvr the batch
 assembly), ``train`` (the rest: advantages, forward/backward, optimizer); completion tokens per
 second; token slots of the training forwards and of the rollout forwards per generated token
-(both counted by a forward pre-hook on the policy); the reward curve.
+(both counted by a forward pre-hook on the policy) and the share of them wasted on padding or on
+rows that had already finished (`ForwardCounter`); the reward curve.
 
 Equal completion lengths: TRL gets ``generation_kwargs={"min_new_tokens": L}`` and rlvr
 ``rollout.min_new_tokens=L`` (EOS is masked in both), so every completion is L tokens long.
@@ -165,19 +166,59 @@ def digit_share(prompts: list[str], completions: list[str], **columns: Any) -> l
 
 
 class ForwardCounter:
-    """Forward pre-hook on the input embedding: token slots of rollout and training forwards
-    (rlvr's lean forward does not call the model's own `forward`, but both embed the tokens)."""
+    """Token slots of the rollout and training forwards, and how many of them were wasted.
 
-    def __init__(self) -> None:
-        self.rollout_slots = 0
-        self.train_slots = 0
+    A forward pre-hook on the input embedding counts slots (rlvr's lean forward does not call
+    the model's own `forward`, but both frameworks embed the tokens). Before the embedding
+    runs, the caller's mask over the positions is handed over with `expect_mask`: a forward
+    pre-hook on the model does it for TRL (its `attention_mask`), a wrapper around
+    `FusedForward.hidden` for rlvr (its key mask; a padding-free call embeds real tokens only).
+    A slot is wasted when it holds padding (mask 0 at an input position) or, in a decode step,
+    a row that has already produced EOS (TRL keeps finished rows in the batch and feeds them
+    padding; rlvr drops them). Wasted / all slots is the padding-waste fraction.
+    """
+
+    def __init__(self, eos_ids: list[int]) -> None:
+        self.eos_ids = torch.tensor(eos_ids)
+        self.slots = {"rollout": 0, "train": 0}
+        self.wasted = {"rollout": 0, "train": 0}
+        self.mask: torch.Tensor | None = None
+        self.finished: torch.Tensor | None = None
+
+    def expect_mask(self, mask: torch.Tensor | None) -> None:
+        """The [b, s] mask (1 = real token) whose last positions the next embedding call gets."""
+        self.mask = mask
+
+    def model_pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """`register_forward_pre_hook(..., with_kwargs=True)` on a `transformers` model."""
+        self.expect_mask(kwargs.get("attention_mask"))
 
     def __call__(self, module: Any, args: tuple) -> None:
-        ids = args[0]
-        if torch.is_grad_enabled():
-            self.train_slots += ids.numel()
-        else:
-            self.rollout_slots += ids.numel()
+        ids, mask = args[0], self.mask
+        self.mask = None
+        phase = "train" if torch.is_grad_enabled() else "rollout"
+        self.slots[phase] += ids.numel()
+        if ids.dim() != 2:  # padding-free: only real tokens
+            return
+        rows, width = ids.shape
+        if mask is not None:
+            self.wasted[phase] += int((mask[:, -width:] == 0).sum())
+        if phase == "train":
+            return
+        if width > 1 or self.finished is None or len(self.finished) != rows:
+            self.finished = torch.zeros(rows, dtype=torch.bool)  # a new rollout (or fewer rows)
+            if width > 1:
+                return
+        self.finished |= torch.isin(ids[:, 0].cpu(), self.eos_ids)
+        self.wasted[phase] += int(self.finished.sum())
+
+    def report(self, completion_tokens: float) -> dict[str, float]:
+        """Slots per generated completion token, and the padding-waste fractions."""
+        out = {}
+        for phase in ("train", "rollout"):
+            out[f"{phase}_slots_per_token"] = self.slots[phase] / max(completion_tokens, 1)
+            out[f"{phase}_padding_frac"] = self.wasted[phase] / max(self.slots[phase], 1)
+        return out
 
 
 def peak_rss_mb() -> float:
@@ -226,18 +267,29 @@ def run_rlvr(spec: RunSpec) -> dict:
     """Train with `rlvr.training.rl.train`; read its metrics.jsonl."""
     import rlvr.training.rl as rl
     from rlvr.config import resolve_config
+    from rlvr.models import fused
+    from rlvr.models.loading import eos_token_ids
     from rlvr.tracking.jsonl import read_jsonl
 
     torch.set_num_threads(THREADS)
-    counter = ForwardCounter()
+    counter: ForwardCounter | None = None
     load = rl.load_model_and_tokenizer
+    hidden = fused.FusedForward.hidden
 
     def load_with_counter(*args: Any, **kwargs: Any) -> Any:
+        nonlocal counter
         model, tokenizer = load(*args, **kwargs)
+        counter = ForwardCounter(eos_token_ids(model, tokenizer))
         model.get_input_embeddings().register_forward_pre_hook(counter)
+        model.register_forward_pre_hook(counter.model_pre_hook, with_kwargs=True)
         return model, tokenizer
 
+    def hidden_with_mask(self, input_ids, positions, key_mask, cache, flat=None):
+        counter.expect_mask(key_mask if flat is None else None)
+        return hidden(self, input_ids, positions, key_mask, cache, flat)
+
     rl.load_model_and_tokenizer = load_with_counter
+    fused.FusedForward.hidden = hidden_with_mask
     forced = [f"rollout.min_new_tokens={spec.max_new_tokens}"] if spec.force_length else []
     if spec.reward == "dense":
         forced.append('reward.functions=[{name: "vs_trl:digit_share"}]')
@@ -300,8 +352,9 @@ def run_trl(spec: RunSpec) -> dict:
 
     torch.set_num_threads(THREADS)
     model, tokenizer = load_pretrained(spec.model_dir)
-    counter = ForwardCounter()
+    counter = ForwardCounter(eos_token_ids(model, tokenizer))
     model.get_input_embeddings().register_forward_pre_hook(counter)
+    model.register_forward_pre_hook(counter.model_pre_hook, with_kwargs=True)
 
     task = load_task(DataConfig.model_validate(spec.data))
     sampler = EpochSampler(len(task.train), spec.seed)
@@ -444,8 +497,7 @@ def worker(spec_path: Path) -> None:
         "steps": out["steps"],
         "peak_rss_mb": out["peak_rss_mb"],
         "wall_s": wall,
-        "train_slots_per_token": counter.train_slots / max(tokens, 1),
-        "rollout_slots_per_token": counter.rollout_slots / max(tokens, 1),
+        **counter.report(tokens),
     }
     if spec.eval_every:
         result["eval"] = evaluate_checkpoints(spec, out["checkpoints"])
@@ -483,6 +535,8 @@ def summarize(result: dict) -> dict:
         "tokens_per_s": statistics.median(s["completion_tokens"] / s["step_s"] for s in steps),
         "train_slots_per_token": result["train_slots_per_token"],
         "rollout_slots_per_token": result["rollout_slots_per_token"],
+        "train_padding_frac": result.get("train_padding_frac"),
+        "rollout_padding_frac": result.get("rollout_padding_frac"),
         "peak_rss_mb": result["peak_rss_mb"],
         "skipped_frac": statistics.mean(s.get("skipped_frac", 0.0) for s in steps),
         "reward_curve": [s["reward"] for s in result["steps"]],
@@ -662,6 +716,8 @@ def print_report(mode: str, report: dict) -> None:
             "tokens_per_s",
             "train_slots_per_token",
             "rollout_slots_per_token",
+            "train_padding_frac",
+            "rollout_padding_frac",
             "peak_rss_mb",
             "skipped_frac",
         ):
