@@ -173,6 +173,58 @@ def test_select_rows_copies_the_filled_positions_of_the_chosen_rows(rows):
     assert bool((out[:, :, 6] == 1.0).all())
 
 
+def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
+    """The cache pool keeps memory between rollouts; its stale contents must never be read.
+
+    One engine runs three rollouts of different prompt widths, group sizes and finishing
+    steps (an EOS-heavy model); each must equal a fresh engine's rollout with the same
+    generator state, and the pool holds one storage per (keys/values, layer, slot).
+    """
+    model = llama(tok)
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] += 0.4 * model.model.embed_tokens.weight.mean(0)
+    rounds = [
+        ([[20, 30, 40, 50, 60, 70], [50, 60]], SamplingParams(n=6, max_new_tokens=20)),
+        ([[50, 60], [25, 35, 45]], SamplingParams(n=7, max_new_tokens=30)),
+        ([[22, 32, 42], [52, 62, 72, 82], [25]], SamplingParams(n=6, max_new_tokens=24)),
+    ]
+    reused = HFRolloutEngine(
+        model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+    )
+    for prompts, params in rounds:
+        state = reused.generator.get_state()
+        out = reused.generate(prompts, params)
+        fresh = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator()
+        )
+        fresh.generator.set_state(state)
+        expected = fresh.generate(prompts, params)
+        assert out.completion_ids == expected.completion_ids
+        assert out.logprobs == expected.logprobs
+        assert len({len(c) for c in out.completion_ids}) > 2  # rows finished at several steps
+    layers = model.config.num_hidden_layers
+    assert set(reused.kv_pool.storages) == {
+        (name, layer, slot)
+        for name in ("keys", "values")
+        for layer in range(layers)
+        for slot in (0, 1)
+    }
+
+
+def test_buffer_pool_reuses_and_grows_its_storage():
+    pool = fused.BufferPool()
+    like = torch.zeros(1)
+    a = pool.empty(("k", 0, 0), like, (2, 3, 4))
+    b = pool.empty(("k", 0, 0), like, (1, 3, 4))  # smaller: same memory
+    assert b.data_ptr() == a.data_ptr() and b.shape == (1, 3, 4)
+    c = pool.empty(("k", 0, 0), like, (4, 3, 4))  # larger: a new, larger storage
+    assert c.shape == (4, 3, 4) and pool.storages[("k", 0, 0)].numel() == 48
+    d = pool.empty(("k", 0, 1), like, (4, 3, 4))  # another key never shares memory
+    assert d.data_ptr() != c.data_ptr()
+    e = pool.empty(("k", 0, 0), torch.zeros(1, dtype=torch.float64), (2, 3, 4))
+    assert e.dtype == torch.float64  # another dtype: a new storage
+
+
 class WrappedLinear(nn.Linear):
     """Stands for an adapter or quantised layer: its forward is not a plain matmul."""
 

@@ -21,6 +21,10 @@ on the sequence length. Anything else uses the `transformers` forward, as does
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -86,37 +90,87 @@ class ConcatKV:
         self.values = [v[indices] for v in self.values]
 
 
-def select_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+Allocate = Callable[[tuple[int, ...]], torch.Tensor]
+"""Returns an uninitialised buffer of the given shape (for `select_rows`)."""
+
+
+def select_rows(
+    buffer: torch.Tensor, rows: torch.Tensor, length: int, allocate: Allocate | None = None
+) -> torch.Tensor:
     """Rows `rows` of a [batch, heads, capacity, dim] cache buffer whose first `length`
     positions are filled; only those positions are copied.
 
     When no more rows are asked for than the buffer has (finished rows leaving the batch), they
     are compacted into its leading rows and a view of those is returned; otherwise (a prompt's
-    cache repeated for its samples) a new buffer is allocated.
+    cache repeated for its samples) a new buffer is taken from `allocate` (default: a fresh
+    tensor), which must not share memory with `buffer`.
     """
     filled = buffer[rows, :, :length]
+    shape = (len(rows), *buffer.shape[1:])
     if len(rows) <= buffer.shape[0]:
         out = buffer[: len(rows)]
     else:
-        out = buffer.new_empty(len(rows), *buffer.shape[1:])
+        out = allocate(shape) if allocate is not None else buffer.new_empty(shape)
     out[:, :, :length] = filled
     return out
 
 
-class BufferKV:
-    """Per-layer [batch, kv_heads, capacity, head_dim] buffers written in place (inference)."""
+class BufferPool:
+    """Flat storages that outlive one rollout, for the decode cache on a CPU.
 
-    def __init__(self, num_layers: int, capacity: int) -> None:
+    A rollout's cache is tens of MB. glibc returns such freed blocks to the kernel, so a fresh
+    cache every rollout is fresh pages that fault in one by one (about 16k minor faults for the
+    systems-mode batch of `benchmarks/vs_trl.py`). Keeping the memory between rollouts avoids
+    that (`benchmarks/kv_reuse_ab.py`). On a GPU PyTorch's caching allocator already reuses
+    freed memory, and holding the cache there would keep it from the update's activations, so
+    the rollout engine uses a pool on the CPU only. One storage per key, grown to the largest
+    size asked for; its contents are never read before they are written.
+    """
+
+    def __init__(self) -> None:
+        self.storages: dict[tuple, torch.Tensor] = {}
+
+    def empty(self, key: tuple, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialised [shape] tensor of `like`'s dtype and device, stored under `key`."""
+        numel = math.prod(shape)
+        storage = self.storages.get(key)
+        if (
+            storage is None
+            or storage.numel() < numel
+            or storage.dtype != like.dtype
+            or storage.device != like.device
+        ):
+            storage = self.storages[key] = like.new_empty(numel)
+        return storage[:numel].view(shape)
+
+
+class BufferKV:
+    """Per-layer [batch, kv_heads, capacity, head_dim] buffers written in place (inference).
+
+    With a `pool`, the buffers come from it: each layer's keys and values alternate between two
+    of its storages, so a prompt's cache repeated for its samples never overwrites its source.
+    """
+
+    def __init__(self, num_layers: int, capacity: int, pool: BufferPool | None = None) -> None:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.capacity, self.length = capacity, 0
+        self.pool = pool
+        self.slot = 0
+
+    def _empty(
+        self, name: str, layer: int, like: torch.Tensor, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        if self.pool is None:
+            return like.new_empty(shape)
+        return self.pool.empty((name, layer, self.slot), like, shape)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Write positions [length, length + t) of `layer`; return the filled part."""
         if self.keys[layer] is None:
             b, h, _, d = k.shape
-            self.keys[layer] = k.new_empty(b, h, self.capacity, d)
-            self.values[layer] = v.new_empty(b, h, self.capacity, v.shape[-1])
+            self.keys[layer] = self._empty("keys", layer, k, (b, h, self.capacity, d))
+            self.values[layer] = self._empty("values", layer, v, (b, h, self.capacity, v.shape[-1]))
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache of {self.capacity} positions is full")
@@ -125,9 +179,13 @@ class BufferKV:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep (or repeat) rows `indices`."""
-        self.keys = [select_rows(k, indices, self.length) for k in self.keys]
-        self.values = [select_rows(v, indices, self.length) for v in self.values]
+        """Keep (or repeat) rows `indices`; repeated rows go to the pool's other slot."""
+        if any(len(indices) > k.shape[0] for k in self.keys if k is not None):
+            self.slot = 1 - self.slot
+        for name, store in (("keys", self.keys), ("values", self.values)):
+            for layer, buffer in enumerate(store):
+                allocate = partial(self._empty, name, layer, buffer)
+                store[layer] = select_rows(buffer, indices, self.length, allocate)
 
 
 KVStore = ConcatKV | BufferKV

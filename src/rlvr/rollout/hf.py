@@ -6,6 +6,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
   instead of being re-concatenated at every token;
 - finished sequences are dropped from the batch, so late tokens cost only the live rows (the
   live rows' cache is compacted in place, copying only the filled positions: `select_rows`);
+- on a CPU the cache's memory is kept from one rollout to the next (`fused.BufferPool`), so a
+  rollout does not fault in tens of MB of fresh pages;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
@@ -13,6 +15,7 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 import torch
@@ -137,7 +140,11 @@ class PreallocatedLayer(DynamicLayer):
 
 
 class HFRolloutEngine:
-    """Samples from the policy module itself, so weight sync is free."""
+    """Samples from the policy module itself, so weight sync is free.
+
+    One `generate` runs at a time per engine (a lock): the calls share the cache pool and the
+    module's train/eval mode.
+    """
 
     def __init__(
         self,
@@ -152,6 +159,9 @@ class HFRolloutEngine:
         self.pad_id = pad_id
         self.batch_size = batch_size
         self.generator = generator
+        self.kv_pool = fused.BufferPool()
+        """Cache memory reused across rollouts when the model is on the CPU."""
+        self._lock = threading.Lock()
 
     def sync_weights(self, model: nn.Module) -> None:
         """The in-process engine shares the trainer's module."""
@@ -161,14 +171,15 @@ class HFRolloutEngine:
         """Sample `params.n` completions per prompt, `batch_size` sequences at a time."""
         per_chunk = max(1, self.batch_size // params.n)
         out = Rollout([], [], [], [])
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for start in range(0, len(prompts), per_chunk):
-                chunk = prompts[start : start + per_chunk]
-                self._generate_chunk(chunk, params, start, out)
-        finally:
-            self.model.train(was_training)
+        with self._lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                for start in range(0, len(prompts), per_chunk):
+                    chunk = prompts[start : start + per_chunk]
+                    self._generate_chunk(chunk, params, start, out)
+            finally:
+                self.model.train(was_training)
         return out
 
     @torch.inference_mode()
@@ -179,8 +190,11 @@ class HFRolloutEngine:
         input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         capacity = input_ids.shape[1] + params.max_new_tokens
-        decoder_class = FusedDecoder if fused.supports(self.model) else HFDecoder
-        decoder = decoder_class(self.model, capacity)
+        if fused.supports(self.model):
+            pool = self.kv_pool if device.type == "cpu" else None
+            decoder = FusedDecoder(self.model, capacity, pool)
+        else:
+            decoder = HFDecoder(self.model, capacity)
         logits = decoder.prefill(input_ids, attention_mask, position_ids)
         n = params.n
         decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
@@ -253,9 +267,11 @@ class HFDecoder:
 class FusedDecoder:
     """Decoding through `rlvr.models.fused` (same function, fewer operations)."""
 
-    def __init__(self, model: nn.Module, capacity: int) -> None:
+    def __init__(
+        self, model: nn.Module, capacity: int, pool: fused.BufferPool | None = None
+    ) -> None:
         self.forward = fused.FusedForward(model)
-        self.cache = fused.BufferKV(len(self.forward.layers), capacity)
+        self.cache = fused.BufferKV(len(self.forward.layers), capacity, pool)
 
     def _logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.forward.hidden(input_ids, position_ids, attention_mask, self.cache)
