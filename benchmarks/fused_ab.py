@@ -84,6 +84,18 @@ def demo_setup() -> tuple:
     return tok, model, prompts
 
 
+def decode_cases(tok) -> dict[str, tuple[list[int], SamplingParams]]:
+    """The decode A/B scripts' two rollouts, as (EOS ids, sampling): every completion forced to
+    64 tokens, and two frequent tokens ending completions, so rows finish at many steps."""
+    return {
+        "64 forced tokens": (
+            [tok.eos_token_id],
+            SamplingParams(n=GROUP, max_new_tokens=64, min_new_tokens=64),
+        ),
+        "rows finish at many steps": ([20, 21], SamplingParams(n=GROUP, max_new_tokens=64)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-from fused_ab import GROUP, demo_setup
+from fused_ab import decode_cases, demo_setup
 
 from rlvr.models import fused
-from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 
 RESULTS = Path(__file__).parent / "results" / "kv_reuse_ab.json"
@@ -38,13 +37,7 @@ def fresh_empty(
 
 def main() -> None:
     tok, model, prompts = demo_setup()
-    cases = {
-        "64 forced tokens": (
-            [tok.eos_token_id],
-            SamplingParams(n=GROUP, max_new_tokens=64, min_new_tokens=64),
-        ),
-        "rows finish at many steps": ([20, 21], SamplingParams(n=GROUP, max_new_tokens=64)),
-    }
+    cases = decode_cases(tok)
     variants = {"pool": fused.BufferPool.empty, "fresh": fresh_empty}
     report = {}
     for name, (eos, params) in cases.items():

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import torch
-from fused_ab import GROUP, demo_setup
+from fused_ab import decode_cases, demo_setup
 
 from rlvr.models import fused
-from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 
 RESULTS = Path(__file__).parent / "results" / "kv_select_ab.json"
@@ -36,13 +35,7 @@ def whole_buffer_select(self: fused.BufferKV, indices: torch.Tensor) -> None:
 
 def main() -> None:
     tok, model, prompts = demo_setup()
-    cases = {
-        "64 forced tokens": (
-            [tok.eos_token_id],
-            SamplingParams(n=GROUP, max_new_tokens=64, min_new_tokens=64),
-        ),
-        "rows finish at many steps": ([20, 21], SamplingParams(n=GROUP, max_new_tokens=64)),
-    }
+    cases = decode_cases(tok)
     variants = {
         "select_rows": fused.BufferKV.batch_select_indices,
         "whole buffer": whole_buffer_select,
