@@ -46,6 +46,7 @@ def engine_for(model, tok) -> HFRolloutEngine:
 
 def two_threads(engines: list[HFRolloutEngine], prompts) -> None:
     """Each half of the prompts on its own engine (an engine runs one rollout at a time)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     halves = [
         threading.Thread(target=engines[i].generate, args=(prompts[i::2], PARAMS)) for i in range(2)
@@ -54,7 +55,7 @@ def two_threads(engines: list[HFRolloutEngine], prompts) -> None:
         thread.start()
     for thread in halves:
         thread.join()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
 
 
 def compiled_pieces():

@@ -177,12 +177,11 @@ def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
     """The cache pool keeps memory between rollouts; its stale contents must never be read.
 
     One engine runs three rollouts of different prompt widths, group sizes and finishing
-    steps (an EOS-heavy model); each must equal a fresh engine's rollout with the same
-    generator state, and the pool holds one storage per (keys/values, layer, slot).
+    steps; before each, every pooled storage is filled with NaN, so a read of a position that
+    was not written would poison the logits. Each rollout must equal a fresh engine's with the
+    same generator state, and the pool holds one storage per (keys/values, layer, slot).
     """
     model = llama(tok)
-    with torch.no_grad():
-        model.lm_head.weight[tok.eos_token_id] += 0.4 * model.model.embed_tokens.weight.mean(0)
     rounds = [
         ([[20, 30, 40, 50, 60, 70], [50, 60]], SamplingParams(n=6, max_new_tokens=20)),
         ([[50, 60], [25, 35, 45]], SamplingParams(n=7, max_new_tokens=30)),
@@ -192,6 +191,9 @@ def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
         model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
     )
     for prompts, params in rounds:
+        with torch.inference_mode():  # the rollout made them inside inference mode
+            for storage in reused.kv_pool.storages.values():
+                storage.fill_(float("nan"))
         state = reused.generator.get_state()
         out = reused.generate(prompts, params)
         fresh = HFRolloutEngine(
