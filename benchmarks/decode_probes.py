@@ -12,12 +12,16 @@ And two stubs that say where the rollout's time is (wrong outputs, same shapes a
 - `layers_stub`: the decoder layers are skipped (embedding, final norm, LM head and sampling
   remain).
 
+These probes are of the decode step in PyTorch operations, so the script turns the C kernels
+off (`RLVR_CPU_KERNELS=0`; `cpu_kernels_ab.py` measures those against it).
+
     python benchmarks/decode_probes.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import threading
@@ -31,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from fused_ab import GROUP, demo_setup
 
-from rlvr.models import fused
+from rlvr.models import cpu_kernels, fused
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 
@@ -122,6 +126,7 @@ def timed(run: Callable[[], None]) -> tuple[float, int]:
 
 
 def main() -> None:
+    os.environ[cpu_kernels.DISABLE_ENV] = "0"
     tok, model, prompts = demo_setup()
     engine, halves = engine_for(model, tok), [engine_for(model, tok) for _ in range(2)]
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,6 +96,51 @@ def decode_cases(tok) -> dict[str, tuple[list[int], SamplingParams]]:
         ),
         "rows finish at many steps": ([20, 21], SamplingParams(n=GROUP, max_new_tokens=64)),
     }
+
+
+def decode_ab(
+    tok, model, prompts, variants: dict[str, Callable[[], None]], repeats: int
+) -> dict[str, dict[str, float]]:
+    """A/B of rollout variants on `decode_cases`, in this process, alternating, one engine per
+    variant running every rollout (as in training). `variants` maps a name to a function that
+    switches the variant on; the first name is the baseline of the paired speed-ups. Returns,
+    per case: median seconds and minor page faults per rollout, and the paired median speed-up
+    of each other variant. The first round warms up and is not counted."""
+    report = {}
+    baseline = next(iter(variants))
+    for name, (eos, params) in decode_cases(tok).items():
+        engines = {
+            v: HFRolloutEngine(model, eos, tok.pad_token_id, generator=torch.Generator())
+            for v in variants
+        }
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        faults: dict[str, list[int]] = {v: [] for v in variants}
+        for i in range(repeats + 1):
+            for variant, switch_on in variants.items():
+                switch_on()
+                engine = engines[variant]
+                engine.generator.manual_seed(i)
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                start = time.perf_counter()
+                engine.generate(prompts, params)
+                if i:
+                    times[variant].append(time.perf_counter() - start)
+                    faults[variant].append(
+                        resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+                    )
+        report[name] = {
+            **{f"{v} s": statistics.median(t) for v, t in times.items()},
+            **{f"{v} minor faults": statistics.median(f) for v, f in faults.items()},
+            **{
+                f"{v} speedup (paired median)": statistics.median(
+                    b / t for b, t in zip(times[baseline], times[v])
+                )
+                for v in variants
+                if v != baseline
+            },
+        }
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in report[name].items()), flush=True)
+    return report
 
 
 def main() -> None:

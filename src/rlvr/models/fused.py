@@ -8,7 +8,10 @@ fp32 rounding, gradients included), with less work:
 - attention for one query position (a decode step) is two batched matmuls with the grouped
   query heads folded into the query axis (no repeated K/V, and not the CPU flash-attention
   kernel, which is slow for one query); longer queries use the fused SDPA kernel;
-- the decode KV cache is one preallocated buffer per layer, written in place.
+- the decode KV cache is one preallocated buffer per layer, written in place;
+- on a CPU, a decode step's RMSNorm, rotary embedding, SiLU·up and attention are C kernels
+  (`cpu_kernels`), one pass each, where PyTorch spends more on per-operation overhead than on
+  the arithmetic of tensors this small.
 
 Concatenating q/k/v and gate/up into one matmul each was measured and dropped: no gain in
 decoding at batch 128, a loss in training (the gradient split costs more than it saves).
@@ -28,6 +31,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rlvr.models import cpu_kernels
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 ENABLE_ATTR = "rlvr_fused_forward"
@@ -243,6 +248,43 @@ def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tenso
     return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1)
 
 
+class TorchOps:
+    """The lean forward's per-layer operations in PyTorch: any device and dtype, differentiable.
+    `bias` is the attention's additive mask (`mask_bias`)."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        self.bias = bias
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of the last axis (Zhang & Sennrich 2019, eq. 4), times `weight`."""
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    rotate = staticmethod(rotate)
+
+    @staticmethod
+    def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) · up, the SwiGLU MLP's inner product (Shazeer 2020, eq. 6)."""
+        return F.silu(gate) * up
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """`attention` under this forward's mask."""
+        return attention(q, k, v, self.bias, scale)
+
+
+def layer_ops(
+    h: torch.Tensor, key_mask: torch.Tensor, t: int, padding_free: bool
+) -> TorchOps | cpu_kernels.DecodeOps:
+    """The C kernels for a decode step (one position per row, no padding-free layout) where
+    `cpu_kernels.usable`, else the PyTorch operations."""
+    bias = mask_bias(key_mask, t, h.dtype)
+    if t == 1 and not padding_free and cpu_kernels.usable(h):
+        return cpu_kernels.DecodeOps(bias.view(bias.shape[0], -1) == 0)
+    return TorchOps(bias)
+
+
 class FusedForward:
     """The decoder of a supported model as plain tensor operations."""
 
@@ -282,7 +324,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        bias = mask_bias(key_mask, t, h.dtype)
+        ops = layer_ops(h, key_mask, t, flat is not None)
 
         def padded(x: torch.Tensor) -> torch.Tensor:
             """[b, heads, t, d] from per-token rows (zeros at padding)."""
@@ -292,19 +334,20 @@ class FusedForward:
 
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, self.eps)
-            q = rotate(linear(x, attn.q_proj).view(*lead, nq, d), cos, sin)
-            k = rotate(linear(x, attn.k_proj).view(*lead, nkv, d), cos, sin)
+            x = ops.rms_norm(h, layer.input_layernorm.weight, self.eps)
+            q = ops.rotate(linear(x, attn.q_proj).view(*lead, nq, d), cos, sin)
+            k = ops.rotate(linear(x, attn.k_proj).view(*lead, nkv, d), cos, sin)
             v = linear(x, attn.v_proj).view(*lead, nkv, d)
             k, v = cache.update(i, padded(k), padded(v))
-            a = attention(padded(q), k, v, bias, self.scale).transpose(1, 2)
+            a = ops.attention(padded(q), k, v, self.scale).transpose(1, 2)
             a = a.reshape(b * t, nq * d)
             a = a if flat is None else a[flat]
             h = h + linear(a.view(*lead, nq * d), attn.o_proj)
-            x = F.rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, self.eps)
-            h = h + linear(F.silu(linear(x, mlp.gate_proj)) * linear(x, mlp.up_proj), mlp.down_proj)
+            x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
+            inner = ops.silu_mul(linear(x, mlp.gate_proj), linear(x, mlp.up_proj))
+            h = h + linear(inner, mlp.down_proj)
         cache.length += t
-        return F.rms_norm(h, (h.shape[-1],), self.model.model.norm.weight, self.eps)
+        return ops.rms_norm(h, self.model.model.norm.weight, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head."""

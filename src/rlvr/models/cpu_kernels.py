@@ -1,0 +1,190 @@
+"""C kernels for the decode step of the lean forward on a CPU (`cpu_kernels.c`).
+
+A decode step feeds one token per row, so its tensors are small and PyTorch's per-operation
+overhead, not arithmetic, sets the pace of RMSNorm, the rotary embedding, SiLU·up and the
+attention. `cpu_kernels.c` does each in one pass (the matmuls stay with PyTorch's BLAS). It is
+compiled on first use with the system C compiler (`$CC`, else `cc`; `-O3 -march=native
+-ffast-math -fopenmp`) into `$RLVR_KERNEL_CACHE` (default `~/.cache/rlvr/kernels`), keyed by
+the source, the flags, the compiler and the CPU, and loaded with `ctypes`; the library links
+the OpenMP runtime PyTorch already loaded, so both share one thread team.
+
+Where there is no compiler, the build fails, or `RLVR_CPU_KERNELS=0`, `load` returns None
+(with one warning saying why) and the lean forward keeps its PyTorch operations, which compute
+the same function (tested to fp32 rounding).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
+LIBRARIES = (("-lmvec",), ())
+"""Tried in order: glibc's vector math library (vectorised `expf`), then none."""
+DISABLE_ENV = "RLVR_CPU_KERNELS"
+CACHE_ENV = "RLVR_KERNEL_CACHE"
+
+_c_float, _c_long, _c_int, _ptr = ctypes.c_float, ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+SIGNATURES = {
+    "rms_norm": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_float, _c_int],
+    "rotary": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_long, _c_int],
+    "silu_mul": [_ptr, _ptr, _c_long, _c_int],
+    "decode_attention": [_ptr] * 5 + [_c_long] * 7 + [_c_float, _c_int],
+}
+
+
+class KernelBuildError(RuntimeError):
+    """The C compiler could not build `cpu_kernels.c`."""
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rlvr" / "kernels"
+
+
+def _cpu_signature() -> str:
+    """The CPU's model and feature flags (a `-march=native` build runs only where they match)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(wanted)))
+
+
+def build(compiler: str, out_dir: Path) -> Path:
+    """Compile `cpu_kernels.c` into `out_dir` (once per source, flags, compiler and CPU);
+    return the library's path. Raises KernelBuildError with the compiler's message."""
+    path = shutil.which(compiler)
+    if path is None:
+        raise KernelBuildError(f"C compiler {compiler!r} not found (set $CC)")
+    source = SOURCE.read_bytes()
+    errors = []
+    for libraries in LIBRARIES:
+        command = [path, *FLAGS, str(SOURCE), *libraries]
+        key = hashlib.sha256(
+            source + repr(command).encode() + _cpu_signature().encode()
+        ).hexdigest()[:16]
+        target = out_dir / f"cpu_kernels-{key}.so"
+        if target.exists():
+            return target
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
+            built = Path(scratch) / target.name
+            result = subprocess.run(
+                [*command, "-o", str(built)], capture_output=True, text=True, check=False
+            )
+            if result.returncode == 0:
+                built.replace(target)  # atomic: a concurrent build leaves one whole file
+                return target
+        errors.append(f"{' '.join(command)}: {result.stderr.strip()[-500:]}")
+    raise KernelBuildError("building " + str(SOURCE) + " failed:\n" + "\n".join(errors))
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The built kernels, or None (warned once) where they cannot be built or loaded."""
+    try:
+        library = ctypes.CDLL(str(build(os.environ.get("CC", "cc"), cache_dir())))
+    except (KernelBuildError, OSError) as error:
+        log.warning("rlvr CPU decode kernels unavailable, using PyTorch operations: %s", error)
+        return None
+    for name, argtypes in SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, None
+    return library
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the kernels may compute on `x`: fp32 on the CPU, outside autograd (they have
+    no backward), not turned off (`RLVR_CPU_KERNELS=0`), and built."""
+    return (
+        x.device.type == "cpu"
+        and os.environ.get(DISABLE_ENV) != "0"
+        and x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and load() is not None
+    )
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(f"cpu_kernels: {what}")
+
+
+class DecodeOps:
+    """The lean forward's decode-step operations computed by the C kernels.
+
+    `visible` [batch, len] (bool) marks the keys each row's query attends to. Inputs must be
+    contiguous where the kernels read them flat (checked).
+    """
+
+    def __init__(self, visible: torch.Tensor) -> None:
+        self.lib = load()
+        self.visible = visible.to(torch.uint8).contiguous()
+        self.threads = torch.get_num_threads()
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of the last axis of x, times `weight`."""
+        _check(x.is_contiguous() and weight.is_contiguous(), "rms_norm needs contiguous input")
+        dim = x.shape[-1]
+        y = torch.empty_like(x)
+        self.lib.rms_norm(
+            x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // dim, dim, eps, self.threads
+        )
+        return y
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of x [..., heads, dim] in place; cos, sin [..., 1, dim]."""
+        _check(
+            x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous(),
+            "rotate needs contiguous input",
+        )
+        heads, dim = x.shape[-2:]
+        rows = x.numel() // (heads * dim)
+        _check(cos.numel() == rows * dim == sin.numel(), "rotate: one cos/sin row per token")
+        self.lib.rotary(
+            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, heads, dim, self.threads
+        )
+        return x
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, written into `gate`."""
+        _check(gate.is_contiguous() and up.is_contiguous(), "silu_mul needs contiguous input")
+        _check(gate.shape == up.shape, "silu_mul: gate and up differ in shape")
+        self.lib.silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), self.threads)
+        return gate
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """One query per row: q [b, q_heads, 1, dim] against k, v [b, kv_heads, len, dim] (views
+        of a cache with any batch and head strides); returns [b, q_heads, 1, dim]."""
+        b, nq, t, d = q.shape
+        nkv, length = k.shape[1], k.shape[2]
+        _check(t == 1 and q.is_contiguous(), "attention takes one contiguous query per row")
+        _check(k.stride() == v.stride(), "attention: keys and values differ in layout")
+        _check(k.stride(2) == d and k.stride(3) == 1, "attention: cache positions not dense")
+        _check(self.visible.shape == (b, length), "attention: mask does not match the keys")
+        out = torch.empty_like(q)
+        self.lib.decode_attention(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), self.visible.data_ptr(), out.data_ptr(),
+            b, nq, nkv, length, d, k.stride(0), k.stride(1), scale, self.threads,
+        )  # fmt: skip
+        return out

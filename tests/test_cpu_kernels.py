@@ -1,0 +1,168 @@
+"""The C kernels of a CPU decode step (`rlvr.models.cpu_kernels`) compute what the PyTorch
+operations compute, are used exactly where they may be, and a failed build falls back with a
+message that names the compiler or the source."""
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from rlvr.models import cpu_kernels, fused
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which("cc") is None, reason="no C compiler to build the kernels"
+)
+
+
+@pytest.fixture
+def ops():
+    """Kernels over a [3, 7] key mask with some keys hidden (the last key always visible)."""
+    visible = torch.ones(3, 7, dtype=torch.bool)
+    visible[0, :2] = False
+    visible[2, 3] = False
+    with torch.inference_mode():
+        return cpu_kernels.DecodeOps(visible), visible
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows", [5, 400])  # 400 rows cross the kernels' parallel threshold
+def test_rms_norm_rotary_and_silu_mul_equal_the_torch_operations(rows):
+    g = torch.Generator().manual_seed(0)
+    kernels = cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool))
+    x, weight = torch.randn(rows, 1, 96, generator=g), torch.rand(96, generator=g) + 0.5
+    expected = fused.TorchOps.rms_norm(x, weight, 1e-6)
+    assert torch.allclose(kernels.rms_norm(x, weight, 1e-6), expected, rtol=1e-5, atol=1e-6)
+    # by hand: x / sqrt(mean(x²) + eps) · w
+    by_hand = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * weight
+    assert torch.allclose(expected, by_hand, rtol=1e-5, atol=1e-6)
+
+    heads, dim = 3, 16
+    q = torch.randn(rows, 1, heads, dim, generator=g)
+    angles = torch.rand(rows, 1, 1, dim // 2, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    expected = fused.rotate(q, cos, sin)
+    rotated = kernels.rotate(q.clone(), cos, sin)
+    assert torch.allclose(rotated, expected, atol=1e-6)
+    # a rotation keeps each half-pair's norm
+    pair_norm = q[..., :8].pow(2) + q[..., 8:].pow(2)
+    assert torch.allclose(rotated[..., :8].pow(2) + rotated[..., 8:].pow(2), pair_norm, atol=1e-5)
+
+    gate, up = torch.randn(rows, 1, 48, generator=g), torch.randn(rows, 1, 48, generator=g)
+    expected = gate * torch.sigmoid(gate) * up
+    assert torch.allclose(kernels.silu_mul(gate.clone(), up), expected, atol=1e-6)
+
+
+@needs_compiler
+@pytest.mark.parametrize("q_heads, kv_heads", [(4, 4), (4, 2)])
+def test_decode_attention_equals_the_torch_attention_on_a_cache_view(ops, q_heads, kv_heads):
+    """Keys and values are the first 7 of 11 positions of a [3, kv_heads, 11, 8] cache, some
+    keys masked, grouped-query heads included."""
+    kernels, visible = ops
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(3, kv_heads, 11, 8, generator=g)[:, :, :7]
+    values = torch.randn(3, kv_heads, 11, 8, generator=g)[:, :, :7]
+    q = torch.randn(3, q_heads, 1, 8, generator=g)
+    bias = torch.zeros(3, 1, 1, 7).masked_fill(~visible.view(3, 1, 1, 7), float("-inf"))
+    expected = fused.attention(q, keys, values, bias, 0.3)
+    out = kernels.attention(q, keys, values, 0.3)
+    assert torch.allclose(out, expected, atol=1e-6)
+    # an independent formula for row 0, query head 1 (key/value head 1 // group)
+    head = 1 // (q_heads // kv_heads)
+    scores = (keys[0, head] @ q[0, 1, 0]) * 0.3
+    weights = scores.masked_fill(~visible[0], float("-inf")).softmax(-1)
+    assert torch.allclose(out[0, 1, 0], weights @ values[0, head], atol=1e-6)
+    assert weights[:2].sum() == 0  # the hidden keys got no weight
+
+
+@needs_compiler
+def test_bad_layouts_are_refused_with_the_operation_named(ops):
+    kernels, _ = ops
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="rms_norm needs contiguous input"):
+        kernels.rms_norm(x.t(), torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match="silu_mul: gate and up differ"):
+        kernels.silu_mul(torch.randn(3), torch.randn(4))
+    with pytest.raises(ValueError, match="one cos/sin row per token"):
+        kernels.rotate(torch.randn(2, 1, 2, 8), torch.ones(3, 1, 1, 8), torch.ones(3, 1, 1, 8))
+    k = torch.randn(3, 2, 8, 7).transpose(-1, -2)  # positions not dense
+    with pytest.raises(ValueError, match="cache positions not dense"):
+        kernels.attention(torch.randn(3, 2, 1, 8), k, k, 1.0)
+    k = torch.randn(3, 2, 5, 8)
+    with pytest.raises(ValueError, match="mask does not match the keys"):
+        kernels.attention(torch.randn(3, 2, 1, 8), k, k, 1.0)
+
+
+@needs_compiler
+def test_kernels_run_only_for_cpu_fp32_decode_steps_outside_autograd(monkeypatch):
+    h, mask = torch.randn(2, 1, 8), torch.ones(2, 5)
+    with torch.inference_mode():
+        assert isinstance(fused.layer_ops(h, mask, 1, False), cpu_kernels.DecodeOps)
+        assert isinstance(fused.layer_ops(h, mask, 2, False), fused.TorchOps)  # a prefill
+        assert isinstance(fused.layer_ops(h, mask, 1, True), fused.TorchOps)  # padding-free
+        assert isinstance(fused.layer_ops(h.double(), mask, 1, False), fused.TorchOps)
+        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
+        assert isinstance(fused.layer_ops(h, mask, 1, False), fused.TorchOps)
+    monkeypatch.delenv(cpu_kernels.DISABLE_ENV)
+    assert isinstance(fused.layer_ops(h, mask, 1, False), fused.TorchOps)  # autograd on
+
+
+@needs_compiler
+def test_a_rollout_with_the_kernels_samples_what_the_torch_operations_sample(monkeypatch):
+    """Same seed, with and without the kernels: the same tokens (rows finishing at many steps)
+    and the same sampling log-probs to fp32 rounding."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128, seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
+    params = SamplingParams(n=4, temperature=0.9, max_new_tokens=24)
+    outs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, setting)
+        generator = torch.Generator().manual_seed(4)
+        engine = HFRolloutEngine(model, [20, 21], tok.pad_token_id, generator=generator)
+        outs[setting] = engine.generate(prompts, params)
+    ref, out = outs["0"], outs["1"]
+    assert len({len(c) for c in out.completion_ids}) > 2  # rows left the batch at many steps
+    assert out.completion_ids == ref.completion_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_a_missing_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv(cpu_kernels.CACHE_ENV, str(tmp_path / "cache"))
+    cpu_kernels.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+            assert cpu_kernels.load() is None
+        assert "no-such-cc" in caplog.text and "not found" in caplog.text
+        with torch.inference_mode():
+            assert not cpu_kernels.usable(torch.randn(2))
+    finally:
+        cpu_kernels.load.cache_clear()
+    assert not (tmp_path / "cache").exists()
+
+
+@needs_compiler
+def test_a_source_that_does_not_compile_is_reported_with_the_compiler_message(
+    monkeypatch, tmp_path
+):
+    broken = tmp_path / "broken.c"
+    broken.write_text("void f(void) { this is not C; }\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
+    with pytest.raises(cpu_kernels.KernelBuildError, match=r"broken\.c") as error:
+        cpu_kernels.build("cc", tmp_path / "cache")
+    assert "error" in str(error.value)
+    assert list((tmp_path / "cache").iterdir()) == []  # no partial library left behind
+
+
+@needs_compiler
+def test_a_build_is_kept_and_reused(tmp_path):
+    first = cpu_kernels.build("cc", tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert cpu_kernels.build("cc", tmp_path) == first
+    assert first.stat().st_mtime_ns == stamp
