@@ -260,7 +260,10 @@ class TorchOps:
         """RMSNorm of the last axis (Zhang & Sennrich 2019, eq. 4), times `weight`."""
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
-    rotate = staticmethod(rotate)
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`rotate` (looked up at each call, so a benchmark can swap it)."""
+        return rotate(x, cos, sin)
 
     @staticmethod
     def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
