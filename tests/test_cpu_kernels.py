@@ -161,8 +161,15 @@ def test_a_source_that_does_not_compile_is_reported_with_the_compiler_message(
 
 
 @needs_compiler
-def test_a_build_is_kept_and_reused(tmp_path):
-    first = cpu_kernels.build("cc", tmp_path)
+def test_a_build_is_kept_and_reused_by_any_checkout_of_the_same_source(monkeypatch, tmp_path):
+    first = cpu_kernels.build("cc", tmp_path / "cache")
     stamp = first.stat().st_mtime_ns
-    assert cpu_kernels.build("cc", tmp_path) == first
+    assert cpu_kernels.build("cc", tmp_path / "cache") == first
+    copy = tmp_path / "elsewhere" / "cpu_kernels.c"
+    copy.parent.mkdir()
+    copy.write_bytes(cpu_kernels.SOURCE.read_bytes())
+    monkeypatch.setattr(cpu_kernels, "SOURCE", copy)
+    assert cpu_kernels.build("cc", tmp_path / "cache") == first
     assert first.stat().st_mtime_ns == stamp
+    copy.write_text(copy.read_text() + "\n/* changed */\n")
+    assert cpu_kernels.build("cc", tmp_path / "cache") != first  # a new source, a new build

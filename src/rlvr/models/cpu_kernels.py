@@ -78,9 +78,8 @@ def build(compiler: str, out_dir: Path) -> Path:
     errors = []
     for libraries in LIBRARIES:
         command = [path, *FLAGS, str(SOURCE), *libraries]
-        key = hashlib.sha256(
-            source + repr(command).encode() + _cpu_signature().encode()
-        ).hexdigest()[:16]
+        recipe = repr([path, FLAGS, libraries, _cpu_signature()]).encode()
+        key = hashlib.sha256(source + recipe).hexdigest()[:16]
         target = out_dir / f"cpu_kernels-{key}.so"
         if target.exists():
             return target
