@@ -7,7 +7,7 @@
    is one pass over its data. All tensors are fp32 and row-major; `threads` is PyTorch's
    intra-op thread count. */
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 
 /* Below this many elements a loop runs on the calling thread (waking the team costs more). */
 #define PARALLEL_MIN 16384
@@ -60,15 +60,16 @@ void silu_mul(float *gate, const float *up, long n, int threads) {
    q, out [batch, q_heads, dim]; k, v: element (b, h, j, i) at b*stride_b + h*stride_h + j*dim
    + i (a [batch, kv_heads, capacity, dim] cache); visible [batch, len], 1 where a key counts.
    Query head h uses key/value head h / (q_heads / kv_heads) (grouped-query attention). Each
-   (row, kv head) pair reads its keys and values once for all of its query heads. */
+   (row, kv head) pair reads its keys and values once for all of its query heads.
+   workspace [threads, q_heads / kv_heads * len]: each thread's scores. */
 void decode_attention(const float *q, const float *k, const float *v,
-                      const unsigned char *visible, float *out, long batch, long q_heads,
-                      long kv_heads, long len, long dim, long stride_b, long stride_h,
-                      float scale, int threads) {
+                      const unsigned char *visible, float *out, float *workspace, long batch,
+                      long q_heads, long kv_heads, long len, long dim, long stride_b,
+                      long stride_h, float scale, int threads) {
     long group = q_heads / kv_heads;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc(sizeof(float) * group * len);
+        float *scores = workspace + omp_get_thread_num() * group * len;
 #pragma omp for schedule(static)
         for (long pair = 0; pair < batch * kv_heads; pair++) {
             long b = pair / kv_heads, head = pair % kv_heads;
@@ -105,6 +106,5 @@ void decode_attention(const float *q, const float *k, const float *v,
                 }
             }
         }
-        free(scores);
     }
 }

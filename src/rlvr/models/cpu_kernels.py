@@ -42,7 +42,7 @@ SIGNATURES = {
     "rms_norm": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_float, _c_int],
     "rotary": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_long, _c_int],
     "silu_mul": [_ptr, _ptr, _c_long, _c_int],
-    "decode_attention": [_ptr] * 5 + [_c_long] * 7 + [_c_float, _c_int],
+    "decode_attention": [_ptr] * 6 + [_c_long] * 7 + [_c_float, _c_int],
 }
 
 
@@ -182,8 +182,10 @@ class DecodeOps:
         _check(k.stride(2) == d and k.stride(3) == 1, "attention: cache positions not dense")
         _check(self.visible.shape == (b, length), "attention: mask does not match the keys")
         out = torch.empty_like(q)
+        scores = q.new_empty(self.threads, nq // nkv * length)
         self.lib.decode_attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), self.visible.data_ptr(), out.data_ptr(),
-            b, nq, nkv, length, d, k.stride(0), k.stride(1), scale, self.threads,
+            scores.data_ptr(), b, nq, nkv, length, d, k.stride(0), k.stride(1), scale,
+            self.threads,
         )  # fmt: skip
         return out

@@ -235,15 +235,20 @@ def attention(
     return torch.matmul(probs, v).view(b, nq, 1, d)
 
 
-def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor:
-    """[b, 1, t, s] additive bias: the last t keys are the queries (causal among them), earlier
-    keys are visible where `key_mask` [b, s] is 1. A query always sees itself, so the left
-    padding of a prompt gets finite (unused) outputs instead of NaN."""
+def visible_keys(key_mask: torch.Tensor, t: int) -> torch.Tensor:
+    """[b, t, s] bool: which keys each query sees. The last t keys are the queries (causal
+    among them), earlier keys are visible where `key_mask` [b, s] is 1. A query always sees
+    itself, so the left padding of a prompt gets finite (unused) outputs instead of NaN."""
     s = key_mask.shape[1]
     query_pos = torch.arange(s - t, s, device=key_mask.device)[:, None]
     key_pos = torch.arange(s, device=key_mask.device)[None, :]
     visible = (key_pos <= query_pos) & key_mask[:, None, :].bool()
-    visible = visible | (key_pos == query_pos)
+    return visible | (key_pos == query_pos)
+
+
+def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor:
+    """[b, 1, t, s] additive bias: 0 where `visible_keys`, -inf elsewhere."""
+    visible = visible_keys(key_mask, t)
     bias = torch.zeros(visible.shape, dtype=dtype, device=key_mask.device)
     return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1)
 
@@ -282,10 +287,9 @@ def layer_ops(
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
     `cpu_kernels.usable`, else the PyTorch operations."""
-    bias = mask_bias(key_mask, t, h.dtype)
     if t == 1 and not padding_free and cpu_kernels.usable(h):
-        return cpu_kernels.DecodeOps(bias.view(bias.shape[0], -1) == 0)
-    return TorchOps(bias)
+        return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
+    return TorchOps(mask_bias(key_mask, t, h.dtype))
 
 
 class FusedForward:
