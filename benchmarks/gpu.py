@@ -1,7 +1,8 @@
 """rlvr's rollout and training throughput against the hardware's limits, for a GPU.
 
 For each model shape (random init) it measures:
-- **decode**: `HFRolloutEngine` sampling `--samples` completions for each of the prompts of a
+- **decode**: `HFRolloutEngine` (with its CUDA-graph decode steps, and again without them as
+  `decode_eager`) sampling `--samples` completions for each of the prompts of a
   batch of `--batch` rows, every completion forced to `--new-tokens` tokens. Decode time is a
   full rollout minus a prefill-only rollout of the same prompts. The memory-bandwidth roofline
   of a decode step reads every matmul weight once and the K/V of every earlier position of
@@ -150,7 +151,7 @@ def kv_bytes_per_position(model: torch.nn.Module) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
 
 
-def decode_case(model, args, device, bandwidths) -> dict:
+def decode_case(model, args, device, bandwidths, cuda_graphs: bool = True) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [
@@ -159,11 +160,13 @@ def decode_case(model, args, device, bandwidths) -> dict:
     ]
     eos = [vocab - 1]
 
+    engine = HFRolloutEngine(model, eos, 0, cuda_graphs=cuda_graphs)
+
     def rollout(tokens: int) -> Callable[[], object]:
         params = SamplingParams(n=args.samples, max_new_tokens=tokens, min_new_tokens=tokens)
 
         def run() -> object:
-            engine = HFRolloutEngine(model, eos, 0, generator=torch.Generator().manual_seed(0))
+            engine.generator = torch.Generator().manual_seed(0)
             return engine.generate(prompts, params)
 
         return run
@@ -298,6 +301,9 @@ def main() -> None:
         entry = {"parameters": sum(p.numel() for p in model.parameters())}
         entry["decode"] = decode_case(model, args, device, bandwidths)
         print(shape, "decode", json.dumps(entry["decode"]), flush=True)
+        if device.type == "cuda":  # the same rollouts without CUDA graphs, side by side
+            entry["decode_eager"] = decode_case(model, args, device, bandwidths, False)
+            print(shape, "decode_eager", json.dumps(entry["decode_eager"]), flush=True)
         entry["train"] = train_case(model, args, device, peaks)
         print(shape, "train", json.dumps(entry["train"]), flush=True)
         report["shapes"][shape] = entry

@@ -206,6 +206,14 @@ def test_chunked_logprobs_and_entropy_match_direct_formulas():
     direct = (logits / 2).log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
     chunked = token_logprobs(logits, tokens, temperature=2.0, chunk_size=4)
     assert torch.allclose(direct, chunked, atol=1e-6)
+    weights = torch.randn(3, 5)
+    (g1,) = torch.autograd.grad((direct * weights).sum(), logits)
+    (g2,) = torch.autograd.grad((chunked * weights).sum(), logits)
+    assert torch.allclose(g1, g2, atol=1e-6)
+    # by hand, one row: d logp[token] / d logits = (onehot(token) - softmax(logits / 2)) / 2
+    onehot = torch.nn.functional.one_hot(tokens[1, 2], 11).float()
+    by_hand = weights[1, 2] * (onehot - (logits[1, 2] / 2).softmax(-1)) / 2
+    assert torch.allclose(g2[1, 2], by_hand.detach(), atol=1e-6)
     p = (logits / 2).softmax(-1)
     direct_entropy = -(p * p.log()).sum(-1)
     chunked_entropy = token_entropy(logits, temperature=2.0, chunk_size=4)
@@ -213,6 +221,21 @@ def test_chunked_logprobs_and_entropy_match_direct_formulas():
     (g1,) = torch.autograd.grad(direct_entropy.sum(), logits)
     (g2,) = torch.autograd.grad(chunked_entropy.sum(), logits)
     assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_chunked_logprobs_keep_no_fp32_copy_of_the_logits_for_backward():
+    """DESIGN rule 7: what backward keeps is the bf16 logits and one fp32 value per row."""
+    logits = torch.randn(64, 1000, requires_grad=True).to(torch.bfloat16)
+    tokens = torch.randint(0, 1000, (64,))
+    saved = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs(logits, tokens, temperature=0.7, chunk_size=16)
+    assert sum(saved) <= logits.numel() * 2 + 64 * (4 + 8)  # logits, lse, tokens
 
 
 def test_token_budget_micro_batches():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -193,7 +194,14 @@ class BufferKV:
                 store[layer] = select_rows(buffer, indices, self.length, allocate)
 
 
-KVStore = ConcatKV | BufferKV
+class KVStore(Protocol):
+    """What the forward needs of a cache (`ConcatKV`, `BufferKV`, the CUDA-graph `SlotKV`)."""
+
+    length: int
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Add positions to `layer`; return the keys and values attention reads."""
+        ...
 
 
 def real_positions(real: torch.Tensor) -> torch.Tensor:
@@ -312,6 +320,7 @@ class FusedForward:
         key_mask: torch.Tensor,
         cache: KVStore,
         flat: torch.Tensor | None = None,
+        ops: TorchOps | None = None,
     ) -> torch.Tensor:
         """Final-norm hidden states of `input_ids` [b, t] placed after the cached positions.
 
@@ -319,7 +328,8 @@ class FusedForward:
         used positions in the flattened [b·t] layout, `real_positions`), only those go through
         the matmuls (padding-free): the result is [N, hidden] in that order, and only attention
         sees the padded layout.
-        Without it the result is [b, t, hidden].
+        Without it the result is [b, t, hidden]. `ops` replaces the per-layer operations
+        `layer_ops` would pick (a CUDA-graph decode step brings its own attention mask).
         """
         b, t = input_ids.shape
         nq, nkv, d = self.heads, self.kv_heads, self.head_dim
@@ -331,7 +341,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        ops = layer_ops(h, key_mask, t, flat is not None)
+        ops = ops or layer_ops(h, key_mask, t, flat is not None)
 
         def padded(x: torch.Tensor) -> torch.Tensor:
             """[b, heads, t, d] from per-token rows (zeros at padding)."""

@@ -8,6 +8,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
   live rows' cache is compacted in place, copying only the filled positions: `select_rows`);
 - on a CPU the cache's memory is kept from one rollout to the next (`fused.BufferPool`), so a
   rollout does not fault in tens of MB of fresh pages;
+- on a GPU each decode step is the replay of a captured CUDA graph (`graphs.GraphDecoder`),
+  one launch instead of hundreds;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
@@ -24,6 +26,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from rlvr.models import fused
 from rlvr.rollout.base import Rollout, SamplingParams
+from rlvr.rollout.graphs import GraphDecoder, GraphState
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +156,7 @@ class HFRolloutEngine:
         pad_id: int,
         batch_size: int = 512,
         generator: torch.Generator | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model = model
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
@@ -161,6 +165,9 @@ class HFRolloutEngine:
         self.generator = generator
         self.kv_pool = fused.BufferPool()
         """Cache memory reused across rollouts when the model is on the CPU."""
+        self.graph_state = GraphState() if cuda_graphs else None
+        """Static buffers and CUDA graphs of the decode step, kept across rollouts on a GPU (a
+        `GraphState(capture=False)` runs the same static-buffer steps, uncaptured, anywhere)."""
         self._lock = threading.Lock()
 
     def sync_weights(self, model: nn.Module) -> None:
@@ -190,11 +197,15 @@ class HFRolloutEngine:
         input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         capacity = input_ids.shape[1] + params.max_new_tokens
-        if fused.supports(self.model):
+        graphs = self.graph_state
+        decoder: HFDecoder | FusedDecoder | GraphDecoder
+        if not fused.supports(self.model):
+            decoder = HFDecoder(self.model, capacity)
+        elif graphs is not None and (device.type == "cuda" or not graphs.capture):
+            decoder = GraphDecoder(self.model, capacity, graphs)
+        else:
             pool = self.kv_pool if device.type == "cpu" else None
             decoder = FusedDecoder(self.model, capacity, pool)
-        else:
-            decoder = HFDecoder(self.model, capacity)
         logits = decoder.prefill(input_ids, attention_mask, position_ids)
         n = params.n
         decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))

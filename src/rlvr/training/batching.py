@@ -159,9 +159,39 @@ def packed_micro_batches(
     return batches
 
 
-def _logprobs_chunk(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    scaled = logits.float() / temperature
-    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+class _ChunkedLogprobs(torch.autograd.Function):
+    """log softmax(x / T)[token] per row of x [n, vocab], `chunk` rows at a time.
+
+    Forward keeps only x (the logits, already alive) and the per-row logsumexp; backward
+    rebuilds each chunk's softmax from them: d logp / dx = (onehot(token) - softmax(x / T)) / T.
+    Autograd through `logsumexp` would instead keep an fp32 copy of every chunk, together a
+    full [tokens, vocab] fp32 tensor (DESIGN rule 7).
+    """
+
+    @staticmethod
+    def forward(ctx, x, tokens, temperature, chunk):
+        lse = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        out = torch.empty_like(lse)
+        for i in range(0, x.shape[0], chunk):
+            scaled = x[i : i + chunk].float() / temperature
+            lse[i : i + chunk] = scaled.logsumexp(-1)
+            picked = scaled.gather(-1, tokens[i : i + chunk, None]).squeeze(-1)
+            out[i : i + chunk] = picked - lse[i : i + chunk]
+        ctx.save_for_backward(x, tokens, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, tokens, lse = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad_x = torch.empty_like(x)
+        for i in range(0, x.shape[0], chunk):
+            g = grad[i : i + chunk, None] / temperature
+            probs = (x[i : i + chunk].float() / temperature - lse[i : i + chunk, None]).exp_()
+            part = probs.mul_(-g).scatter_add_(-1, tokens[i : i + chunk, None], g)
+            grad_x[i : i + chunk] = part
+        return grad_x, None, None, None
 
 
 def _entropy_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -172,19 +202,15 @@ def _entropy_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def token_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
 ) -> torch.Tensor:
-    """log softmax(logits / temperature)[token], computed `chunk_size` rows at a time.
+    """log softmax(logits / temperature)[token] in fp32, computed `chunk_size` rows at a time.
 
-    Uses `gather - logsumexp`, so no [tokens, vocab] log-softmax is kept for backward
-    (DESIGN rule 7); temperature divides the logits first (rule 1).
+    `gather - logsumexp` per chunk; for backward only the logits and one logsumexp per row
+    are kept, never a [tokens, vocab] fp32 tensor (DESIGN rule 7, `_ChunkedLogprobs`);
+    temperature divides the logits first (rule 1).
     """
     flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
-    parts = [
-        _logprobs_chunk(
-            flat_logits[i : i + chunk_size], flat_tokens[i : i + chunk_size], temperature
-        )
-        for i in range(0, flat_tokens.shape[0], chunk_size)
-    ]
-    return torch.cat(parts).reshape(tokens.shape)
+    out = _ChunkedLogprobs.apply(flat_logits, flat_tokens, temperature, chunk_size)
+    return out.reshape(tokens.shape)
 
 
 def token_entropy(

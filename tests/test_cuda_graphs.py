@@ -1,0 +1,135 @@
+"""The CUDA-graph decode path (`rlvr.rollout.graphs`) samples what the eager fused decoder
+samples. Its static-buffer steps run uncaptured on a CPU (`GraphState(capture=False)`); the
+capture itself is checked where a GPU is present."""
+
+import pytest
+import torch
+
+from rlvr.models import fused
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout import graphs, hf
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
+from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
+from test_fused_forward import MODELS
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+def eos_heavy(model, tok, push: float = 0.4):
+    """Make EOS likely, so rows finish at many different steps."""
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] += push * model.model.embed_tokens.weight.mean(0)
+    return model
+
+
+def engine(model, tok, seed: int, state: GraphState | None) -> HFRolloutEngine:
+    e = HFRolloutEngine(
+        model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(seed)
+    )
+    e.graph_state = state
+    return e
+
+
+def test_buckets_round_up_to_a_power_of_two_and_to_the_span_step():
+    assert [batch_bucket(n, 48) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [
+        1, 2, 4, 8, 16, 32, 48, 48,
+    ]  # fmt: skip
+    step = graphs.SPAN_STEP
+    assert span_bucket(1, 1000) == step
+    assert span_bucket(step, 1000) == step
+    assert span_bucket(step + 1, 1000) == 2 * step
+    assert span_bucket(step + 1, step + 5) == step + 5  # never past the buffer
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_static_buffer_steps_sample_what_the_eager_decoder_samples(tok, name, monkeypatch):
+    """Rows finish at many steps (compaction, padded batches) and the written length crosses
+    several spans; samples and log-probs equal the eager fused decoder's."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    monkeypatch.setattr(graphs, "SPAN_STEP", 4)
+    model = eos_heavy(MODELS[name](tok), tok, 0.25)
+    prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
+    params = SamplingParams(n=6, temperature=0.9, max_new_tokens=40)
+    ref = engine(model, tok, 3, None).generate(prompts, params)
+    state = GraphState(capture=False)
+    out = engine(model, tok, 3, state).generate(prompts, params)
+    assert out.completion_ids == ref.completion_ids
+    assert out.finish_reason == ref.finish_reason
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+    lengths = [len(c) for c in out.completion_ids]
+    assert len(set(lengths)) > 5 and max(lengths) > 12  # many batch sizes and spans were used
+    assert state.buffers is not None and state.buffers.rows == 18
+
+
+def test_kept_buffers_never_leak_stale_values(tok, monkeypatch):
+    """One state serves rollouts of other widths, group sizes and budgets; before each, the
+    kept buffers are filled with NaN, so a read of anything not written this rollout would
+    poison the logits. Each rollout equals the eager decoder's."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    monkeypatch.setattr(graphs, "SPAN_STEP", 8)
+    model = eos_heavy(MODELS["qwen2_gqa"](tok), tok, 0.2)
+    state = GraphState(capture=False)
+    rounds = [
+        ([[20, 30, 40, 50, 60, 70], [50, 60]], SamplingParams(n=6, max_new_tokens=20)),
+        ([[50, 60], [25, 35, 45], [26]], SamplingParams(n=4, max_new_tokens=30)),
+        ([[22, 32, 42], [52, 62, 72, 82]], SamplingParams(n=3, max_new_tokens=12)),
+    ]
+    sizes = []
+    for seed, (prompts, params) in enumerate(rounds):
+        if state.buffers is not None:
+            with torch.inference_mode():
+                state.buffers.kv.fill_(float("nan"))
+                state.buffers.key_mask.fill_(1)
+        out = engine(model, tok, seed, state).generate(prompts, params)
+        ref = engine(model, tok, seed, None).generate(prompts, params)
+        assert out.completion_ids == ref.completion_ids
+        for a, b in zip(out.logprobs, ref.logprobs):
+            assert a == pytest.approx(b, abs=1e-5)
+        sizes.append((state.buffers.rows, state.buffers.capacity))
+    # 12 rows × 6 + 20 positions, then 12 rows × 3 + 30 (grown), then kept for a smaller one
+    assert sizes == [(12, 32), (12, 40), (12, 40)]
+
+
+def test_graphs_are_dropped_when_the_parameters_move(tok):
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
+    forward = fused.FusedForward(model)
+    state = GraphState(capture=False)
+    like = torch.zeros(1, dtype=torch.float32)
+    first = state.buffers_for(forward, 4, 10, like)
+    state.graphs[(4, 64)] = lambda: like
+    assert state.buffers_for(forward, 2, 8, like) is first and state.graphs  # kept: it fits
+    with torch.no_grad():
+        model.lm_head.weight.data = model.lm_head.weight.data.clone()  # a new storage
+    assert state.buffers_for(forward, 2, 8, like) is not first and not state.graphs
+
+
+def test_the_engine_picks_the_graph_decoder_only_on_a_gpu_or_when_asked(tok, monkeypatch):
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
+    made = []
+    for cls in (FusedDecoder, GraphDecoder):
+        monkeypatch.setattr(hf, cls.__name__, lambda *a, c=cls: made.append(c) or c(*a))
+    params = SamplingParams(n=2, max_new_tokens=3)
+    engine(model, tok, 0, GraphState()).generate([[20, 30]], params)  # CPU: eager
+    engine(model, tok, 0, GraphState(capture=False)).generate([[20, 30]], params)
+    assert made == [FusedDecoder, GraphDecoder]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", MODELS)
+def test_captured_graphs_sample_what_the_eager_decoder_samples_on_a_gpu(tok, name):
+    model = eos_heavy(MODELS[name](tok), tok, 0.25).cuda()
+    prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
+    params = SamplingParams(n=6, temperature=0.9, max_new_tokens=100)
+    ref = engine(model, tok, 3, None).generate(prompts, params)
+    state = GraphState()
+    for _ in range(2):  # captured, then replayed from the kept graphs
+        out = engine(model, tok, 3, state).generate(prompts, params)
+        assert out.completion_ids == ref.completion_ids
+        for a, b in zip(out.logprobs, ref.logprobs):
+            assert a == pytest.approx(b, abs=1e-4)
+    assert len(state.graphs) > 3
