@@ -8,7 +8,13 @@ import torch
 from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import HFRolloutEngine, filter_logits, inverse_cdf_sample, left_pad
+from rlvr.rollout.hf import (
+    HFRolloutEngine,
+    blocked_cumsum,
+    filter_logits,
+    inverse_cdf_sample,
+    left_pad,
+)
 from rlvr.training.batching import (
     collate,
     collate_shared_prefix,
@@ -17,6 +23,7 @@ from rlvr.training.batching import (
     token_budget_micro_batches,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 
@@ -75,10 +82,16 @@ def test_inverse_cdf_sample_picks_the_interval_of_u():
     uniform = torch.tensor([0.0, 0.4999, 0.5, 0.79, 0.8, 0.9999])
     assert inverse_cdf_sample(probs, uniform).tolist() == [0, 0, 2, 2, 3, 3]
     # unnormalised rows scale u by their total; u·total rounding up to the total gives the last
-    # token with nonzero probability, never a zero-probability one
+    # token with a nonempty interval, never a zero-probability one
     weights = torch.tensor([[2.0, 6.0, 0.0], [1.0, 0.0, 0.0]])
     assert inverse_cdf_sample(weights, torch.tensor([0.3, 0.5])).tolist() == [1, 0]
     assert inverse_cdf_sample(weights, torch.tensor([1.0, 1.0])).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("vocab", [7, 256, 1000])
+def test_blocked_cumsum_equals_cumsum(vocab):
+    probs = torch.rand(3, vocab, generator=torch.Generator().manual_seed(vocab))
+    torch.testing.assert_close(blocked_cumsum(probs, block=16), probs.cumsum(-1))
 
 
 def test_inverse_cdf_sample_matches_the_distribution():
@@ -218,6 +231,9 @@ def test_chunked_logprobs_and_entropy_match_direct_formulas():
     direct_entropy = -(p * p.log()).sum(-1)
     chunked_entropy = token_entropy(logits, temperature=2.0, chunk_size=4)
     assert torch.allclose(direct_entropy, chunked_entropy, atol=1e-6)
+    lp, metric = token_logprobs_and_entropy(logits, tokens, temperature=2.0, chunk_size=4)
+    assert torch.allclose(lp, direct, atol=1e-6) and not metric.requires_grad
+    assert torch.allclose(metric, direct_entropy.detach(), atol=1e-6)
     (g1,) = torch.autograd.grad(direct_entropy.sum(), logits)
     (g2,) = torch.autograd.grad(chunked_entropy.sum(), logits)
     assert torch.allclose(g1, g2, atol=1e-6)
@@ -233,9 +249,17 @@ def test_chunked_logprobs_keep_no_fp32_copy_of_the_logits_for_backward():
         saved.append(t.numel() * t.element_size())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_logprobs(logits, tokens, temperature=0.7, chunk_size=16)
-    assert sum(saved) <= logits.numel() * 2 + 64 * (4 + 8)  # logits, lse, tokens
+    for temperature in (0.7, 1.0):  # 1.0: the softmax kernels read the bf16 logits directly
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp = token_logprobs(logits, tokens, temperature=temperature, chunk_size=16)
+        assert sum(saved) <= logits.numel() * 2 + 64 * 8  # the logits and the tokens
+        (grad,) = torch.autograd.grad(lp.sum(), logits)
+        reference = logits.detach().float().requires_grad_()
+        direct = (reference / temperature).log_softmax(-1).gather(-1, tokens[:, None]).sum()
+        (expected,) = torch.autograd.grad(direct, reference)
+        assert grad.dtype == torch.bfloat16
+        torch.testing.assert_close(grad.float(), expected, atol=4e-3, rtol=1e-2)
 
 
 def test_token_budget_micro_batches():

@@ -112,6 +112,8 @@ class RolloutConfig(Section):
     """EOS is not sampled before this many tokens (0 = off; benchmarks force equal lengths)."""
     batch_size: int = 512
     """Most sequences decoded at once by the in-process engine."""
+    cuda_graphs: bool = True
+    """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache
@@ -159,39 +160,47 @@ def packed_micro_batches(
     return batches
 
 
-class _ChunkedLogprobs(torch.autograd.Function):
-    """log softmax(x / T)[token] per row of x [n, vocab], `chunk` rows at a time.
+def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature in fp32 (the softmax kernels read bf16 and accumulate in fp32 when the
+    temperature is 1, so no fp32 copy is made then)."""
+    return x if temperature == 1.0 else x.float() / temperature
 
-    Forward keeps only x (the logits, already alive) and the per-row logsumexp; backward
-    rebuilds each chunk's softmax from them: d logp / dx = (onehot(token) - softmax(x / T)) / T.
-    Autograd through `logsumexp` would instead keep an fp32 copy of every chunk, together a
-    full [tokens, vocab] fp32 tensor (DESIGN rule 7).
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """log softmax(x / T)[token] and the entropy of softmax(x / T), per row of x [n, vocab],
+    `chunk` rows at a time; the entropy has no gradient (it is a metric here).
+
+    Forward keeps only x (the logits, already alive); backward recomputes each chunk's
+    softmax p: d logp / dx = (onehot(token) - p) / T. Autograd through `logsumexp` would
+    instead keep an fp32 copy of every chunk, together a full [tokens, vocab] fp32 tensor
+    (DESIGN rule 7). Each chunk is one fused log-softmax pass, plus two for the entropy
+    H = -Σ p·log p.
     """
 
     @staticmethod
-    def forward(ctx, x, tokens, temperature, chunk):
-        lse = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        out = torch.empty_like(lse)
+    def forward(ctx, x, tokens, temperature, chunk, with_entropy):
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
         for i in range(0, x.shape[0], chunk):
-            scaled = x[i : i + chunk].float() / temperature
-            lse[i : i + chunk] = scaled.logsumexp(-1)
-            picked = scaled.gather(-1, tokens[i : i + chunk, None]).squeeze(-1)
-            out[i : i + chunk] = picked - lse[i : i + chunk]
-        ctx.save_for_backward(x, tokens, lse)
+            logp = F.log_softmax(_scaled(x[i : i + chunk], temperature), -1, dtype=torch.float32)
+            out[i : i + chunk] = logp.gather(-1, tokens[i : i + chunk, None]).squeeze(-1)
+            if with_entropy:
+                entropy[i : i + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
+        ctx.save_for_backward(x, tokens)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return out
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad):
-        x, tokens, lse = ctx.saved_tensors
+    def backward(ctx, grad, _):
+        x, tokens = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         grad_x = torch.empty_like(x)
         for i in range(0, x.shape[0], chunk):
             g = grad[i : i + chunk, None] / temperature
-            probs = (x[i : i + chunk].float() / temperature - lse[i : i + chunk, None]).exp_()
-            part = probs.mul_(-g).scatter_add_(-1, tokens[i : i + chunk, None], g)
-            grad_x[i : i + chunk] = part
-        return grad_x, None, None, None
+            probs = F.softmax(_scaled(x[i : i + chunk], temperature), -1, dtype=torch.float32)
+            grad_x[i : i + chunk] = probs.mul_(-g).scatter_add_(-1, tokens[i : i + chunk, None], g)
+        return grad_x, None, None, None, None
 
 
 def _entropy_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -204,13 +213,27 @@ def token_logprobs(
 ) -> torch.Tensor:
     """log softmax(logits / temperature)[token] in fp32, computed `chunk_size` rows at a time.
 
-    `gather - logsumexp` per chunk; for backward only the logits and one logsumexp per row
-    are kept, never a [tokens, vocab] fp32 tensor (DESIGN rule 7, `_ChunkedLogprobs`);
-    temperature divides the logits first (rule 1).
+    For backward only the logits are kept, never a [tokens, vocab] fp32 tensor (DESIGN rule 7,
+    `_ChunkedLogprobs`); temperature divides the logits first (rule 1).
     """
+    return token_logprobs_and_entropy(logits, tokens, temperature, chunk_size, False)[0]
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and, from the same pass over the logits, the entropy of
+    softmax(logits / temperature) per position, without gradient (a metric; `token_entropy`
+    is the differentiable one). Without `with_entropy` the second tensor is empty."""
     flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
-    out = _ChunkedLogprobs.apply(flat_logits, flat_tokens, temperature, chunk_size)
-    return out.reshape(tokens.shape)
+    logp, entropy = _ChunkedLogprobs.apply(
+        flat_logits, flat_tokens, temperature, chunk_size, with_entropy
+    )
+    return logp.reshape(tokens.shape), entropy.reshape(tokens.shape if with_entropy else (0,))
 
 
 def token_entropy(

@@ -112,7 +112,12 @@ def train(
         keep_until_step(run_dir / name, start_step)
 
     engine = HFRolloutEngine(
-        model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, r.batch_size, generator
+        model,
+        eos_token_ids(model, tokenizer),
+        tokenizer.pad_token_id,
+        r.batch_size,
+        generator,
+        cuda_graphs=r.cuda_graphs,
     )
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(

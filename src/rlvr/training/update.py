@@ -28,7 +28,7 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
     token_entropy,
-    token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 
@@ -108,12 +108,13 @@ def batch_token_stats(
             collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id), device
         )
         logits = forward_logits_shared_prefix(model, mb)
-        lp = token_logprobs(logits, mb.completion_ids, temperature)
+        lp, ent = token_logprobs_and_entropy(
+            logits, mb.completion_ids, temperature, with_entropy=entropy is not None
+        )
         width = lp.shape[1]
         logprobs[rows, :width] = (lp * mb.response_mask).to(logprobs)
         if entropy is not None:
-            ent = token_entropy(logits, temperature) * mb.response_mask
-            entropy[rows, :width] = ent.to(entropy)
+            entropy[rows, :width] = (ent * mb.response_mask).to(entropy)
     return logprobs, entropy
 
 
@@ -153,7 +154,9 @@ def minibatch_backward(
         width = mb.completion_ids.shape[1]
         mask = rows_on(batch.response_mask, mb_rows, width, device)
         logits = forward_logits_shared_prefix(model, mb)
-        logprobs = token_logprobs(logits, mb.completion_ids, s.temperature)
+        logprobs, entropy = token_logprobs_and_entropy(
+            logits, mb.completion_ids, s.temperature, with_entropy=not s.entropy_coef
+        )
         old = (
             logprobs.detach()
             if batch.old_logprobs is None
@@ -183,9 +186,6 @@ def minibatch_backward(
         if s.entropy_coef:
             entropy = token_entropy(logits, s.temperature)
             loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach(), s.temperature)
         loss.backward()
         stats["loss"] += float(loss.detach())
         stats["clip_tokens"] += float((out.clipped.float() * mask).sum())
