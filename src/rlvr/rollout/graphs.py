@@ -37,9 +37,15 @@ def batch_bucket(live: int, rows: int) -> int:
     return min(rows, 1 << max(live - 1, 0).bit_length())
 
 
+def round_up(length: int) -> int:
+    """`length` rounded up to a multiple of `SPAN_STEP`."""
+    return -(-length // SPAN_STEP) * SPAN_STEP
+
+
 def span_bucket(length: int, capacity: int) -> int:
-    """Columns a step attends to when `length` are written: rounded up to `SPAN_STEP`."""
-    return min(capacity, -(-length // SPAN_STEP) * SPAN_STEP)
+    """Columns a step attends to when `length` are written: rounded up to `SPAN_STEP`, at most
+    the buffer's `capacity`."""
+    return min(capacity, round_up(length))
 
 
 class SlotKV:
@@ -100,9 +106,9 @@ class GraphState:
             or kept.kv.device != like.device
         ):
             self.graphs.clear()
-            self.buffers = None
+            self.buffers = None  # freed before the larger one is allocated
             rows = max(rows, kept.rows if kept is not None else 0)
-            capacity = span_bucket(max(capacity, kept.capacity if kept is not None else 0), 1 << 62)
+            capacity = round_up(max(capacity, kept.capacity if kept is not None else 0))
             self.buffers = StaticBuffers(forward, rows, capacity, like)
             self.signature = signature
         return self.buffers
@@ -144,7 +150,7 @@ class GraphDecoder:
         self.capacity, self.state = capacity, state
         self.prefill_cache: fused.BufferKV | None = None
         self.buffers: StaticBuffers | None = None
-        self.length = self.live = 0
+        self.length = 0
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Next-token logits [b, vocab] after each (left-padded) prompt (eager)."""
@@ -170,7 +176,6 @@ class GraphDecoder:
         else:
             kv = self.buffers.kv
             kv[:, :, :n, :, :end] = kv[:, :, rows, :, :end]
-        self.live = n
 
     def step(self, token, attention_mask, position) -> torch.Tensor:
         """Feed one token per row; next-token logits [b, vocab]."""
