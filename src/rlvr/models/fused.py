@@ -254,11 +254,15 @@ def visible_keys(key_mask: torch.Tensor, t: int) -> torch.Tensor:
     return visible | (key_pos == query_pos)
 
 
+def additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[b, 1, t, s] attention bias from a [b, t, s] bool mask: 0 where visible, -inf elsewhere."""
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1)
+
+
 def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor:
     """[b, 1, t, s] additive bias: 0 where `visible_keys`, -inf elsewhere."""
-    visible = visible_keys(key_mask, t)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=key_mask.device)
-    return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1)
+    return additive_bias(visible_keys(key_mask, t), dtype)
 
 
 class TorchOps:

@@ -22,6 +22,7 @@ without capturing, which is how they are tested on a CPU.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -113,13 +114,16 @@ class GraphState:
             self.signature = signature
         return self.buffers
 
-    def step(self, key: tuple[int, int], run: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """`run()`'s result, from the graph captured for `key` (captured now if new)."""
+    def step(
+        self, key: tuple[int, int], make_run: Callable[[], Callable[[], torch.Tensor]]
+    ) -> torch.Tensor:
+        """The result of the step `make_run()` builds, replayed from the graph captured for
+        `key` (built and captured only when `key` is new)."""
         if not self.capture:
-            return run()
+            return make_run()()
         replay = self.graphs.get(key)
         if replay is None:
-            replay = self.graphs[key] = self._capture(run)
+            replay = self.graphs[key] = self._capture(make_run())
         return replay()
 
     def _capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -187,15 +191,14 @@ class GraphDecoder:
         b.key_mask[:n, : end + 1] = attention_mask
         b.where.fill_(end)
         batch, span = batch_bucket(n, b.rows), span_bucket(end + 1, b.capacity)
-        logits = self.state.step((batch, span), self._runner(b, batch, span))
+        logits = self.state.step((batch, span), partial(self._runner, b, batch, span))
         self.length = end + 1
         return logits[:n]
 
     def _runner(self, b: StaticBuffers, batch: int, span: int) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             mask = b.key_mask[:batch, :span]
-            bias = torch.zeros(batch, 1, 1, span, dtype=b.kv.dtype, device=mask.device)
-            bias.masked_fill_(mask[:, None, None, :] == 0, float("-inf"))
+            bias = fused.additive_bias(mask[:, None, :] != 0, b.kv.dtype)
             cache = SlotKV(b.kv, batch, span, b.where)
             hidden = self.forward.hidden(
                 b.token[:batch], b.position[:batch], mask, cache, ops=fused.TorchOps(bias)

@@ -241,10 +241,10 @@ class HFRolloutEngine:
             # one device-to-host copy per step: tokens and log-probs together (exact in fp64)
             host_tokens, host_logps = torch.stack([token.double(), logp.double()]).tolist()
             keep = []
-            for i, (row, tok, lp) in enumerate(zip(live, host_tokens, host_logps)):
-                tokens[row].append(int(tok))
+            for i, (row, tok, lp) in enumerate(zip(live, map(int, host_tokens), host_logps)):
+                tokens[row].append(tok)
                 logps[row].append(lp)
-                if int(tok) in eos_set:
+                if tok in eos_set:
                     finish[row] = "stop"
                 else:
                     keep.append(i)
