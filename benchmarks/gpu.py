@@ -12,7 +12,8 @@ For each model shape (random init) it measures:
   micro-batches, then AdamW) on ragged completions; tokens/s over the tokens the model really
   computes (each prompt once, then the completions), and MFU = model FLOPs/s (6 · matmul
   parameters · tokens plus causal attention) over the data-sheet bf16 dense peak and over the
-  matmul peak measured here.
+  matmul peak measured here (recomputation under `--gradient-checkpointing` is not counted as
+  model FLOPs), and on CUDA the peak memory allocated.
 
     python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
     python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
@@ -36,6 +37,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.config import resolve_config
+from rlvr.models import fused
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batch import RolloutBatch
@@ -271,6 +273,11 @@ def main() -> None:
     parser.add_argument("--train-prompts", type=int, default=16)
     parser.add_argument("--train-len", type=int, default=1024, help="longest completion")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768)
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute each layer in backward (train.gradient_checkpointing)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="toy shape on the CPU, fp32")
     args = parser.parse_args()
@@ -291,6 +298,7 @@ def main() -> None:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "dtype": args.dtype,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "bandwidth_gb_s": {k: v / 1e9 for k, v in bandwidths.items() if v},
         "peak_tflops": {k: v / 1e12 for k, v in peaks.items() if v},
         "shapes": {},
@@ -304,7 +312,13 @@ def main() -> None:
         if device.type == "cuda":  # the same rollouts without CUDA graphs, side by side
             entry["decode_eager"] = decode_case(model, args, device, bandwidths, False)
             print(shape, "decode_eager", json.dumps(entry["decode_eager"]), flush=True)
+        if args.gradient_checkpointing:
+            fused.enable_activation_checkpointing(model)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         entry["train"] = train_case(model, args, device, peaks)
+        if device.type == "cuda":
+            entry["train"]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
         print(shape, "train", json.dumps(entry["train"]), flush=True)
         report["shapes"][shape] = entry
         del model

@@ -307,3 +307,64 @@ def test_bfloat16_models_agree_with_the_transformers_forward(tok, name):
     for param_name, g in ref_grads.items():
         assert grads[param_name].dtype == torch.bfloat16
         assert torch.allclose(grads[param_name].float(), g.float(), atol=2e-2, rtol=5e-2)
+
+
+def saved_for_backward(model: nn.Module, mb) -> list[torch.Size]:
+    """Shapes of the tensors autograd keeps for backward during the shared-prefix forward."""
+    shapes = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        shapes.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward_logits_shared_prefix(model, mb)
+    return shapes
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(tok, name):
+    model = MODELS[name](tok)
+    mb = ragged_batch(tok)
+    kept = saved_for_backward(model, mb)
+    lp, grads = logprobs_and_grads(model, mb, enabled=True)
+    calls = []
+    recomputed = fused._recomputed
+
+    def counted(function, *args):
+        calls.append(function.__name__)
+        return recomputed(function, *args)
+
+    fused.enable_activation_checkpointing(model)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused, "_recomputed", counted)
+        kept_checkpointed = saved_for_backward(model, mb)
+        ck_lp, ck_grads = logprobs_and_grads(model, mb, enabled=True)
+    # two regions per layer and forward pass (prompts, then completions), in both passes above
+    assert calls.count("qkv") == calls.count("rest") == 2 * 2 * len(model.model.layers)
+    assert torch.equal(ck_lp, lp)
+    for param_name, ref in grads.items():
+        torch.testing.assert_close(ck_grads[param_name], ref, atol=1e-6, rtol=1e-5)
+    mlp_width = model.config.intermediate_size
+    assert any(shape[-1] == mlp_width for shape in kept)
+    assert not any(shape[-1] == mlp_width for shape in kept_checkpointed)
+    numel = sum(s.numel() for s in kept_checkpointed)
+    assert numel < 0.5 * sum(s.numel() for s in kept)
+
+
+def test_activation_checkpointing_follows_the_layers_own_flag_and_needs_gradients(tok):
+    model = llama(tok)
+    layer = model.model.layers[0]
+    assert not fused.recompute_in_backward(model, layer)
+    layer.gradient_checkpointing = True  # what model.gradient_checkpointing_enable() sets
+    assert fused.recompute_in_backward(model, layer)
+    with torch.no_grad():
+        assert not fused.recompute_in_backward(model, layer)
+
+
+def test_activation_checkpointing_refuses_models_outside_the_fused_forward(tok):
+    model = llama(tok)
+    setattr(model, fused.ENABLE_ATTR, False)
+    with pytest.raises(ValueError, match="fused forward"):
+        fused.enable_activation_checkpointing(model)
+    assert not getattr(model, fused.CHECKPOINT_ATTR, False)

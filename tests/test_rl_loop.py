@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from rlvr.config import resolve_config
+from rlvr.config import ConfigError, resolve_config
+from rlvr.models import fused
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import NonFiniteError, train
 from tiny_run import TINY_RUN
@@ -129,3 +130,36 @@ def test_non_finite_rewards_skip_steps_then_stop(tmp_path):
     ):
         train(cfg, filters=(poison,), show_progress=False)
     assert len(read_jsonl(tmp_path / "nan" / "metrics.jsonl")) == 1
+
+
+def test_gradient_checkpointing_follows_the_same_trajectory(tmp_path, monkeypatch):
+    plain = train(small_config(tmp_path / "plain", "train.steps=3"), show_progress=False)
+    calls = []
+    recomputed = fused._recomputed
+
+    def counted(function, *args):
+        calls.append(function.__name__)
+        return recomputed(function, *args)
+
+    monkeypatch.setattr(fused, "_recomputed", counted)
+    checkpointed = train(
+        small_config(tmp_path / "ck", "train.steps=3", "train.gradient_checkpointing=true"),
+        show_progress=False,
+    )
+    assert calls  # the layers really were recomputed
+    a, b = read_jsonl(plain / "metrics.jsonl"), read_jsonl(checkpointed / "metrics.jsonl")
+    assert len(a) == len(b) == 3
+    for left, right in zip(a, b):
+        for key in left.keys() - TIMING:
+            assert left[key] == right[key] or (math.isnan(left[key]) and math.isnan(right[key])), (
+                left["step"],
+                key,
+            )
+
+
+def test_gradient_checkpointing_without_the_fused_forward_is_a_config_error(tmp_path):
+    extra = ("train.steps=1", "train.gradient_checkpointing=true", "model.fused_forward=false")
+    cfg = small_config(tmp_path / "hf", *extra)
+    with pytest.raises(ConfigError, match=r"train\.gradient_checkpointing: .*fused forward"):
+        train(cfg, show_progress=False)
+    assert not (tmp_path / "hf" / "metrics.jsonl").exists()

@@ -281,6 +281,11 @@ class TrainConfig(Section):
     faster on a CPU: above a few thousand tokens every activation is a fresh multi-MB
     allocation that the OS must fault in (`docs/benchmarks.md`); on a GPU raise it until
     memory is full."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its activations (about a
+    third more compute, several times less activation memory): for micro-batches larger than
+    memory allows otherwise. Needs rlvr's fused forward (`model.fused_forward`, a Llama,
+    Mistral or Qwen2 model)."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on

@@ -11,7 +11,10 @@ fp32 rounding, gradients included), with less work:
 - the decode KV cache is one preallocated buffer per layer, written in place;
 - on a CPU, a decode step's RMSNorm, rotary embedding, SiLU·up and attention are C kernels
   (`cpu_kernels`), one pass each, where PyTorch spends more on per-operation overhead than on
-  the arithmetic of tensors this small.
+  the arithmetic of tensors this small;
+- with activation checkpointing on (`enable_activation_checkpointing`), each layer's
+  activations are recomputed in backward, in two regions around the KV-cache update, which
+  must not run twice.
 
 Concatenating q/k/v and gate/up into one matmul each was measured and dropped: no gain in
 decoding at batch 128, a loss in training (the gradient split costs more than it saves).
@@ -32,12 +35,15 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rlvr.models import cpu_kernels
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 ENABLE_ATTR = "rlvr_fused_forward"
 """Attribute on the model that turns the fused forward off when False (`model.fused_forward`)."""
+CHECKPOINT_ATTR = "rlvr_activation_checkpointing"
+"""Model attribute that turns activation checkpointing on (`train.gradient_checkpointing`)."""
 
 
 def _plain_linear(module: object) -> bool:
@@ -304,6 +310,38 @@ def layer_ops(
     return TorchOps(mask_bias(key_mask, t, h.dtype))
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them
+    (activation checkpointing, Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost"): a layer then keeps only its input, its queries and the KV cache, not its norms,
+    attention output and 3 × hidden-wide MLP activations, for one more forward of the layer.
+    Raises ValueError when `model` does not run through the fused forward (`supports`)."""
+    if not supports(model):
+        raise ValueError(
+            "activation checkpointing needs rlvr's fused forward (a Llama, Mistral or Qwen2 "
+            "model with model.fused_forward true)"
+        )
+    setattr(model, CHECKPOINT_ATTR, True)
+
+
+def recompute_in_backward(model: nn.Module, layer: nn.Module) -> bool:
+    """Whether `layer`'s activations are recomputed in backward: gradients are recorded and
+    either `enable_activation_checkpointing` was called or the layer's own
+    `gradient_checkpointing` flag (`model.gradient_checkpointing_enable()`) is set."""
+    wanted = getattr(model, CHECKPOINT_ATTR, False) or getattr(
+        layer, "gradient_checkpointing", False
+    )
+    return bool(wanted) and torch.is_grad_enabled()
+
+
+def _direct(function: Callable, *args: object) -> object:
+    return function(*args)
+
+
+def _recomputed(function: Callable, *args: object) -> object:
+    return checkpoint(function, *args, use_reentrant=False)
+
+
 class FusedForward:
     """The decoder of a supported model as plain tensor operations."""
 
@@ -336,7 +374,7 @@ class FusedForward:
         `layer_ops` would pick (a CUDA-graph decode step brings its own attention mask).
         """
         b, t = input_ids.shape
-        nq, nkv, d = self.heads, self.kv_heads, self.head_dim
+        d = self.head_dim
         lead = (b, t) if flat is None else (flat.shape[0],)
         h = self.model.model.embed_tokens(
             input_ids if flat is None else input_ids.reshape(-1)[flat]
@@ -353,20 +391,32 @@ class FusedForward:
                 x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, flat, x)
             return x.view(b, t, -1, d).transpose(1, 2)
 
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+        def qkv(layer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """The layer's rotated queries and keys and its values, per token."""
+            attn = layer.self_attn
             x = ops.rms_norm(h, layer.input_layernorm.weight, self.eps)
-            q = ops.rotate(linear(x, attn.q_proj).view(*lead, nq, d), cos, sin)
-            k = ops.rotate(linear(x, attn.k_proj).view(*lead, nkv, d), cos, sin)
-            v = linear(x, attn.v_proj).view(*lead, nkv, d)
-            k, v = cache.update(i, padded(k), padded(v))
+            q = ops.rotate(linear(x, attn.q_proj).view(*lead, self.heads, d), cos, sin)
+            k = ops.rotate(linear(x, attn.k_proj).view(*lead, self.kv_heads, d), cos, sin)
+            return q, k, linear(x, attn.v_proj).view(*lead, self.kv_heads, d)
+
+        def rest(
+            layer: nn.Module, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> torch.Tensor:
+            """The layer's output from its input h, its queries and all keys and values."""
+            attn, mlp = layer.self_attn, layer.mlp
             a = ops.attention(padded(q), k, v, self.scale).transpose(1, 2)
-            a = a.reshape(b * t, nq * d)
+            a = a.reshape(b * t, self.heads * d)
             a = a if flat is None else a[flat]
-            h = h + linear(a.view(*lead, nq * d), attn.o_proj)
+            h = h + linear(a.view(*lead, self.heads * d), attn.o_proj)
             x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             inner = ops.silu_mul(linear(x, mlp.gate_proj), linear(x, mlp.up_proj))
-            h = h + linear(inner, mlp.down_proj)
+            return h + linear(inner, mlp.down_proj)
+
+        for i, layer in enumerate(self.layers):
+            run = _recomputed if recompute_in_backward(self.model, layer) else _direct
+            q, k, v = run(qkv, layer, h)
+            k, v = cache.update(i, padded(k), padded(v))
+            h = run(rest, layer, h, q, k, v)
         cache.length += t
         return ops.rms_norm(h, self.model.model.norm.weight, self.eps)
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import RLConfig, save_config
+from rlvr.config import ConfigError, RLConfig, save_config
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.tasks import load_task
+from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
@@ -73,6 +74,11 @@ def train(
     algo, r = cfg.algorithm, cfg.rollout
 
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    if cfg.train.gradient_checkpointing:
+        try:
+            fused.enable_activation_checkpointing(model)
+        except ValueError as error:
+            raise ConfigError(f"train.gradient_checkpointing: {error}") from None
     regularization = Regularization(algo, model)
     reference = regularization.reference
     task = load_task(cfg.data)
