@@ -328,10 +328,11 @@ def recompute_in_backward(model: nn.Module, layer: nn.Module) -> bool:
     """Whether `layer`'s activations are recomputed in backward: gradients are recorded and
     either `enable_activation_checkpointing` was called or the layer's own
     `gradient_checkpointing` flag (`model.gradient_checkpointing_enable()`) is set."""
-    wanted = getattr(model, CHECKPOINT_ATTR, False) or getattr(
-        layer, "gradient_checkpointing", False
+    if not torch.is_grad_enabled():  # a rollout's decode step: no lookups
+        return False
+    return bool(
+        getattr(model, CHECKPOINT_ATTR, False) or getattr(layer, "gradient_checkpointing", False)
     )
-    return bool(wanted) and torch.is_grad_enabled()
 
 
 def _direct(function: Callable, *args: object) -> object:
