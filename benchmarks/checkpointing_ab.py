@@ -27,13 +27,11 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from micro_batch_ab import CASES, QUICK
-from vs_trl import RESULTS_DIR, launch, make_spec, prepare_model, quiet, summarize
+from micro_batch_ab import CASES, QUICK, settings_ab
+from vs_trl import RESULTS_DIR, quiet
 
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -142,30 +140,7 @@ def main() -> None:
         "isolated": isolated(64, (2,)) if args.quick else isolated(512, (4, 12))
     }
     cases = QUICK if args.quick else CASES
-    with tempfile.TemporaryDirectory(prefix="checkpointing_ab-") as tmp:
-        workdir = Path(tmp)
-        model_dir = prepare_model(workdir, 0)
-        for case, settings in cases.items():
-            settings.reward = "dense"
-            runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
-            for rep in range(args.repeats):
-                for index, (name, overrides) in enumerate(SETTINGS.items()):
-                    run_name = f"ck{index}-{len(runs)}-{case[:2].strip()}-{rep}"
-                    spec = make_spec(
-                        "rlvr", run_name, workdir, model_dir, settings, rlvr_overrides=overrides
-                    )
-                    s = summarize(launch(spec, workdir))
-                    runs[name].append(
-                        {k: s[k] for k in ("train_s", "step_s", "rollout_s", "peak_rss_mb")}
-                    )
-            report[case] = runs
-            for name, r in runs.items():
-                cells = ", ".join(
-                    f"train {x['train_s']:.3f} s, step {x['step_s']:.3f} s, "
-                    f"RSS {x['peak_rss_mb']:.0f} MiB"
-                    for x in r
-                )
-                print(f"{case}, {name}: {cells}", flush=True)
+    report.update(settings_ab(cases, SETTINGS, args.repeats, "ck"))
     name = "checkpointing_ab-quick.json" if args.quick else "checkpointing_ab.json"
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / name).write_text(json.dumps(report, indent=1) + "\n")

@@ -35,6 +35,40 @@ QUICK = {
 }
 
 
+def settings_ab(
+    cases: dict[str, ModeSettings], settings: dict[str, list[str]], repeats: int, prefix: str
+) -> dict[str, dict[str, list[dict]]]:
+    """rlvr alone under each named list of config overrides, dense reward, `repeats` rounds
+    alternating over the settings in fresh processes: per case and setting, each run's medians
+    of the train and step seconds and its peak RSS (printed as they come)."""
+    report: dict[str, dict[str, list[dict]]] = {}
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as tmp:
+        workdir = Path(tmp)
+        model_dir = prepare_model(workdir, 0)
+        for case_index, (case, mode) in enumerate(cases.items()):
+            mode.reward = "dense"
+            runs: dict[str, list[dict]] = {name: [] for name in settings}
+            for rep in range(repeats):
+                for index, (name, overrides) in enumerate(settings.items()):
+                    run_name = f"{prefix}{index}-{case_index}-{rep}"
+                    spec = make_spec(
+                        "rlvr", run_name, workdir, model_dir, mode, rlvr_overrides=overrides
+                    )
+                    s = summarize(launch(spec, workdir))
+                    runs[name].append(
+                        {k: s[k] for k in ("train_s", "step_s", "rollout_s", "peak_rss_mb")}
+                    )
+            report[case] = runs
+            for name, r in runs.items():
+                cells = ", ".join(
+                    f"train {x['train_s']:.3f} s, step {x['step_s']:.3f} s, "
+                    f"RSS {x['peak_rss_mb']:.0f} MiB"
+                    for x in r
+                )
+                print(f"{case}, {name}: {cells}", flush=True)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke version")
@@ -42,35 +76,8 @@ def main() -> None:
     args = parser.parse_args()
     quiet()
     cases, budgets = (QUICK, (16384, 64)) if args.quick else (CASES, BUDGETS)
-    report: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="micro_batch_ab-") as tmp:
-        workdir = Path(tmp)
-        model_dir = prepare_model(workdir, 0)
-        for case, settings in cases.items():
-            settings.reward = "dense"
-            runs: dict[int, list[dict]] = {b: [] for b in budgets}
-            for rep in range(args.repeats):
-                for budget in budgets:
-                    spec = make_spec(
-                        "rlvr",
-                        f"mb{budget}-{len(report)}-{rep}",
-                        workdir,
-                        model_dir,
-                        settings,
-                        rlvr_overrides=[f"train.micro_batch_tokens={budget}"],
-                    )
-                    s = summarize(launch(spec, workdir))
-                    runs[budget].append(
-                        {k: s[k] for k in ("train_s", "step_s", "rollout_s", "peak_rss_mb")}
-                    )
-            report[case] = {str(b): r for b, r in runs.items()}
-            for budget, r in runs.items():
-                cells = ", ".join(
-                    f"train {x['train_s']:.3f} s, step {x['step_s']:.3f} s, "
-                    f"RSS {x['peak_rss_mb']:.0f} MiB"
-                    for x in r
-                )
-                print(f"{case}, budget {budget}: {cells}", flush=True)
+    settings = {str(b): [f"train.micro_batch_tokens={b}"] for b in budgets}
+    report = settings_ab(cases, settings, args.repeats, "mb")
     name = "micro_batch_ab-quick.json" if args.quick else "micro_batch_ab.json"
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / name).write_text(json.dumps(report, indent=1) + "\n")
