@@ -309,47 +309,48 @@ def test_bfloat16_models_agree_with_the_transformers_forward(tok, name):
         assert torch.allclose(grads[param_name].float(), g.float(), atol=2e-2, rtol=5e-2)
 
 
-def saved_for_backward(model: nn.Module, mb) -> list[torch.Size]:
-    """Shapes of the tensors autograd keeps for backward during the shared-prefix forward."""
-    shapes = []
+def saved_for_backward(model: nn.Module, mb) -> dict[int, tuple[int, torch.Size]]:
+    """The storages autograd keeps for backward during the shared-prefix forward: address ->
+    (bytes, shape of a tensor saved from it)."""
+    saved = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        shapes.append(t.shape)
+        saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t.shape)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         forward_logits_shared_prefix(model, mb)
-    return shapes
+    return saved
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(tok, name):
+def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(
+    tok, name, recomputed_regions
+):
     model = MODELS[name](tok)
     mb = ragged_batch(tok)
     kept = saved_for_backward(model, mb)
     lp, grads = logprobs_and_grads(model, mb, enabled=True)
-    calls = []
-    recomputed = fused._recomputed
-
-    def counted(function, *args):
-        calls.append(function.__name__)
-        return recomputed(function, *args)
+    assert not recomputed_regions  # off until enabled
 
     fused.enable_activation_checkpointing(model)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fused, "_recomputed", counted)
-        kept_checkpointed = saved_for_backward(model, mb)
-        ck_lp, ck_grads = logprobs_and_grads(model, mb, enabled=True)
-    # two regions per layer and forward pass (prompts, then completions), in both passes above
-    assert calls.count("qkv") == calls.count("rest") == 2 * 2 * len(model.model.layers)
+    kept_checkpointed = saved_for_backward(model, mb)
+    # what a checkpointed forward holds: the tensors saved outside the regions, plus each
+    # region's inputs
+    held = {address: size for address, (size, _) in kept_checkpointed.items()}
+    for _, inputs in recomputed_regions:
+        held.update(inputs)
+    names = [name for name, _ in recomputed_regions]
+    # two regions per layer and forward pass (the prompts, then the completions)
+    assert names.count("qkv") == names.count("rest") == 2 * len(model.model.layers)
+    ck_lp, ck_grads = logprobs_and_grads(model, mb, enabled=True)
     assert torch.equal(ck_lp, lp)
     for param_name, ref in grads.items():
-        torch.testing.assert_close(ck_grads[param_name], ref, atol=1e-6, rtol=1e-5)
+        assert torch.equal(ck_grads[param_name], ref), param_name
     mlp_width = model.config.intermediate_size
-    assert any(shape[-1] == mlp_width for shape in kept)
-    assert not any(shape[-1] == mlp_width for shape in kept_checkpointed)
-    numel = sum(s.numel() for s in kept_checkpointed)
-    assert numel < 0.5 * sum(s.numel() for s in kept)
+    assert any(shape[-1] == mlp_width for _, shape in kept.values())
+    assert not any(shape[-1] == mlp_width for _, shape in kept_checkpointed.values())
+    assert sum(held.values()) < 0.5 * sum(size for size, _ in kept.values())
 
 
 def test_activation_checkpointing_follows_the_layers_own_flag_and_needs_gradients(tok):

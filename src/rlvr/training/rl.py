@@ -65,9 +65,6 @@ def train(
     show_progress: bool = True,
 ) -> Path:
     """Run online RL as configured; return the run directory."""
-    run_dir = Path(cfg.train.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
@@ -79,6 +76,9 @@ def train(
             fused.enable_activation_checkpointing(model)
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
+    run_dir = Path(cfg.train.output_dir)  # written only once the model is known to fit the config
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
     regularization = Regularization(algo, model)
     reference = regularization.reference
     task = load_task(cfg.data)
