@@ -35,11 +35,8 @@ from vs_trl import RESULTS_DIR, quiet
 
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training.batching import (
-    collate_shared_prefix,
-    forward_logits_shared_prefix,
-    token_logprobs,
-)
+from rlvr.training.batching import collate_shared_prefix, forward_logits_shared_prefix
+from rlvr.training.logprobs import token_logprobs
 
 SETTINGS = {
     "16384": ["train.micro_batch_tokens=16384"],

@@ -25,8 +25,8 @@ from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
-    token_logprobs,
 )
+from rlvr.training.logprobs import token_logprobs
 
 RESULTS = Path(__file__).parent / "results" / "fused_ab.json"
 PROMPTS, GROUP, PROMPT_LEN, REPEATS = 16, 8, 18, 5

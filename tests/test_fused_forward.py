@@ -26,8 +26,8 @@ from rlvr.training.batching import (
     forward_logits_shared_prefix,
     packed_micro_batches,
     token_budget_micro_batches,
-    token_logprobs,
 )
+from rlvr.training.logprobs import token_logprobs
 
 
 @pytest.fixture(scope="module")

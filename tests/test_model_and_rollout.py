@@ -21,10 +21,8 @@ from rlvr.training.batching import (
     forward_logits,
     forward_logits_shared_prefix,
     token_budget_micro_batches,
-    token_entropy,
-    token_logprobs,
-    token_logprobs_and_entropy,
 )
+from rlvr.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
 @pytest.fixture(scope="module")
@@ -227,16 +225,24 @@ def test_chunked_logprobs_and_entropy_match_direct_formulas():
     onehot = torch.nn.functional.one_hot(tokens[1, 2], 11).float()
     by_hand = weights[1, 2] * (onehot - (logits[1, 2] / 2).softmax(-1)) / 2
     assert torch.allclose(g2[1, 2], by_hand.detach(), atol=1e-6)
-    p = (logits / 2).softmax(-1)
-    direct_entropy = -(p * p.log()).sum(-1)
-    chunked_entropy = token_entropy(logits, temperature=2.0, chunk_size=4)
-    assert torch.allclose(direct_entropy, chunked_entropy, atol=1e-6)
-    lp, metric = token_logprobs_and_entropy(logits, tokens, temperature=2.0, chunk_size=4)
-    assert torch.allclose(lp, direct, atol=1e-6) and not metric.requires_grad
-    assert torch.allclose(metric, direct_entropy.detach(), atol=1e-6)
-    (g1,) = torch.autograd.grad(direct_entropy.sum(), logits)
-    (g2,) = torch.autograd.grad(chunked_entropy.sum(), logits)
-    assert torch.allclose(g1, g2, atol=1e-6)
+    lp, entropy = token_logprobs_and_entropy(logits, tokens, temperature=2.0, chunk_size=4)
+    logp_all = (logits / 2).log_softmax(-1)
+    direct = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
+    direct_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    assert torch.allclose(lp, direct, atol=1e-6)
+    assert torch.allclose(entropy, direct_entropy, atol=1e-6)
+    w_lp, w_h = torch.randn(3, 5), torch.randn(3, 5)
+    for a, b in ((0, 1), (1, 0), (1, 1)):  # the entropy's gradient alone, and with the log-probs'
+        loss = (a * w_lp * lp + b * w_h * entropy).sum()
+        reference = (a * w_lp * direct + b * w_h * direct_entropy).sum()
+        (g1,) = torch.autograd.grad(reference, logits, retain_graph=True)
+        (g2,) = torch.autograd.grad(loss, logits, retain_graph=True)
+        assert torch.allclose(g1, g2, atol=1e-6)
+    # by hand, one row: dH / d logits = -p · (log p + H) / T
+    row = logp_all[2, 4].detach()
+    by_hand = -row.exp() * (row + direct_entropy[2, 4].detach()) / 2
+    (g,) = torch.autograd.grad(entropy[2, 4], logits)
+    assert torch.allclose(g[2, 4], by_hand, atol=1e-6) and g[2, 4].abs().max() > 1e-3
 
 
 def test_chunked_logprobs_keep_no_fp32_copy_of_the_logits_for_backward():

@@ -6,8 +6,9 @@ import torch
 from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
 from rlvr.data.problem import Problem
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training import update
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.batching import completion_token_stats, response_mask_from_lengths
 from rlvr.training.critic import Critic
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
 
@@ -152,3 +153,25 @@ def test_no_sample_is_skipped_when_another_term_has_a_gradient(change):
     kw = {"skip_zero_advantage": True, "kl_coef": 0.1, **change.get("settings", {})}
     _, stats = _grads_and_stats(model, batch, algo, tok, **kw)
     assert stats["skipped_samples"] == 0
+
+
+def test_the_update_without_logits_gives_the_gradient_through_logits(monkeypatch, logits_reference):
+    """On the fused forward the update scores tokens from the hidden states
+    (`completion_token_stats`); with KL, an entropy bonus and a temperature it gives the loss and
+    gradient of the full-logits formula."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = make_batch()
+    algo = AlgorithmConfig.model_validate({"aggregation": "token_mean"})
+    batch.ref_logprobs = batch_logprobs(model, batch, 0.7, 10_000, tok.pad_token_id) - 0.05
+    results = []
+    for stats_fn in (completion_token_stats, logits_reference):
+        monkeypatch.setattr(update, "completion_token_stats", stats_fn)
+        model.zero_grad(set_to_none=True)
+        settings = LossSettings(algo, 0.7, 12, 24, tok.pad_token_id, kl_coef=0.1, entropy_coef=0.05)
+        stats = minibatch_backward(model, batch, list(range(len(batch))), settings)
+        results.append((stats, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (stats, grads), (ref_stats, ref_grads) = results
+    for key in ("loss", "entropy_sum", "kl_sum"):
+        assert stats[key] == pytest.approx(ref_stats[key], abs=1e-5)
+    assert torch.allclose(grads, ref_grads, atol=1e-6) and grads.abs().max() > 1e-3

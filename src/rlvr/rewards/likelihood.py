@@ -53,8 +53,8 @@ from rlvr.training.batching import (
     model_device,
     to_device,
     token_budget_micro_batches,
-    token_logprobs,
 )
+from rlvr.training.logprobs import token_logprobs
 
 LIKELIHOOD_MODES = ("logprob", "perplexity", "probability")
 """The reward forms of `reference_likelihood_rewards`."""

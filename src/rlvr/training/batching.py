@@ -1,4 +1,5 @@
-"""From variable-length samples to model inputs, and from logits to token log-probs.
+"""From variable-length samples to model inputs, and from those to the completion tokens'
+log-probs (the log-prob functions themselves are in `rlvr.training.logprobs`).
 
 Layout of a micro-batch: each row is its prompt left-padded to the micro-batch's longest prompt,
 then its completion right-padded to the longest completion. All completions therefore start at
@@ -11,7 +12,8 @@ The policy's update and log-prob passes use the shared-prefix layout instead
 (`collate_shared_prefix`): each distinct prompt of a micro-batch runs through the model once,
 and the G completions of a group attend to its KV cache, so a group costs P + G·T tokens of
 forward and backward instead of G·(P + T). It gives the same log-probs and gradients as the
-padded layout (tested); the critic reads its values the same way.
+padded layout (tested); the critic reads its values the same way. On the fused forward the
+update never builds the [tokens, vocab] logits (`completion_token_stats`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache
 
 from rlvr.models import fused
+from rlvr.training.logprobs import linear_token_stats, token_logprobs_and_entropy
 
 Batch = TypeVar("Batch")
 
@@ -160,101 +161,6 @@ def packed_micro_batches(
     return batches
 
 
-def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    """x / temperature in fp32 (the softmax kernels read bf16 and accumulate in fp32 when the
-    temperature is 1, so no fp32 copy is made then)."""
-    return x if temperature == 1.0 else x.float() / temperature
-
-
-class _ChunkedLogprobs(torch.autograd.Function):
-    """log softmax(x / T)[token] and the entropy of softmax(x / T), per row of x [n, vocab],
-    `chunk` rows at a time; the entropy has no gradient (it is a metric here).
-
-    Forward keeps only x (the logits, already alive); backward recomputes each chunk's
-    softmax p: d logp / dx = (onehot(token) - p) / T. Autograd through `logsumexp` would
-    instead keep an fp32 copy of every chunk, together a full [tokens, vocab] fp32 tensor
-    (DESIGN rule 7). Each chunk is one fused log-softmax pass, plus two for the entropy
-    H = -Σ p·log p.
-    """
-
-    @staticmethod
-    def forward(ctx, x, tokens, temperature, chunk, with_entropy):
-        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
-        for i in range(0, x.shape[0], chunk):
-            logp = F.log_softmax(_scaled(x[i : i + chunk], temperature), -1, dtype=torch.float32)
-            out[i : i + chunk] = logp.gather(-1, tokens[i : i + chunk, None]).squeeze(-1)
-            if with_entropy:
-                entropy[i : i + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
-        ctx.save_for_backward(x, tokens)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
-        return out, entropy
-
-    @staticmethod
-    def backward(ctx, grad, _):
-        x, tokens = ctx.saved_tensors
-        temperature, chunk = ctx.temperature, ctx.chunk
-        grad_x = torch.empty_like(x)
-        for i in range(0, x.shape[0], chunk):
-            g = grad[i : i + chunk, None] / temperature
-            probs = F.softmax(_scaled(x[i : i + chunk], temperature), -1, dtype=torch.float32)
-            grad_x[i : i + chunk] = probs.mul_(-g).scatter_add_(-1, tokens[i : i + chunk, None], g)
-        return grad_x, None, None, None, None
-
-
-def _entropy_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    logprobs = (logits.float() / temperature).log_softmax(-1)
-    return -(logprobs.exp() * logprobs).sum(-1)
-
-
-def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
-) -> torch.Tensor:
-    """log softmax(logits / temperature)[token] in fp32, computed `chunk_size` rows at a time.
-
-    For backward only the logits are kept, never a [tokens, vocab] fp32 tensor (DESIGN rule 7,
-    `_ChunkedLogprobs`); temperature divides the logits first (rule 1).
-    """
-    return token_logprobs_and_entropy(logits, tokens, temperature, chunk_size, False)[0]
-
-
-def token_logprobs_and_entropy(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 4096,
-    with_entropy: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` and, from the same pass over the logits, the entropy of
-    softmax(logits / temperature) per position, without gradient (a metric; `token_entropy`
-    is the differentiable one). Without `with_entropy` the second tensor is empty."""
-    flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
-    logp, entropy = _ChunkedLogprobs.apply(
-        flat_logits, flat_tokens, temperature, chunk_size, with_entropy
-    )
-    return logp.reshape(tokens.shape), entropy.reshape(tokens.shape if with_entropy else (0,))
-
-
-def token_entropy(
-    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
-) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position, chunked.
-
-    With gradients enabled each chunk is recomputed in backward (activation checkpointing), so
-    only one chunk's [rows, vocab] probabilities are alive at a time.
-    """
-    flat = logits.reshape(-1, logits.shape[-1])
-    parts = []
-    for i in range(0, flat.shape[0], chunk_size):
-        chunk = flat[i : i + chunk_size]
-        if torch.is_grad_enabled() and chunk.requires_grad:
-            parts.append(checkpoint(_entropy_chunk, chunk, temperature, use_reentrant=False))
-        else:
-            parts.append(_entropy_chunk(chunk, temperature))
-    return torch.cat(parts).reshape(logits.shape[:-1])
-
-
 def forward_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Logits [b, T, vocab] that score the micro-batch's completion tokens."""
     width = mb.completion_ids.shape[1]
@@ -347,26 +253,30 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     return torch.cat([first, rest], dim=1)
 
 
+def _fused_hidden_step(model: nn.Module) -> PrefixStep:
+    """A `PrefixStep` whose outputs are the fused forward's final-norm hidden states."""
+    forward = fused.FusedForward(model)
+
+    def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
+        cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
+        if real is None:
+            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache)
+            return (hidden[:, -keep_last:] if keep_last else hidden), cache
+        flat = fused.real_positions(real)
+        hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat)
+        padded = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(0, flat, hidden)
+        return padded.view(*real.shape, -1), cache
+
+    return step
+
+
 def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> torch.Tensor:
     """Logits [b, T, vocab] scoring the completion tokens, each distinct prompt computed once.
 
     Supported Llama-family models run through `rlvr.models.fused` (same function, fewer
     operations); others through their own forward."""
     if fused.supports(model):
-        forward = fused.FusedForward(model)
-
-        def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
-            cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
-            if real is None:
-                hidden = forward.hidden(input_ids, position_ids, attention_mask, cache)
-                return forward.logits(hidden[:, -keep_last:] if keep_last else hidden), cache
-            flat = fused.real_positions(real)
-            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat)
-            logits = forward.logits(hidden)
-            padded = logits.new_zeros(real.numel(), logits.shape[-1]).index_copy(0, flat, logits)
-            return padded.view(*real.shape, -1), cache
-
-        return shared_prefix_forward(step, sb)
+        return model.lm_head(shared_prefix_forward(_fused_hidden_step(model), sb))
 
     def hf_step(input_ids, attention_mask, position_ids, cache, keep_last, real):
         out = model(
@@ -380,3 +290,37 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
         return out.logits, out.past_key_values
 
     return shared_prefix_forward(hf_step, sb)
+
+
+def completion_token_stats(
+    model: nn.Module, sb: SharedPrefixBatch, temperature: float, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / T)[token] [b, T] of the completion tokens and (`with_entropy`) the
+    entropies [b, T], both differentiable, zero at padding.
+
+    Models on the fused forward never build the [tokens, vocab] logits: the hidden states of
+    the real completion positions go through the LM head a chunk at a time
+    (`logprobs.linear_token_stats`). Others score their logits (`token_logprobs_and_entropy`).
+    """
+    if not fused.supports(model):
+        logits = forward_logits_shared_prefix(model, sb)
+        logp, entropy = token_logprobs_and_entropy(
+            logits, sb.completion_ids, temperature, with_entropy=with_entropy
+        )
+        mask = sb.response_mask.to(logp.dtype)
+        return logp * mask, entropy * mask if with_entropy else entropy
+    hidden = shared_prefix_forward(_fused_hidden_step(model), sb)
+    flat = fused.real_positions(sb.response_mask.bool())
+    logp, entropy = linear_token_stats(
+        hidden.reshape(-1, hidden.shape[-1])[flat],
+        model.lm_head,
+        sb.completion_ids.reshape(-1)[flat],
+        temperature,
+        with_entropy,
+    )
+
+    def placed(values: torch.Tensor) -> torch.Tensor:
+        zeros = values.new_zeros(sb.response_mask.numel())
+        return zeros.index_copy(0, flat, values).view(sb.response_mask.shape)
+
+    return placed(logp), placed(entropy) if with_entropy else entropy

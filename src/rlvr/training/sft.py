@@ -23,8 +23,8 @@ from rlvr.training.batching import (
     model_device,
     to_device,
     token_budget_micro_batches,
-    token_logprobs,
 )
+from rlvr.training.logprobs import token_logprobs
 from rlvr.training.optim import build_optimizer, build_scheduler
 
 

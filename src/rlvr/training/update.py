@@ -21,14 +21,12 @@ from rlvr.models import fused
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
     collate_shared_prefix,
-    forward_logits_shared_prefix,
+    completion_token_stats,
     model_device,
     packed_micro_batches,
     rows_on,
     to_device,
     token_budget_micro_batches,
-    token_entropy,
-    token_logprobs_and_entropy,
 )
 
 
@@ -107,14 +105,11 @@ def batch_token_stats(
         mb = to_device(
             collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id), device
         )
-        logits = forward_logits_shared_prefix(model, mb)
-        lp, ent = token_logprobs_and_entropy(
-            logits, mb.completion_ids, temperature, with_entropy=entropy is not None
-        )
+        lp, ent = completion_token_stats(model, mb, temperature, entropy is not None)
         width = lp.shape[1]
-        logprobs[rows, :width] = (lp * mb.response_mask).to(logprobs)
+        logprobs[rows, :width] = lp.to(logprobs)
         if entropy is not None:
-            entropy[rows, :width] = (ent * mb.response_mask).to(entropy)
+            entropy[rows, :width] = ent.to(entropy)
     return logprobs, entropy
 
 
@@ -153,10 +148,7 @@ def minibatch_backward(
         mb = to_device(mb, device)
         width = mb.completion_ids.shape[1]
         mask = rows_on(batch.response_mask, mb_rows, width, device)
-        logits = forward_logits_shared_prefix(model, mb)
-        logprobs, entropy = token_logprobs_and_entropy(
-            logits, mb.completion_ids, s.temperature, with_entropy=not s.entropy_coef
-        )
+        logprobs, entropy = completion_token_stats(model, mb, s.temperature)
         old = (
             logprobs.detach()
             if batch.old_logprobs is None
@@ -184,7 +176,6 @@ def minibatch_backward(
                 loss = loss + s.kl_coef * aggregate(algo.aggregation, kl, mask, **norm)
             stats["kl_sum"] += float((kl.detach() * mask).sum())
         if s.entropy_coef:
-            entropy = token_entropy(logits, s.temperature)
             loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
         loss.backward()
         stats["loss"] += float(loss.detach())

@@ -1,0 +1,196 @@
+"""Token log-probs and entropies, a chunk of rows at a time, from the logits or straight from
+the last hidden states and the LM head.
+
+With z = logits / T (DESIGN rule 1: the temperature divides the logits first), p = softmax(z)
+and log p = z - logsumexp(z), each position gives log p[y] for its token y and the entropy
+H = -Σ p · log p. Both have a gradient:
+
+    d log p[y] / dz = onehot(y) - p
+    d H / dz        = -p · (log p + H)
+
+(the second from dp_i / dz_j = p_i (δ_ij - p_j)). Two autograd functions share that backward
+(`_logit_grad`) and keep no fp32 copy of a chunk for it (DESIGN rule 7):
+
+- `_ChunkedLogprobs` reads logits that already exist ([n, vocab], kept for backward);
+- `_LinearLogprobs` takes the hidden states and the LM head and never holds the [n, vocab]
+  logits: each chunk's logits are made, used and dropped in forward, and made again in
+  backward, where the chunk's logit gradient goes straight into the hidden states' and the
+  head's gradients. It pays one more LM-head matmul for not keeping the logits and their
+  gradient (2 · n · vocab values), the way fused linear cross-entropy kernels do for SFT
+  (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_ELEMENTS = 1 << 26
+"""Logits per chunk of `linear_token_stats`: 64M values, 256 MB in fp32, whatever the vocabulary.
+Larger chunks amortise the head gradient's read-modify-write of [vocab, hidden] per chunk."""
+
+
+def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature in fp32 (the softmax kernels read bf16 and accumulate in fp32 when the
+    temperature is 1, so no fp32 copy is made then)."""
+    return x if temperature == 1.0 else x.float() / temperature
+
+
+def _logit_grad(
+    z: torch.Tensor,
+    rows: slice,
+    tokens: torch.Tensor,
+    entropy: torch.Tensor,
+    g_logp: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
+    """d loss / d logits [c, vocab] (fp32) of the chunk `rows`, from its z = logits / T, its
+    tokens and entropies and the upstream gradients of the log-probs and entropies (None when
+    unused): (g_logp · (onehot(y) - p) - g_entropy · p · (log p + H)) / T."""
+    g = torch.zeros_like(entropy[rows]) if g_logp is None else g_logp[rows]
+    g = (g / temperature)[:, None]
+    if g_entropy is None:
+        grad = F.softmax(z, -1, dtype=torch.float32).mul_(-g)
+    else:
+        logp = F.log_softmax(z, -1, dtype=torch.float32)
+        p = logp.exp()
+        weight = logp.add_(entropy[rows, None]).mul_((g_entropy[rows] / temperature)[:, None])
+        grad = weight.add_(g).mul_(p).neg_()
+    return grad.scatter_add_(-1, tokens[rows, None], g)
+
+
+def _stats_into(
+    out: torch.Tensor, entropy: torch.Tensor, rows: slice, z: torch.Tensor, tokens: torch.Tensor
+) -> None:
+    """Write log p[token] (and H, when `entropy` is not empty) of the chunk z = logits / T."""
+    logp = F.log_softmax(z, -1, dtype=torch.float32)
+    out[rows] = logp.gather(-1, tokens[rows, None]).squeeze(-1)
+    if entropy.numel():
+        entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """log softmax(x / T)[token] and the entropy of softmax(x / T), per row of the logits
+    x [n, vocab], `chunk` rows at a time.
+
+    Forward keeps x (already alive), the tokens and the entropies; backward recomputes each
+    chunk's softmax (`_logit_grad`). Autograd through `logsumexp` would instead keep an fp32
+    copy of every chunk, together a full [tokens, vocab] fp32 tensor (DESIGN rule 7).
+    """
+
+    @staticmethod
+    def forward(ctx, x, tokens, temperature, chunk, with_entropy):
+        out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        for i in range(0, x.shape[0], chunk):
+            rows = slice(i, i + chunk)
+            _stats_into(out, entropy, rows, _scaled(x[rows], temperature), tokens)
+        ctx.save_for_backward(x, tokens, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        return out, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        x, tokens, entropy = ctx.saved_tensors
+        t = ctx.temperature
+        grad_x = torch.empty_like(x)
+        for i in range(0, x.shape[0], ctx.chunk):
+            rows = slice(i, i + ctx.chunk)
+            z = _scaled(x[rows], t)
+            grad_x[rows] = _logit_grad(z, rows, tokens, entropy, g_logp, g_entropy, t)
+        return grad_x, None, None, None, None
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    """`_ChunkedLogprobs` of the logits F.linear(hidden, weight, bias), `chunk` rows at a time,
+    without the [n, vocab] logits: forward keeps the hidden states, the tokens and the
+    entropies; backward makes each chunk's logits again and sends their gradient dz through
+    the head: hidden dz @ W, weight Σ dzᵀ @ h (summed over the chunks in fp32), bias Σ dz."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk, with_entropy):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        for i in range(0, hidden.shape[0], chunk):
+            rows = slice(i, i + chunk)
+            logits = F.linear(hidden[rows], weight, bias)
+            _stats_into(out, entropy, rows, _scaled(logits, temperature), tokens)
+        ctx.save_for_backward(hidden, weight, bias, tokens, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        return out, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        hidden, weight, bias, tokens, entropy = ctx.saved_tensors
+        t = ctx.temperature
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for i in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(i, i + ctx.chunk)
+            h = hidden[rows]
+            z = _scaled(F.linear(h, weight, bias), t)
+            dz = _logit_grad(z, rows, tokens, entropy, g_logp, g_entropy, t).to(hidden.dtype)
+            if need_hidden:
+                grad_hidden[rows] = dz @ weight
+            if need_weight and weight.dtype == torch.float32:
+                grad_weight.addmm_(dz.T, h)
+            elif need_weight:
+                grad_weight += dz.T @ h
+            if need_bias:
+                grad_bias += dz.sum(0)
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / T)[token] in fp32 and, from the same pass over the logits, the
+    entropy of softmax(logits / T) per position, both differentiable, `chunk_size` rows at a
+    time (`_ChunkedLogprobs`). Without `with_entropy` the second tensor is empty."""
+    flat_logits, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)
+    logp, entropy = _ChunkedLogprobs.apply(
+        flat_logits, flat_tokens, temperature, chunk_size, with_entropy
+    )
+    return logp.reshape(tokens.shape), entropy.reshape(tokens.shape if with_entropy else (0,))
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] in fp32, computed `chunk_size` rows at a time;
+    for backward only the logits are kept (`_ChunkedLogprobs`)."""
+    return token_logprobs_and_entropy(logits, tokens, temperature, chunk_size, False)[0]
+
+
+def linear_token_stats(
+    hidden: torch.Tensor,
+    head: torch.nn.Linear,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs_and_entropy(head(hidden), tokens, temperature)` for hidden [n, d] and
+    tokens [n], without the [n, vocab] logits (`_LinearLogprobs`): at most `chunk_elements`
+    logits exist at a time, in forward and in backward."""
+    chunk = max(1, chunk_elements // head.out_features)
+    return _LinearLogprobs.apply(
+        hidden, head.weight, head.bias, tokens, temperature, chunk, with_entropy
+    )
