@@ -200,6 +200,27 @@ def decode_case(model, args, device, bandwidths, cuda_graphs: bool = True) -> di
     return result
 
 
+def token_batch(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], group: int, advantages
+) -> RolloutBatch:
+    """A batch of token ids alone (no problems or texts): `group` consecutive samples per
+    prompt, one advantage per sample ([N]) on every completion token."""
+    n = len(prompt_ids)
+    mask = response_mask_from_lengths([len(c) for c in completion_ids])
+    return RolloutBatch(
+        problems=[],
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        prompt_texts=[],
+        completion_texts=[],
+        group_ids=torch.arange(n) // group,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        response_mask=mask,
+        rollout_logprobs=torch.zeros_like(mask),
+        advantages=advantages[:, None] * mask,
+    )
+
+
 def train_case(model, args, device, peaks) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -209,20 +230,8 @@ def train_case(model, args, device, peaks) -> dict:
     ]
     lengths = torch.randint(t // 2, t + 1, (groups * n,), generator=g).tolist()
     completions = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
-    mask = response_mask_from_lengths(lengths, t)
-    signs = torch.randint(0, 2, (groups * n, 1), generator=g).float() * 2 - 1
-    batch = RolloutBatch(
-        problems=[],
-        prompt_ids=[prompts[i // n] for i in range(groups * n)],
-        completion_ids=completions,
-        prompt_texts=[],
-        completion_texts=[],
-        group_ids=torch.arange(groups).repeat_interleave(n),
-        truncated=torch.zeros(groups * n, dtype=torch.bool),
-        response_mask=mask,
-        rollout_logprobs=torch.zeros_like(mask),
-        advantages=signs * mask,
-    )
+    signs = torch.randint(0, 2, (groups * n,), generator=g).float() * 2 - 1
+    batch = token_batch([prompts[i // n] for i in range(groups * n)], completions, n, signs)
     algo = resolve_config(preset="grpo").algorithm
     settings = LossSettings(algo, 1.0, t, args.micro_batch_tokens, 0)
     optimizer = build_optimizer(model, 1e-6, 0.0, (0.9, 0.999))

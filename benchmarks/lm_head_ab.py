@@ -35,15 +35,15 @@ import time
 from pathlib import Path
 
 import torch
+from gpu import token_batch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from vs_trl import RESULTS_DIR, peak_rss_mb
 
 from rlvr.config import AlgorithmConfig
-from rlvr.data.problem import Problem
 from rlvr.models import fused
 from rlvr.training import batching, update
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import response_mask_from_lengths, shared_prefix_forward
+from rlvr.training.batching import shared_prefix_forward
 from rlvr.training.logprobs import token_logprobs_and_entropy
 
 
@@ -115,20 +115,7 @@ def build_batch(vocab: int, max_len: int) -> RolloutBatch:
             length = int(torch.randint(16, max_len + 1, (1,), generator=g))
             prompts.append(prompt)
             completions.append(torch.randint(3, vocab, (length,), generator=g).tolist())
-    mask = response_mask_from_lengths([len(c) for c in completions])
-    n = len(prompts)
-    return RolloutBatch(
-        problems=[Problem("q", "1")] * n,
-        prompt_ids=prompts,
-        completion_ids=completions,
-        prompt_texts=["q"] * n,
-        completion_texts=["c"] * n,
-        group_ids=torch.arange(n) // 8,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        response_mask=mask,
-        rollout_logprobs=torch.zeros_like(mask),
-        advantages=torch.randn(n, 1, generator=g) * mask,
-    )
+    return token_batch(prompts, completions, 8, torch.randn(len(prompts), 1, generator=g)[:, 0])
 
 
 def rss_mb() -> float:
