@@ -69,7 +69,7 @@ def padded_logits(model, sb, temperature, with_entropy=True):
 
 def real_row_logits(model, sb, temperature, with_entropy=True):
     """The LM head and the chunked log-softmax on the real positions only."""
-    hidden = shared_prefix_forward(batching._fused_hidden_step(model), sb)
+    hidden = shared_prefix_forward(batching.fused_hidden_step(model), sb)
     flat = fused.real_positions(sb.response_mask.bool())
     logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1])[flat])
     tokens = sb.completion_ids.reshape(-1)[flat]

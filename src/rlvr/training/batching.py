@@ -253,7 +253,7 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     return torch.cat([first, rest], dim=1)
 
 
-def _fused_hidden_step(model: nn.Module) -> PrefixStep:
+def fused_hidden_step(model: nn.Module) -> PrefixStep:
     """A `PrefixStep` whose outputs are the fused forward's final-norm hidden states."""
     forward = fused.FusedForward(model)
 
@@ -276,7 +276,7 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
     Supported Llama-family models run through `rlvr.models.fused` (same function, fewer
     operations); others through their own forward."""
     if fused.supports(model):
-        return model.lm_head(shared_prefix_forward(_fused_hidden_step(model), sb))
+        return model.lm_head(shared_prefix_forward(fused_hidden_step(model), sb))
 
     def hf_step(input_ids, attention_mask, position_ids, cache, keep_last, real):
         out = model(
@@ -309,7 +309,7 @@ def completion_token_stats(
         )
         mask = sb.response_mask.to(logp.dtype)
         return logp * mask, entropy * mask if with_entropy else entropy
-    hidden = shared_prefix_forward(_fused_hidden_step(model), sb)
+    hidden = shared_prefix_forward(fused_hidden_step(model), sb)
     flat = fused.real_positions(sb.response_mask.bool())
     logp, entropy = linear_token_stats(
         hidden.reshape(-1, hidden.shape[-1])[flat],
