@@ -32,18 +32,17 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 from gpu import token_batch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from vs_trl import RESULTS_DIR, peak_rss_mb
+from vs_trl import RESULTS_DIR, peak_rss_mb, proc_status_mb
 
 from rlvr.config import AlgorithmConfig
 from rlvr.models import fused
 from rlvr.training import batching, update
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import shared_prefix_forward
+from rlvr.training.batching import placed_at, shared_prefix_forward
 from rlvr.training.logprobs import token_logprobs_and_entropy
 
 
@@ -63,8 +62,10 @@ def padded_logits(model, sb, temperature, with_entropy=True):
         return padded.view(*real.shape, -1), cache
 
     logits = shared_prefix_forward(step, sb)
-    lp, entropy = token_logprobs_and_entropy(logits, sb.completion_ids, temperature)
-    return lp * sb.response_mask, entropy * sb.response_mask
+    lp, entropy = token_logprobs_and_entropy(
+        logits, sb.completion_ids, temperature, with_entropy=with_entropy
+    )
+    return lp * sb.response_mask, entropy * sb.response_mask if with_entropy else entropy
 
 
 def real_row_logits(model, sb, temperature, with_entropy=True):
@@ -73,13 +74,9 @@ def real_row_logits(model, sb, temperature, with_entropy=True):
     flat = fused.real_positions(sb.response_mask.bool())
     logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1])[flat])
     tokens = sb.completion_ids.reshape(-1)[flat]
-    lp, entropy = token_logprobs_and_entropy(logits, tokens, temperature)
-
-    def placed(values: torch.Tensor) -> torch.Tensor:
-        zeros = values.new_zeros(sb.response_mask.numel())
-        return zeros.index_copy(0, flat, values).view(sb.response_mask.shape)
-
-    return placed(lp), placed(entropy)
+    lp, entropy = token_logprobs_and_entropy(logits, tokens, temperature, with_entropy=with_entropy)
+    mask = sb.response_mask
+    return placed_at(lp, flat, mask), placed_at(entropy, flat, mask) if with_entropy else entropy
 
 
 WAYS = {
@@ -118,13 +115,6 @@ def build_batch(vocab: int, max_len: int) -> RolloutBatch:
     return token_batch(prompts, completions, 8, torch.randn(len(prompts), 1, generator=g)[:, 0])
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def worker(way: str, vocab: int, max_len: int, quick: bool) -> None:
     """Time one way on one mini-batch; print a JSON line."""
     torch.set_num_threads(2)
@@ -132,7 +122,7 @@ def worker(way: str, vocab: int, max_len: int, quick: bool) -> None:
     batch = build_batch(vocab, max_len)
     settings = update.LossSettings(AlgorithmConfig(), 1.0, max_len, 4096, 0)
     update.completion_token_stats = WAYS[way]
-    before = rss_mb()
+    before = proc_status_mb("VmRSS") or 0.0
     seconds = []
     for _ in range(1 if quick else 4):
         model.zero_grad(set_to_none=True)

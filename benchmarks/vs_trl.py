@@ -228,13 +228,22 @@ def peak_rss_mb() -> float:
     used there because it also keeps the parent's resident size at fork time (the kernel carries
     it over ``execve``), so a light child of a heavy parent would report the parent's peak.
     """
+    peak = proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, else KiB
+
+
+def proc_status_mb(key: str) -> float | None:
+    """A memory line of Linux's /proc/self/status (``VmRSS``, ``VmHWM``, ...) in MiB; None
+    elsewhere."""
     status = Path("/proc/self/status")
     if status.exists():
         for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, else KiB
+    return None
 
 
 def evaluate_checkpoints(spec: RunSpec, checkpoints: dict[int, Path]) -> list[dict]:

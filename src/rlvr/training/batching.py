@@ -318,9 +318,12 @@ def completion_token_stats(
         temperature,
         with_entropy,
     )
+    placed = placed_at(logp, flat, sb.response_mask)
+    return placed, placed_at(entropy, flat, sb.response_mask) if with_entropy else entropy
 
-    def placed(values: torch.Tensor) -> torch.Tensor:
-        zeros = values.new_zeros(sb.response_mask.numel())
-        return zeros.index_copy(0, flat, values).view(sb.response_mask.shape)
 
-    return placed(logp), placed(entropy) if with_entropy else entropy
+def placed_at(values: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-position values [N] of the N real positions `flat` (`fused.real_positions(mask)`)
+    placed into mask's [b, T] shape, zero elsewhere (differentiable)."""
+    zeros = values.new_zeros(mask.numel())
+    return zeros.index_copy(0, flat, values).view(mask.shape)
