@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
+from rlvr.models.hf_cache import cache_kwarg, returned_cache
+
 
 class ValueModel(nn.Module):
     """`values[b, s]` = V(state after the first s + 1 tokens of row b)."""
@@ -33,7 +35,7 @@ class ValueModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         keep_last: int | None = None,
         real: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Cache]:
@@ -44,10 +46,10 @@ class ValueModel(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=True,
+            **cache_kwarg(self.backbone, cache),
         )
         hidden = out.last_hidden_state
         if keep_last is not None:
             hidden = hidden[:, -keep_last:]
-        return self.head(hidden).squeeze(-1), out.past_key_values
+        return self.head(hidden).squeeze(-1), returned_cache(out)

@@ -26,6 +26,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
 from rlvr.models import fused
+from rlvr.models.hf_cache import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
 
@@ -278,9 +279,9 @@ class HFDecoder:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=keep,
+            **cache_kwarg(self.model, self.cache),
         ).logits[:, -1]
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:

@@ -27,6 +27,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from rlvr.models import fused
+from rlvr.models.hf_cache import cache_kwarg, returned_cache
 from rlvr.training.logprobs import linear_token_stats, token_logprobs_and_entropy
 
 Batch = TypeVar("Batch")
@@ -222,7 +223,7 @@ def collate_shared_prefix(
 
 
 PrefixStep = Callable[..., tuple[torch.Tensor, Cache]]
-"""`step(input_ids, attention_mask, position_ids, past_key_values, keep_last, real)` ->
+"""`step(input_ids, attention_mask, position_ids, cache, keep_last, real)` ->
 (per-position outputs of the last `keep_last` positions (all when None), the KV cache). `real`
 ([b, t] bool, or None) marks the positions whose outputs are used; a step may skip the others
 (padding-free) and leave zeros there."""
@@ -283,11 +284,11 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=keep_last or 0,
+            **cache_kwarg(model, cache),
         )
-        return out.logits, out.past_key_values
+        return out.logits, returned_cache(out)
 
     return shared_prefix_forward(hf_step, sb)
 
