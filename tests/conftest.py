@@ -40,3 +40,33 @@ def stats_through_logits(model, sb, temperature, with_entropy=True):
 def logits_reference():
     """`stats_through_logits`, for the tests that check the update's token scoring."""
     return stats_through_logits
+
+
+def padded_logits(model, prompts, completions, rows, pad_id):
+    """The reference layout for the shared-prefix one: each row its own prompt, left-padded,
+    then its completion, right-padded, through the model's own forward. Returns the logits
+    [b, T, vocab] that score the completion tokens, the tokens [b, T] and the mask [b, T]."""
+    p_width = max(len(prompts[r]) for r in rows)
+    t_width = max(max(len(completions[r]) for r in rows), 1)
+    input_ids = torch.full((len(rows), p_width + t_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros(len(rows), t_width)
+    for i, r in enumerate(rows):
+        prompt, completion = prompts[r], completions[r]
+        input_ids[i, p_width - len(prompt) : p_width] = torch.tensor(prompt)
+        input_ids[i, p_width : p_width + len(completion)] = torch.tensor(completion).long()
+        attention_mask[i, p_width - len(prompt) : p_width + len(completion)] = 1
+        response_mask[i, : len(completion)] = 1
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=False,
+    ).logits
+    return logits[:, p_width - 1 : -1], input_ids[:, p_width:], response_mask
+
+
+@pytest.fixture
+def padded_reference():
+    """`padded_logits`, for the tests that check the shared-prefix layout against it."""
+    return padded_logits

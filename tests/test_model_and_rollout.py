@@ -16,9 +16,7 @@ from rlvr.rollout.hf import (
     left_pad,
 )
 from rlvr.training.batching import (
-    collate,
     collate_shared_prefix,
-    forward_logits,
     forward_logits_shared_prefix,
     token_budget_micro_batches,
 )
@@ -195,12 +193,13 @@ def test_same_seed_same_samples(tiny):
     assert runs[0].completion_ids == runs[1].completion_ids
 
 
-def test_collated_logprobs_equal_unpadded_ones(tiny):
+def test_the_padded_reference_layout_equals_unpadded_logprobs(tiny, padded_reference):
+    """`conftest.padded_logits`, the reference of the shared-prefix test below, is right."""
     model, _ = tiny
     prompts, completions = [[3, 40, 41], [3, 40, 41, 42, 43]], [[50, 51, 1], [52]]
-    mb = collate(prompts, completions, [0, 1], pad_id=0)
-    assert mb.response_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
-    logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids, temperature=0.5)
+    logits, completion_ids, response_mask = padded_reference(model, prompts, completions, [0, 1], 0)
+    assert response_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    logprobs = token_logprobs(logits, completion_ids, temperature=0.5)
     for row, (p, c) in enumerate(zip(prompts, completions)):
         with torch.no_grad():
             full = (model(torch.tensor([p + c])).logits[0] / 0.5).log_softmax(-1)
@@ -277,7 +276,7 @@ def test_token_budget_micro_batches():
     assert token_budget_micro_batches([0], [500], max_tokens=80) == [[0]]
 
 
-def test_shared_prefix_forward_equals_the_padded_one_in_value_and_gradient(tiny):
+def test_shared_prefix_forward_equals_the_padded_one_in_value_and_gradient(tiny, padded_reference):
     model, tok = tiny
     g = torch.Generator().manual_seed(0)
     prompts, completions = [], []
@@ -288,14 +287,16 @@ def test_shared_prefix_forward_equals_the_padded_one_in_value_and_gradient(tiny)
             prompts.append(prompt)
             completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
     rows = [4, 0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11]  # any order
+
+    def shared_prefix_logits(model, prompts, completions, rows, pad_id):
+        sb = collate_shared_prefix(prompts, completions, rows, pad_id)
+        return forward_logits_shared_prefix(model, sb), sb.completion_ids, sb.response_mask
+
     results = []
-    for build, forward in (
-        (collate, forward_logits),
-        (collate_shared_prefix, forward_logits_shared_prefix),
-    ):
+    for forward in (padded_reference, shared_prefix_logits):
         model.zero_grad()
-        mb = build(prompts, completions, rows, tok.pad_token_id)
-        logprobs = token_logprobs(forward(model, mb), mb.completion_ids, 0.7) * mb.response_mask
+        logits, completion_ids, mask = forward(model, prompts, completions, rows, tok.pad_token_id)
+        logprobs = token_logprobs(logits, completion_ids, 0.7) * mask
         (logprobs * torch.linspace(-1, 1, logprobs.numel()).view_as(logprobs)).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((logprobs.detach(), grads))

@@ -48,13 +48,12 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.training.batching import (
-    collate,
-    forward_logits,
+    collate_shared_prefix,
+    completion_token_stats,
     model_device,
     to_device,
     token_budget_micro_batches,
 )
-from rlvr.training.logprobs import token_logprobs
 
 LIKELIHOOD_MODES = ("logprob", "perplexity", "probability")
 """The reward forms of `reference_likelihood_rewards`."""
@@ -71,8 +70,9 @@ def target_logprobs(
     """Per-token log π(target_t | context, target_<t) of each (context, target) pair.
 
     Returns one float32 CPU tensor of length ``len(targets[i])`` per pair. Contexts are
-    left-padded and targets right-padded (the trainer's layout, `rlvr.training.batching`), so
-    only the target positions get logits, and log-probs are taken in chunks (DESIGN rule 7).
+    left-padded and targets right-padded (the trainer's layout, `rlvr.training.batching`); the
+    log-probs come from `completion_token_stats`, which makes the target positions' logits a
+    chunk at a time (DESIGN rule 7) and runs each distinct context once.
     """
     if len(contexts) != len(targets):
         raise ValueError(f"{len(contexts)} contexts for {len(targets)} targets")
@@ -89,9 +89,9 @@ def target_logprobs(
         for rows in token_budget_micro_batches(
             list(range(len(targets))), lengths, micro_batch_tokens
         ):
-            mb = collate(contexts, targets, rows, pad_id)
-            mb = to_device(mb, device)
-            logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids).float().cpu()
+            sb = to_device(collate_shared_prefix(contexts, targets, rows, pad_id), device)
+            logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
+            logprobs = logprobs.float().cpu()
             for k, row in enumerate(rows):
                 out[row] = logprobs[k, : len(targets[row])]
     finally:

@@ -1,19 +1,18 @@
 """From variable-length samples to model inputs, and from those to the completion tokens'
 log-probs (the log-prob functions themselves are in `rlvr.training.logprobs`).
 
-Layout of a micro-batch: each row is its prompt left-padded to the micro-batch's longest prompt,
-then its completion right-padded to the longest completion. All completions therefore start at
-the same column, and the model only has to produce logits for the last `T + 1` positions
-(`logits_to_keep`), where `logits[:, t]` scores completion token `t` (DESIGN rule 3).
-Per-token tensors of a whole batch (`response_mask`, `old_logprobs`, `advantages`, ...) are
-completion-aligned, shape [num_samples, max_completion_len].
+Layout of a micro-batch (`collate_shared_prefix`): each distinct prompt of the micro-batch once,
+left-padded to the longest, and each sample's completion right-padded to the longest
+completion, with the index of its prompt. The prompts run through the model once and the G
+completions of a group attend to their prompt's KV cache, so a group costs P + G·T tokens of
+forward and backward instead of G·(P + T); the output at completion column t scores completion
+token t (DESIGN rule 3). It gives the same log-probs and gradients as the padded layout, where
+each row is its own prompt followed by its completion (tested). Per-token tensors of a whole
+batch (`response_mask`, `old_logprobs`, `advantages`, ...) are completion-aligned, shape
+[num_samples, max_completion_len].
 
-The policy's update and log-prob passes use the shared-prefix layout instead
-(`collate_shared_prefix`): each distinct prompt of a micro-batch runs through the model once,
-and the G completions of a group attend to its KV cache, so a group costs P + G·T tokens of
-forward and backward instead of G·(P + T). It gives the same log-probs and gradients as the
-padded layout (tested); the critic reads its values the same way. On the fused forward the
-update never builds the [tokens, vocab] logits (`completion_token_stats`).
+The policy's update and log-prob passes, the critic, SFT and the likelihood rewards all use it.
+On the fused forward none of them builds the [tokens, vocab] logits (`completion_token_stats`).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def to_device(mb: Batch, device: torch.device) -> Batch:
-    """A copy of a collated micro-batch (`MicroBatch`, `SharedPrefixBatch`) with every tensor
+    """A copy of a collated micro-batch (`SharedPrefixBatch`) with every tensor
     on `device`. Collation builds on the CPU; only the model's inputs travel."""
     return replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in fields(mb)})
 
@@ -51,56 +50,10 @@ def rows_on(
     return tensor[rows, :width].to(device)
 
 
-@dataclass
-class MicroBatch:
-    """Model inputs for a few samples and the index of those samples in the batch."""
-
-    rows: torch.Tensor
-    """Indices of these samples in the batch."""
-    input_ids: torch.Tensor
-    """[b, P + T] prompt (left-padded) then completion (right-padded)."""
-    attention_mask: torch.Tensor
-    """[b, P + T] 1 on real tokens."""
-    position_ids: torch.Tensor
-    """[b, P + T] positions counted from each row's first real token."""
-    completion_ids: torch.Tensor
-    """[b, T] completion tokens (padding where the mask is 0)."""
-    response_mask: torch.Tensor
-    """[b, T] 1 on completion tokens, from lengths, never from token ids (DESIGN rule 2)."""
-
-
 def response_mask_from_lengths(lengths: list[int], width: int | None = None) -> torch.Tensor:
     """[N, width] float mask with ones on the first `lengths[i]` positions of row i."""
     width = max(lengths, default=0) if width is None else width
     return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()
-
-
-def collate(
-    prompts: list[list[int]], completions: list[list[int]], rows: list[int], pad_id: int
-) -> MicroBatch:
-    """Build the model inputs for samples `rows` (see the module docstring for the layout)."""
-    p_width = max(len(prompts[r]) for r in rows)
-    t_width = max(max(len(completions[r]) for r in rows), 1)
-    b = len(rows)
-    input_ids = torch.full((b, p_width + t_width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, p_width + t_width), dtype=torch.long)
-    lengths = []
-    for i, r in enumerate(rows):
-        prompt, completion = prompts[r], completions[r]
-        input_ids[i, p_width - len(prompt) : p_width] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[i, p_width - len(prompt) : p_width + len(completion)] = 1
-        if completion:
-            input_ids[i, p_width : p_width + len(completion)] = torch.tensor(completion)
-        lengths.append(len(completion))
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return MicroBatch(
-        rows=torch.tensor(rows, dtype=torch.long),
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        completion_ids=input_ids[:, p_width:],
-        response_mask=response_mask_from_lengths(lengths, t_width),
-    )
 
 
 def token_budget_micro_batches(
@@ -162,19 +115,6 @@ def packed_micro_batches(
     return batches
 
 
-def forward_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """Logits [b, T, vocab] that score the micro-batch's completion tokens."""
-    width = mb.completion_ids.shape[1]
-    logits = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
-        use_cache=False,
-        logits_to_keep=width + 1,
-    ).logits
-    return logits[:, :width]
-
-
 @dataclass
 class SharedPrefixBatch:
     """A micro-batch whose identical prompts are stored, and run through the model, once."""
@@ -196,7 +136,7 @@ class SharedPrefixBatch:
 def collate_shared_prefix(
     prompts: list[list[int]], completions: list[list[int]], rows: list[int], pad_id: int
 ) -> SharedPrefixBatch:
-    """Like `collate`, but each distinct prompt of `rows` appears once."""
+    """The micro-batch of samples `rows`, each distinct prompt once (the module docstring)."""
     distinct: dict[tuple[int, ...], int] = {}
     prompt_index = [distinct.setdefault(tuple(prompts[r]), len(distinct)) for r in rows]
     unique = [list(p) for p in distinct]

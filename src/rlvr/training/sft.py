@@ -1,7 +1,9 @@
 """Cold-start supervised fine-tuning on worked solutions (DeepSeek-R1's cold start, in small).
 
 The loss is the mean negative log-likelihood of the completion tokens (solution + EOS) over the
-whole optimizer step; prompt tokens are context only.
+whole optimizer step; prompt tokens are context only. The forward is the RL update's
+(`batching.completion_token_stats`): padding-free on the lean forward, and the LM head's
+logits are made a chunk at a time, never for the whole micro-batch.
 """
 
 from __future__ import annotations
@@ -18,14 +20,27 @@ from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
-    collate,
-    forward_logits,
+    collate_shared_prefix,
+    completion_token_stats,
     model_device,
     to_device,
     token_budget_micro_batches,
 )
-from rlvr.training.logprobs import token_logprobs
 from rlvr.training.optim import build_optimizer, build_scheduler
+
+
+def summed_nll(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    targets: list[list[int]],
+    rows: list[int],
+    pad_id: int,
+) -> torch.Tensor:
+    """-Σ log π(y_t | x, y_<t) over every target token of samples `rows` (differentiable):
+    the summed negative log-likelihood of each target y given its prompt x."""
+    sb = to_device(collate_shared_prefix(prompts, targets, rows, pad_id), model_device(model))
+    logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
+    return -logprobs.sum()
 
 
 def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
@@ -59,7 +74,6 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     order_rng = random.Random(s.seed)
     order: list[int] = []
     model.train()
-    device = model_device(model)
     start = time.perf_counter()
     with JsonlWriter(out_dir / "metrics.jsonl") as log:
         for step in range(1, s.steps + 1):
@@ -72,9 +86,8 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for mb_rows in token_budget_micro_batches(rows, seq_lengths, s.micro_batch_tokens):
-                mb = to_device(collate(prompts, targets, mb_rows, tokenizer.pad_token_id), device)
-                logprobs = token_logprobs(forward_logits(model, mb), mb.completion_ids)
-                loss = -(logprobs * mb.response_mask).sum() / num_tokens
+                nll = summed_nll(model, prompts, targets, mb_rows, tokenizer.pad_token_id)
+                loss = nll / num_tokens
                 loss.backward()
                 total += float(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(

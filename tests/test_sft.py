@@ -1,0 +1,45 @@
+"""SFT's loss (`rlvr.training.sft.summed_nll`) is the summed NLL of the targets given prompts.
+
+It runs through the update's token scoring (shared prefix, padding-free, no full logits on the
+lean forward); checked against each pair scored alone through the model's own forward.
+"""
+
+import pytest
+import torch
+
+from rlvr.models import fused
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training.sft import summed_nll
+
+PROMPTS = [[20, 21, 22], [23, 24], [20, 21, 22], [25]]
+TARGETS = [[30, 31, 32, 33], [34], [35, 36], [37, 38, 39]]
+ROWS = [3, 0, 1, 2]
+
+
+def nll_one_pair_at_a_time(model, rows):
+    total = torch.zeros(())
+    for r in rows:
+        ids = torch.tensor([PROMPTS[r] + TARGETS[r]])
+        logp = model(input_ids=ids).logits[0].log_softmax(-1)
+        scoring = logp[len(PROMPTS[r]) - 1 : -1]  # position i scores token i + 1
+        total = total - scoring.gather(-1, torch.tensor(TARGETS[r])[:, None]).sum()
+    return total
+
+
+@pytest.mark.parametrize("lean_forward", [True, False])
+def test_summed_nll_equals_each_pair_scored_alone(lean_forward):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    setattr(model, fused.ENABLE_ATTR, lean_forward)
+    assert fused.supports(model) is lean_forward
+
+    loss = summed_nll(model, PROMPTS, TARGETS, ROWS, tok.pad_token_id)
+    (grads,) = [torch.autograd.grad(loss, list(model.parameters()))]
+    reference = nll_one_pair_at_a_time(model, ROWS)
+    expected = torch.autograd.grad(reference, list(model.parameters()))
+
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+    assert loss.item() > 10 * 3.0  # ten target tokens at about log(vocab) each, not zero
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert max(g.abs().max() for g in expected) > 1e-3
