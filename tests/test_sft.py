@@ -34,7 +34,7 @@ def test_summed_nll_equals_each_pair_scored_alone(lean_forward):
     assert fused.supports(model) is lean_forward
 
     loss = summed_nll(model, PROMPTS, TARGETS, ROWS, tok.pad_token_id)
-    (grads,) = [torch.autograd.grad(loss, list(model.parameters()))]
+    grads = torch.autograd.grad(loss, list(model.parameters()))
     reference = nll_one_pair_at_a_time(model, ROWS)
     expected = torch.autograd.grad(reference, list(model.parameters()))
 

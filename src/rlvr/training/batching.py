@@ -38,8 +38,8 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def to_device(mb: Batch, device: torch.device) -> Batch:
-    """A copy of a collated micro-batch (`SharedPrefixBatch`) with every tensor
-    on `device`. Collation builds on the CPU; only the model's inputs travel."""
+    """A copy of a collated micro-batch (`SharedPrefixBatch`) with every tensor on `device`.
+    Collation builds on the CPU; only the model's inputs travel."""
     return replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in fields(mb)})
 
 
