@@ -58,14 +58,15 @@ def test_rms_norm_rotary_and_silu_mul_equal_the_torch_operations(rows):
 
 @needs_compiler
 @pytest.mark.parametrize("q_heads, kv_heads", [(4, 4), (4, 2)])
-def test_decode_attention_equals_the_torch_attention_on_a_cache_view(ops, q_heads, kv_heads):
-    """Keys and values are the first 7 of 11 positions of a [3, kv_heads, 11, 8] cache, some
+@pytest.mark.parametrize("dim", [8, 48, 64, 128])  # the kernel has its own loops for 48/64/128
+def test_decode_attention_equals_the_torch_attention_on_a_cache_view(ops, q_heads, kv_heads, dim):
+    """Keys and values are the first 7 of 11 positions of a [3, kv_heads, 11, dim] cache, some
     keys masked, grouped-query heads included."""
     kernels, visible = ops
     g = torch.Generator().manual_seed(1)
-    keys = torch.randn(3, kv_heads, 11, 8, generator=g)[:, :, :7]
-    values = torch.randn(3, kv_heads, 11, 8, generator=g)[:, :, :7]
-    q = torch.randn(3, q_heads, 1, 8, generator=g)
+    keys = torch.randn(3, kv_heads, 11, dim, generator=g)[:, :, :7]
+    values = torch.randn(3, kv_heads, 11, dim, generator=g)[:, :, :7]
+    q = torch.randn(3, q_heads, 1, dim, generator=g)
     bias = torch.zeros(3, 1, 1, 7).masked_fill(~visible.view(3, 1, 1, 7), float("-inf"))
     expected = fused.attention(q, keys, values, bias, 0.3)
     out = kernels.attention(q, keys, values, 0.3)
@@ -76,6 +77,25 @@ def test_decode_attention_equals_the_torch_attention_on_a_cache_view(ops, q_head
     weights = scores.masked_fill(~visible[0], float("-inf")).softmax(-1)
     assert torch.allclose(out[0, 1, 0], weights @ values[0, head], atol=1e-6)
     assert weights[:2].sum() == 0  # the hidden keys got no weight
+
+
+@needs_compiler
+def test_decode_attention_gives_hidden_keys_no_weight_whatever_their_scores():
+    """Row 0 sees only its last key, whose score is far below the hidden ones' (the kernel
+    gives a hidden key the score -3e38, whose exp is 0): its output is that key's value
+    exactly. Row 1 sees every key."""
+    visible = torch.zeros(2, 5, dtype=torch.bool)
+    visible[0, -1] = True
+    visible[1] = True
+    kernels = cpu_kernels.DecodeOps(visible)
+    keys = torch.ones(2, 1, 5, 48)
+    keys[:, :, -1] = -1.0
+    values = torch.randn(2, 1, 5, 48, generator=torch.Generator().manual_seed(2))
+    q = torch.full((2, 1, 1, 48), 50.0)  # scores: 2,400 for the hidden keys, -2,400 for the last
+    out = kernels.attention(q, keys, values, 1.0)
+    assert torch.equal(out[0, 0, 0], values[0, 0, -1])
+    # row 1: the last key's weight is exp(-4800) / (4 + exp(-4800)) = 0 in fp32
+    assert torch.allclose(out[1, 0, 0], values[1, 0, :4].mean(0), atol=1e-6)
 
 
 @needs_compiler

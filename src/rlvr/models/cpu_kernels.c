@@ -55,13 +55,57 @@ void silu_mul(float *gate, const float *up, long n, int threads) {
     for (long i = 0; i < n; i++) gate[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
+/* The attention of one (row, key/value head) pair, the body of decode_attention: for each of
+   its `group` query heads, o = softmax(q.k^T * scale over the visible keys) . v. A hidden
+   key's score is -3e38, whose exp is 0, so that the exp loop has no branch and vectorises
+   (glibc's libmvec); a query always sees at least itself, so the largest score is a visible
+   one. scores [group, len]: scratch. */
+static inline void pair_attention(const float *restrict query, const float *restrict keys,
+                                  const float *restrict values, const unsigned char *restrict mask,
+                                  float *restrict out, float *restrict scores, long group,
+                                  long len, long dim, float scale) {
+    for (long g = 0; g < group; g++) {
+        const float *restrict q = query + g * dim;
+        float *restrict s = scores + g * len;
+        float top = -3.0e38f;
+        for (long j = 0; j < len; j++) {
+            const float *restrict key = keys + j * dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (long i = 0; i < dim; i++) dot += q[i] * key[i];
+            dot = mask[j] ? dot * scale : -3.0e38f;
+            s[j] = dot;
+            top = dot > top ? dot : top;
+        }
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (long j = 0; j < len; j++) {
+            float e = expf(s[j] - top);
+            s[j] = e;
+            total += e;
+        }
+        float inv = 1.f / total;
+        float *restrict o = out + g * dim;
+        for (long i = 0; i < dim; i++) o[i] = 0.f;
+        for (long j = 0; j < len; j++) {
+            const float *restrict value = values + j * dim;
+            float p = s[j] * inv;
+#pragma omp simd
+            for (long i = 0; i < dim; i++) o[i] += p * value[i];
+        }
+    }
+}
+
 /* Attention of one query position per row over its first `len` cached positions:
    out = softmax(q.k^T * scale, over the visible keys) . v.
    q, out [batch, q_heads, dim]; k, v: element (b, h, j, i) at b*stride_b + h*stride_h + j*dim
    + i (a [batch, kv_heads, capacity, dim] cache); visible [batch, len], 1 where a key counts.
-   Query head h uses key/value head h / (q_heads / kv_heads) (grouped-query attention). Each
-   (row, kv head) pair reads its keys and values once for all of its query heads.
-   workspace [threads, q_heads / kv_heads * len]: each thread's scores. */
+   Query head h uses key/value head h / (q_heads / kv_heads) (grouped-query attention); one
+   thread runs all the query heads of a key/value head, one after another, so its keys and
+   values come from memory once and then from the CPU's caches.
+   workspace [threads, q_heads / kv_heads * len]: each thread's scores.
+   The common head sizes get their own copy of the loops (a constant `dim` lets the compiler
+   unroll them and keep a head's output in registers). */
 void decode_attention(const float *q, const float *k, const float *v,
                       const unsigned char *visible, float *out, float *workspace, long batch,
                       long q_heads, long kv_heads, long len, long dim, long stride_b,
@@ -76,35 +120,16 @@ void decode_attention(const float *q, const float *k, const float *v,
             const float *keys = k + b * stride_b + head * stride_h;
             const float *values = v + b * stride_b + head * stride_h;
             const unsigned char *mask = visible + b * len;
-            const float *query = q + (b * q_heads + head * group) * dim;
-            float *o = out + (b * q_heads + head * group) * dim;
-            for (long j = 0; j < len; j++) {
-                for (long g = 0; g < group; g++) {
-                    float dot = 0.f;
-                    for (long i = 0; i < dim; i++) dot += query[g * dim + i] * keys[j * dim + i];
-                    scores[g * len + j] = dot * scale;
-                }
+#define PAIR_ATTENTION(D)                                                                  \
+    pair_attention(q + pair * group * D, keys, values, mask, out + pair * group * D, scores, \
+                   group, len, D, scale)
+            switch (dim) {
+            case 48: PAIR_ATTENTION(48); break;
+            case 64: PAIR_ATTENTION(64); break;
+            case 128: PAIR_ATTENTION(128); break;
+            default: PAIR_ATTENTION(dim);
             }
-            for (long g = 0; g < group; g++) {
-                float *s = scores + g * len;
-                float top = -3.0e38f;
-                for (long j = 0; j < len; j++)
-                    if (mask[j] && s[j] > top) top = s[j];
-                float total = 0.f;
-                for (long j = 0; j < len; j++) {
-                    float e = mask[j] ? expf(s[j] - top) : 0.f;
-                    s[j] = e;
-                    total += e;
-                }
-                for (long j = 0; j < len; j++) s[j] /= total;
-                for (long i = 0; i < dim; i++) o[g * dim + i] = 0.f;
-            }
-            for (long j = 0; j < len; j++) {
-                for (long g = 0; g < group; g++) {
-                    float p = scores[g * len + j];
-                    for (long i = 0; i < dim; i++) o[g * dim + i] += p * values[j * dim + i];
-                }
-            }
+#undef PAIR_ATTENTION
         }
     }
 }

@@ -68,16 +68,18 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(wanted)))
 
 
-def build(compiler: str, out_dir: Path) -> Path:
-    """Compile `cpu_kernels.c` into `out_dir` (once per source, flags, compiler and CPU);
-    return the library's path. Raises KernelBuildError with the compiler's message."""
+def build(compiler: str, out_dir: Path, source_path: Path | None = None) -> Path:
+    """Compile `source_path` (default `SOURCE`, `cpu_kernels.c`) into `out_dir` (once per
+    source, flags, compiler and CPU); return the library's path. Raises KernelBuildError with
+    the compiler's message."""
+    source_path = source_path or SOURCE
     path = shutil.which(compiler)
     if path is None:
         raise KernelBuildError(f"C compiler {compiler!r} not found (set $CC)")
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     errors = []
     for libraries in LIBRARIES:
-        command = [path, *FLAGS, str(SOURCE), *libraries]
+        command = [path, *FLAGS, str(source_path), *libraries]
         recipe = repr([path, FLAGS, libraries, _cpu_signature()]).encode()
         key = hashlib.sha256(source + recipe).hexdigest()[:16]
         target = out_dir / f"cpu_kernels-{key}.so"
@@ -93,7 +95,7 @@ def build(compiler: str, out_dir: Path) -> Path:
                 built.replace(target)  # atomic: a concurrent build leaves one whole file
                 return target
         errors.append(f"{' '.join(command)}: {result.stderr.strip()[-500:]}")
-    raise KernelBuildError("building " + str(SOURCE) + " failed:\n" + "\n".join(errors))
+    raise KernelBuildError("building " + str(source_path) + " failed:\n" + "\n".join(errors))
 
 
 @lru_cache(maxsize=1)
