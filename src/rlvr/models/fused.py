@@ -98,8 +98,8 @@ class ConcatKV:
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep (or repeat) rows `indices`, e.g. a prompt's cache for each of its samples."""
-        self.keys = [k[indices] for k in self.keys]
-        self.values = [v[indices] for v in self.values]
+        self.keys = [k.index_select(0, indices) for k in self.keys]
+        self.values = [v.index_select(0, indices) for v in self.values]
 
 
 Allocate = Callable[[tuple[int, ...]], torch.Tensor]
@@ -407,7 +407,7 @@ class FusedForward:
             attn, mlp = layer.self_attn, layer.mlp
             a = ops.attention(padded(q), k, v, self.scale).transpose(1, 2)
             a = a.reshape(b * t, self.heads * d)
-            a = a if flat is None else a[flat]
+            a = a if flat is None else a.index_select(0, flat)
             h = h + linear(a.view(*lead, self.heads * d), attn.o_proj)
             x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             inner = ops.silu_mul(linear(x, mlp.gate_proj), linear(x, mlp.up_proj))

@@ -179,7 +179,7 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     """
     prompt_positions = (sb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     first, cache = step(sb.prompt_ids, sb.prompt_mask, prompt_positions, None, 1, None)
-    first = first[:, -1][sb.prompt_index].unsqueeze(1)
+    first = first[:, -1].index_select(0, sb.prompt_index).unsqueeze(1)
     width = sb.completion_ids.shape[1]
     if width == 1:
         return first
@@ -253,7 +253,7 @@ def completion_token_stats(
     hidden = shared_prefix_forward(fused_hidden_step(model), sb)
     flat = fused.real_positions(sb.response_mask.bool())
     logp, entropy = linear_token_stats(
-        hidden.reshape(-1, hidden.shape[-1])[flat],
+        hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat),
         model.lm_head,
         sb.completion_ids.reshape(-1)[flat],
         temperature,

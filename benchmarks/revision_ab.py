@@ -1,0 +1,162 @@
+"""A/B of rlvr's code at a git revision against the working tree, on one piece of a step, in
+fresh processes alternating (2 threads), on the demo-shaped tiny model.
+
+Each run imports rlvr from one of the two trees (`REV`'s `src/`, exported with `git archive`,
+or this checkout's), times the case, and prints its seconds; the runs alternate
+revision / working tree. Cases:
+
+- `update`: one GRPO mini-batch of the dense systems-mode batch (16 prompts × 8 samples,
+  18-token prompts, 64-token completions, one advantage per sample, none zero), i.e.
+  `minibatch_backward` on 4,096-token micro-batches, gradient clipping and an AdamW step;
+- `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts.
+
+Reported per run: the median of `--passes` passes after two warm-up passes; then each side's
+median over the runs and the median of the paired speed-ups (revision / working tree).
+
+    python benchmarks/revision_ab.py --against HEAD --case update
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results" / "revision_ab.json"
+
+
+def update_case():
+    """A function running one GRPO mini-batch update of the dense systems-mode batch."""
+    import torch
+    from gpu import token_batch
+
+    from rlvr.config import resolve_config
+    from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from rlvr.training.optim import build_optimizer
+    from rlvr.training.update import LossSettings, minibatch_backward
+
+    model = build_tiny_model(
+        build_tiny_tokenizer(), hidden_size=192, intermediate_size=576, num_layers=4
+    )
+    g = torch.Generator().manual_seed(1)
+    prompts, group, length = 16, 8, 64
+    prompt_ids = [torch.randint(10, 100, (18,), generator=g).tolist() for _ in range(prompts)]
+    completions = [
+        torch.randint(10, 100, (length,), generator=g).tolist() for _ in range(prompts * group)
+    ]
+    advantages = torch.randn(prompts * group, generator=g)
+    rows = list(range(prompts * group))
+    batch = token_batch([prompt_ids[r // group] for r in rows], completions, group, advantages)
+    settings = LossSettings(resolve_config(preset="grpo").algorithm, 1.0, length, 4096, 0)
+    optimizer = build_optimizer(model, 1e-4, 0.0, (0.9, 0.999))
+
+    def run() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        minibatch_backward(model, batch, rows, settings)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    return run
+
+
+def rollout_case():
+    """A function sampling the systems-mode rollout (16 prompts × 8, 64 forced tokens)."""
+    import torch
+    from fused_ab import decode_cases, demo_setup
+
+    from rlvr.rollout.hf import HFRolloutEngine
+
+    tok, model, prompts = demo_setup()
+    eos, params = decode_cases(tok)["64 forced tokens"]
+    engine = HFRolloutEngine(model, eos, tok.pad_token_id, generator=torch.Generator())
+    return lambda: engine.generate(prompts, params)
+
+
+CASES = {"update": update_case, "rollout": rollout_case}
+
+
+def worker(case: str, passes: int) -> None:
+    """Time `case` in this process and print {"seconds": ..., "rlvr": path} as JSON."""
+    import torch
+
+    import rlvr
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    run = CASES[case]()
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"seconds": statistics.median(times), "rlvr": rlvr.__file__}))
+
+
+def timed_run(src: Path, case: str, passes: int) -> float:
+    """Seconds of one fresh worker process importing rlvr from `src`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
+    env["OMP_NUM_THREADS"] = "2"
+    command = [sys.executable, __file__, "--worker", "--case", case, "--passes", str(passes)]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    if not result["rlvr"].startswith(str(src)):
+        raise SystemExit(f"the worker imported {result['rlvr']}, not rlvr from {src}")
+    return result["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="HEAD", metavar="REV", help="the baseline revision")
+    parser.add_argument("--case", choices=sorted(CASES), default="update")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating runs per side")
+    parser.add_argument("--passes", type=int, default=5, help="timed passes per run")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.case, args.passes)
+        return
+    with tempfile.TemporaryDirectory(prefix="revision-ab-") as tmp:
+        archive = subprocess.run(
+            ["git", "archive", args.against, "src"], cwd=REPO, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        trees = {args.against: Path(tmp) / "src", "working tree": REPO / "src"}
+        seconds: dict[str, list[float]] = {name: [] for name in trees}
+        for round_ in range(args.rounds):
+            for name, src in trees.items():
+                seconds[name].append(timed_run(src, args.case, args.passes))
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
+                flush=True,
+            )
+    base, new = seconds.values()
+    report = {
+        "case": args.case,
+        "against": args.against,
+        "command": " ".join(["python benchmarks/revision_ab.py", *sys.argv[1:]]),
+        "seconds": seconds,
+        "medians": {name: statistics.median(s) for name, s in seconds.items()},
+        "speedup (paired median)": statistics.median(b / n for b, n in zip(base, new)),
+    }
+    print(
+        f"{args.case}: {args.against} {report['medians'][args.against]:.3f} s, working tree "
+        f"{report['medians']['working tree']:.3f} s, paired speed-up "
+        f"{report['speedup (paired median)']:.3f}x"
+    )
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
