@@ -141,9 +141,14 @@ def main() -> None:
                 flush=True,
             )
     base, new = seconds.values()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", args.against],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
     report = {
         "case": args.case,
         "against": args.against,
+        "against_commit": commit,
         "command": " ".join(["python benchmarks/revision_ab.py", *sys.argv[1:]]),
         "seconds": seconds,
         "medians": {name: statistics.median(s) for name, s in seconds.items()},
