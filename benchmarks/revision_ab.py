@@ -8,10 +8,13 @@ revision / working tree. Cases:
 - `update`: one GRPO mini-batch of the dense systems-mode batch (16 prompts × 8 samples,
   18-token prompts, 64-token completions, one advantage per sample, none zero), i.e.
   `minibatch_backward` on 4,096-token micro-batches, gradient clipping and an AdamW step;
+- `update-ragged`: the same on a learning-mode-shaped batch (32 prompts × 8 samples,
+  22-token prompts, completions of 8–39 tokens);
 - `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts.
 
 Reported per run: the median of `--passes` passes after two warm-up passes; then each side's
-median over the runs and the median of the paired speed-ups (revision / working tree).
+median over the runs and the median of the paired speed-ups (revision / working tree), also
+written to `results/revision_ab-<case>.json`.
 
     python benchmarks/revision_ab.py --against HEAD --case update
 """
@@ -30,11 +33,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-RESULTS = HERE / "results" / "revision_ab.json"
+RESULTS_DIR = HERE / "results"
 
 
-def update_case():
-    """A function running one GRPO mini-batch update of the dense systems-mode batch."""
+def update_case(ragged: bool = False):
+    """A function running one GRPO mini-batch update of the dense systems-mode batch, or with
+    `ragged`, of a learning-mode-shaped one (32 prompts × 8, 22-token prompts, 8–39 tokens)."""
     import torch
     from gpu import token_batch
 
@@ -47,11 +51,15 @@ def update_case():
         build_tiny_tokenizer(), hidden_size=192, intermediate_size=576, num_layers=4
     )
     g = torch.Generator().manual_seed(1)
-    prompts, group, length = 16, 8, 64
-    prompt_ids = [torch.randint(10, 100, (18,), generator=g).tolist() for _ in range(prompts)]
-    completions = [
-        torch.randint(10, 100, (length,), generator=g).tolist() for _ in range(prompts * group)
+    prompts, group, length, prompt_length = (32, 8, 40, 22) if ragged else (16, 8, 64, 18)
+    prompt_ids = [
+        torch.randint(10, 100, (prompt_length,), generator=g).tolist() for _ in range(prompts)
     ]
+    lengths = [
+        int(torch.randint(8, length, (1,), generator=g)) if ragged else length
+        for _ in range(prompts * group)
+    ]
+    completions = [torch.randint(10, 100, (k,), generator=g).tolist() for k in lengths]
     advantages = torch.randn(prompts * group, generator=g)
     rows = list(range(prompts * group))
     batch = token_batch([prompt_ids[r // group] for r in rows], completions, group, advantages)
@@ -80,7 +88,11 @@ def rollout_case():
     return lambda: engine.generate(prompts, params)
 
 
-CASES = {"update": update_case, "rollout": rollout_case}
+CASES = {
+    "update": update_case,
+    "update-ragged": lambda: update_case(ragged=True),
+    "rollout": rollout_case,
+}
 
 
 def worker(case: str, passes: int) -> None:
@@ -159,8 +171,8 @@ def main() -> None:
         f"{report['medians']['working tree']:.3f} s, paired speed-up "
         f"{report['speedup (paired median)']:.3f}x"
     )
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / f"revision_ab-{args.case}.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
