@@ -827,6 +827,7 @@ def main() -> None:
     parser.add_argument(
         "--eval-every", type=int, help="learning: steps between evaluated checkpoints (5)"
     )
+    parser.add_argument("--seeds", type=int, nargs="+", help="learning: the seeds (0 1 2)")
     parser.add_argument(
         "--reward",
         choices=("task", "dense"),
@@ -846,6 +847,8 @@ def main() -> None:
         settings.steps = args.steps
     if args.eval_every:
         settings.eval_every = args.eval_every
+    if args.seeds:
+        settings.seeds = tuple(args.seeds)
     settings.reward = args.reward
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
@@ -870,7 +873,8 @@ def main() -> None:
     print_report(args.mode, report)
     RESULTS_DIR.mkdir(exist_ok=True)
     dense = "-dense" if args.reward == "dense" else ""
-    path = RESULTS_DIR / f"{args.mode}{dense}{'-quick' if args.quick else ''}.json"
+    seeds = "-seeds-" + "-".join(map(str, args.seeds)) if args.seeds else ""
+    path = RESULTS_DIR / f"{args.mode}{dense}{seeds}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path} ({report['wall_s']:.0f} s)")
 
