@@ -27,6 +27,12 @@ taken with respect to), so TRL's slicing, ratio, clipping, KL and normalisation 
 training. Each micro-batch of a gradient-accumulation window is one ``_compute_loss`` call, as in
 ``Trainer.training_step``; their losses are summed, so the gradient is the accumulated one.
 
+A second, end-to-end oracle builds a real ``GRPOTrainer`` around rlvr's tiny model and compares
+its ``compute_loss`` (the transformers forward on TRL's padded layout) with rlvr's
+``minibatch_backward`` (its own padding-free forward and token scoring) on one identical batch:
+the same loss and the same gradient of every parameter, for the ``grpo``, ``dr_grpo`` and
+``dapo`` presets.
+
 TRL 1.16 defaults to ``use_bias_correction_kl=True`` (its KL term is k3 · ρ, with the ratio ρ
 differentiable, which changes the KL gradient even on-policy); rlvr's k3 has no such factor, so
 the oracle sets it to False.
@@ -240,3 +246,117 @@ def test_random_step_exercises_both_clip_edges():
     data = random_step(0)
     ratio = (data["logprobs"] - data["old"]).exp()[data["mask"].bool()]
     assert (ratio < 1 - CLIP_LOW).any() and (ratio > 1 + CLIP_HIGH).any()
+
+
+def _same_batch(group: int = 4, prompts: int = 4, seed: int = 1) -> dict:
+    """Token ids of ragged prompts and completions (`group` samples per prompt) and one
+    advantage per sample, as a generation step would leave them."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = [
+        torch.randint(10, 100, (int(torch.randint(4, 8, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(prompts)
+    ]
+    rows = prompts * group
+    lengths = torch.randint(2, MAX_COMPLETION_LENGTH + 1, (rows,), generator=g).tolist()
+    return {
+        "prompts": [prompt_ids[r // group] for r in range(rows)],
+        "completions": [torch.randint(10, 100, (k,), generator=g).tolist() for k in lengths],
+        "advantages": torch.randn(rows, generator=g),
+        "group": group,
+    }
+
+
+def _trl_inputs(data: dict, pad_id: int) -> dict[str, torch.Tensor]:
+    """The batch in GRPOTrainer's layout: prompts left-padded, completions right-padded."""
+    prompts, completions = data["prompts"], data["completions"]
+    rows, pw, cw = len(prompts), max(map(len, prompts)), max(map(len, completions))
+    out = {
+        "prompt_ids": torch.full((rows, pw), pad_id),
+        "prompt_mask": torch.zeros(rows, pw, dtype=torch.long),
+        "completion_ids": torch.full((rows, cw), pad_id),
+        "completion_mask": torch.zeros(rows, cw, dtype=torch.long),
+    }
+    for r, (p, c) in enumerate(zip(prompts, completions)):
+        out["prompt_ids"][r, pw - len(p) :] = torch.tensor(p)
+        out["prompt_mask"][r, pw - len(p) :] = 1
+        out["completion_ids"][r, : len(c)] = torch.tensor(c)
+        out["completion_mask"][r, : len(c)] = 1
+    return out
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo"])
+def test_rlvr_update_gradient_equals_grpo_trainer_on_the_same_batch(preset, tmp_path):
+    """End to end at the parameters: rlvr's `minibatch_backward` (its own padding-free forward,
+    shared prompts, token scoring without logits, the preset's loss) and GRPOTrainer's
+    `compute_loss` (the transformers forward on TRL's padded layout) give the same loss and
+    the same gradient of every parameter of one model, on one batch and its advantages."""
+    from datasets import Dataset
+
+    from rlvr.config import resolve_config
+    from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from rlvr.training.batch import RolloutBatch
+    from rlvr.training.batching import response_mask_from_lengths
+    from rlvr.training.update import LossSettings, minibatch_backward
+
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, intermediate_size=128, num_layers=2)
+    data = _same_batch()
+    rows = len(data["prompts"])
+    mask = response_mask_from_lengths([len(c) for c in data["completions"]])
+    batch = RolloutBatch(
+        problems=[],
+        prompt_ids=data["prompts"],
+        completion_ids=data["completions"],
+        prompt_texts=[],
+        completion_texts=[],
+        group_ids=torch.arange(rows) // data["group"],
+        truncated=torch.zeros(rows, dtype=torch.bool),
+        response_mask=mask,
+        rollout_logprobs=torch.zeros_like(mask),
+        advantages=data["advantages"][:, None] * mask,
+    )
+    algo = resolve_config(preset=preset, overrides=["algorithm.kl.coef=0.0"]).algorithm
+    settings = LossSettings(algo, 1.0, MAX_COMPLETION_LENGTH, 4096, tok.pad_token_id)
+    model.zero_grad()
+    rlvr_loss = minibatch_backward(model, batch, list(range(rows)), settings)["loss"]
+    rlvr_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=rows,
+        num_generations=data["group"],
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        beta=0.0,
+        loss_type=preset,
+        epsilon=algo.clip.low,
+        epsilon_high=algo.clip.high,
+        temperature=1.0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["unused"] * rows}),
+        processing_class=tok,
+    )
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop
+    inputs = {
+        **_trl_inputs(data, tok.pad_token_id),
+        "advantages": data["advantages"],
+        "old_per_token_logps": None,  # one update per batch: the ratio is 1
+        "ref_per_token_logps": None,
+    }
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    model.zero_grad()
+    model.train()
+    trl_loss = trainer.compute_loss(model, inputs)
+    trl_loss.backward()
+
+    assert rlvr_loss == pytest.approx(trl_loss.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(rlvr_grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert sum(float(g.abs().sum()) for g in rlvr_grads.values()) > 0  # not a vacuous check
