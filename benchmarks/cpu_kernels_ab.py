@@ -44,11 +44,7 @@ def library_at(revision: str, scratch: Path) -> ctypes.CDLL:
     ).stdout  # fmt: skip
     path = scratch / "cpu_kernels.c"
     path.write_text(source)
-    library = ctypes.CDLL(str(cpu_kernels.build(os.environ.get("CC", "cc"), scratch, path)))
-    for name, argtypes in cpu_kernels.SIGNATURES.items():
-        function = getattr(library, name)
-        function.argtypes, function.restype = argtypes, None
-    return library
+    return cpu_kernels.open_library(cpu_kernels.build(os.environ.get("CC", "cc"), scratch, path))
 
 
 def main() -> None:

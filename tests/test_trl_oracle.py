@@ -47,8 +47,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from datasets import Dataset
 
+from batches import token_batch
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.config import resolve_config
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training.update import LossSettings, minibatch_backward
 
 GRPOConfig = pytest.importorskip("trl").GRPOConfig
 GRPOTrainer = pytest.importorskip("trl.trainer.grpo_trainer").GRPOTrainer
@@ -140,6 +145,11 @@ class TrlLossHarness:
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
 
 
+def grpo_config(out_dir: Path, **settings) -> GRPOConfig:
+    """A CPU GRPOConfig writing nowhere but `out_dir`, with `settings`."""
+    return GRPOConfig(output_dir=str(out_dir), report_to="none", use_cpu=True, **settings)
+
+
 def random_step(seed: int) -> dict[str, torch.Tensor]:
     """One optimizer step's tensors: ratios spread across both clip edges, ragged lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -156,10 +166,8 @@ def trl_loss_and_grad(
     data: dict[str, torch.Tensor], loss_type: str, beta: float, accumulation: int, out_dir: Path
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL's loss of the optimizer step (summed over its micro-batches) and d loss / d logprobs."""
-    args = GRPOConfig(
-        output_dir=str(out_dir),
-        report_to="none",
-        use_cpu=True,
+    args = grpo_config(
+        out_dir,
         loss_type=loss_type,
         beta=beta,
         epsilon=CLIP_LOW,
@@ -290,41 +298,20 @@ def test_rlvr_update_gradient_equals_grpo_trainer_on_the_same_batch(preset, tmp_
     shared prompts, token scoring without logits, the preset's loss) and GRPOTrainer's
     `compute_loss` (the transformers forward on TRL's padded layout) give the same loss and
     the same gradient of every parameter of one model, on one batch and its advantages."""
-    from datasets import Dataset
-
-    from rlvr.config import resolve_config
-    from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-    from rlvr.training.batch import RolloutBatch
-    from rlvr.training.batching import response_mask_from_lengths
-    from rlvr.training.update import LossSettings, minibatch_backward
-
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=64, intermediate_size=128, num_layers=2)
     data = _same_batch()
     rows = len(data["prompts"])
-    mask = response_mask_from_lengths([len(c) for c in data["completions"]])
-    batch = RolloutBatch(
-        problems=[],
-        prompt_ids=data["prompts"],
-        completion_ids=data["completions"],
-        prompt_texts=[],
-        completion_texts=[],
-        group_ids=torch.arange(rows) // data["group"],
-        truncated=torch.zeros(rows, dtype=torch.bool),
-        response_mask=mask,
-        rollout_logprobs=torch.zeros_like(mask),
-        advantages=data["advantages"][:, None] * mask,
-    )
+    group_ids = torch.arange(rows) // data["group"]
+    batch = token_batch(data["prompts"], data["completions"], group_ids, data["advantages"])
     algo = resolve_config(preset=preset, overrides=["algorithm.kl.coef=0.0"]).algorithm
     settings = LossSettings(algo, 1.0, MAX_COMPLETION_LENGTH, 4096, tok.pad_token_id)
     model.zero_grad()
     rlvr_loss = minibatch_backward(model, batch, list(range(rows)), settings)["loss"]
     rlvr_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        report_to="none",
-        use_cpu=True,
+    args = grpo_config(
+        tmp_path,
         bf16=False,
         gradient_checkpointing=False,
         per_device_train_batch_size=rows,

@@ -3,37 +3,24 @@
 import pytest
 import torch
 
+from batches import token_batch
 from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
-from rlvr.data.problem import Problem
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import update
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.batching import completion_token_stats, response_mask_from_lengths
+from rlvr.training.batching import completion_token_stats
 from rlvr.training.critic import Critic
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
 
 
 def make_batch() -> RolloutBatch:
     g = torch.Generator().manual_seed(0)
-    n = 6
     prompts = [torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (3, 5, 4, 7, 2, 6)]
     completions = [
         torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (1, 9, 4, 6, 3, 8)
     ]
-    lengths = [len(c) for c in completions]
-    mask = response_mask_from_lengths(lengths)
-    return RolloutBatch(
-        problems=[Problem("q", "1")] * n,
-        prompt_ids=prompts,
-        completion_ids=completions,
-        prompt_texts=["q"] * n,
-        completion_texts=["c"] * n,
-        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
-        truncated=torch.zeros(n, dtype=torch.bool),
-        response_mask=mask,
-        rollout_logprobs=torch.zeros_like(mask),
-        advantages=torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.4])[:, None] * mask,
-    )
+    advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.4])
+    return token_batch(prompts, completions, torch.tensor([0, 0, 0, 1, 1, 1]), advantages)
 
 
 CASES = {

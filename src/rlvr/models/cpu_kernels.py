@@ -98,18 +98,23 @@ def build(compiler: str, out_dir: Path, source_path: Path | None = None) -> Path
     raise KernelBuildError("building " + str(source_path) + " failed:\n" + "\n".join(errors))
 
 
-@lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The built kernels, or None (warned once) where they cannot be built or loaded."""
-    try:
-        library = ctypes.CDLL(str(build(os.environ.get("CC", "cc"), cache_dir())))
-    except (KernelBuildError, OSError) as error:
-        log.warning("rlvr CPU decode kernels unavailable, using PyTorch operations: %s", error)
-        return None
+def open_library(path: Path) -> ctypes.CDLL:
+    """The built library at `path`, with the C signatures of its kernels declared."""
+    library = ctypes.CDLL(str(path))
     for name, argtypes in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes, function.restype = argtypes, None
     return library
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The built kernels, or None (warned once) where they cannot be built or loaded."""
+    try:
+        return open_library(build(os.environ.get("CC", "cc"), cache_dir()))
+    except (KernelBuildError, OSError) as error:
+        log.warning("rlvr CPU decode kernels unavailable, using PyTorch operations: %s", error)
+        return None
 
 
 def usable(x: torch.Tensor) -> bool:
