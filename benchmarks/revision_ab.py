@@ -126,6 +126,26 @@ def timed_run(src: Path, case: str, passes: int) -> float:
     return result["seconds"]
 
 
+def export_src(revision: str, into: Path) -> Path:
+    """`revision`'s `src/` tree, exported with `git archive` under `into`."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "src"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
+def short_commit(revision: str) -> str:
+    """The abbreviated commit hash of `revision`."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", revision],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", default="HEAD", metavar="REV", help="the baseline revision")
@@ -138,11 +158,7 @@ def main() -> None:
         worker(args.case, args.passes)
         return
     with tempfile.TemporaryDirectory(prefix="revision-ab-") as tmp:
-        archive = subprocess.run(
-            ["git", "archive", args.against, "src"], cwd=REPO, capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {args.against: Path(tmp) / "src", "working tree": REPO / "src"}
+        trees = {args.against: export_src(args.against, Path(tmp)), "working tree": REPO / "src"}
         seconds: dict[str, list[float]] = {name: [] for name in trees}
         for round_ in range(args.rounds):
             for name, src in trees.items():
@@ -153,14 +169,10 @@ def main() -> None:
                 flush=True,
             )
     base, new = seconds.values()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", args.against],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
     report = {
         "case": args.case,
         "against": args.against,
-        "against_commit": commit,
+        "against_commit": short_commit(args.against),
         "command": " ".join(["python benchmarks/revision_ab.py", *sys.argv[1:]]),
         "seconds": seconds,
         "medians": {name: statistics.median(s) for name, s in seconds.items()},

@@ -1,7 +1,8 @@
 """A/B of the verifier fork server's preload (`rlvr/rewards/_verifier_preload.py`): workers
-forked with the parent's main script and math-verify ready, against workers that each re-run
-the main script before their first task (the fork server preloading only math-verify, as
-before).
+forked from the current fork server (math-verify ready; since lever 16 no verifier process
+runs the parent's main script, lever 9 ran it once in the fork server), against workers that
+each re-run the main script before their first task (the fork server preloading only
+math-verify, as before lever 9).
 
 rlvr alone, the dense systems-mode batch (16 prompts × 8 samples, 64 forced tokens, 8 steps;
 the verifier still runs for the `accuracy` metric), runs alternating in fresh processes whose
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from vs_trl import RESULTS_DIR, THREADS, ModeSettings, make_spec, prepare_model, quiet, worker
 
-VARIANTS = ("workers re-run the script", "fork server preloads it")
+VARIANTS = ("workers re-run the script", "the current preload")
 SETTINGS = ModeSettings(
     steps=8, prompts_per_step=16, samples_per_prompt=8, max_new_tokens=64, lr=1e-4, reward="dense"
 )

@@ -207,14 +207,14 @@ import time
 
 import sibling  # found through the script's own directory, as vs_trl.py is by its A/B scripts
 
-if __name__ == "__mp_main__":  # a verifier process running this script as its main module
-    with open(os.environ["RUN_LOG"], "a") as log:
-        log.write(f"{os.getpid()}\\n")
+with open(os.environ["RUN_LOG"], "a") as log:  # every process that runs this file logs its pid
+    log.write(f"{os.getpid()}\\n")
 
 if __name__ == "__main__":
     from rlvr.rewards import verify
 
-    verify._run_with_timeout(divmod, (1, 1), 60.0)
+    print(os.getpid())
+    print(verify._run_with_timeout(sibling.triple, (7,), 60.0))  # unpickled in a worker
     threads = [
         threading.Thread(target=verify._run_with_timeout, args=(time.sleep, (0.5,), 60.0))
         for _ in range(verify._WORKERS)
@@ -232,19 +232,19 @@ if __name__ == "__main__":
 @pytest.mark.skipif(
     "forkserver" not in multiprocessing.get_all_start_methods(), reason="needs forkserver"
 )
-def test_verifier_workers_inherit_the_main_script_instead_of_each_rerunning_it(
-    tmp_path: Path,
-) -> None:
-    """A script's module-level code (its imports, e.g. torch) runs once in the fork server,
-    not once in every worker, whatever the Python version."""
+def test_verifier_processes_never_run_the_main_script(tmp_path: Path) -> None:
+    """A script's module-level code (its imports, e.g. torch) runs in the script's own process
+    only: neither the fork server nor its workers re-run it, whatever the Python version, and
+    the workers still import modules from the script's directory."""
     script, log = tmp_path / "train_script.py", tmp_path / "runs.log"
     script.write_text(MAIN_SCRIPT)
-    (tmp_path / "sibling.py").write_text("")
+    (tmp_path / "sibling.py").write_text("def triple(x):\n    return 3 * x\n")
     env = {**os.environ, "RUN_LOG": str(log)}
     done = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    workers = int(done.stdout.split()[-1])
+    pid, tripled, workers = (int(word) for word in done.stdout.split()[-3:])
+    assert tripled == 21
     assert workers >= 2  # the pool did start several workers
-    assert len(log.read_text().split()) == 1  # the fork server only
+    assert log.read_text().split() == [str(pid)]  # the script's own process only

@@ -22,11 +22,11 @@ then ``verify(gold, predicted)``), which handles LaTeX, symbolic equality, sets,
 equations; a predicted answer over 1,000 characters is not sent (it matches nothing).
 
 math-verify runs in a worker process of a lazily created, reused `ProcessPoolExecutor`
-(``forkserver`` start method where available, else ``spawn``). The fork server preloads the
-parent's main script and a warmed-up math-verify (`rlvr.rewards._verifier_preload`), so a
-worker, first or replacement, starts in milliseconds. Without that, each worker would re-run
-the main script before its first task, since CPython ignores a ``"__main__"`` preload before
-its fix of gh-126631; for a script that imports torch that is about 1.5 s of CPU per worker.
+(``forkserver`` start method where available, else ``spawn``). The fork server preloads a
+warmed-up math-verify (`rlvr.rewards._verifier_preload`), so a worker, first or replacement,
+starts in milliseconds, and it never runs the parent's main script: neither does a worker,
+which multiprocessing would otherwise make re-run it before its first task (for a script that
+imports torch, about 1.5 s of CPU). The workers run only this module's functions.
 math-verify's own ``signal.alarm`` timeouts are switched off in the worker
 (``parsing_timeout=None``, ``timeout_seconds=None``): they need the main thread and do not
 cover every hang. Instead the caller waits at most ``timeout_s``; on a
@@ -37,8 +37,9 @@ score. A worker that dies on its own (e.g. out of memory) raises `VerifierError`
 of `VerifierTimeout`); a pool that cannot start at all raises a plain `RuntimeError`. Verdicts
 (not timeouts) are cached, since the samples of one group often share an answer.
 
-As with any ``spawn``/``forkserver`` multiprocessing, a script that calls the verifier must
-guard its entry point with ``if __name__ == "__main__":``.
+So with ``forkserver`` a script that calls the verifier needs no ``if __name__ ==
+"__main__":`` guard; with ``spawn`` (no fork server: macOS, Windows) it needs one, as with
+any ``spawn`` multiprocessing.
 """
 
 from __future__ import annotations
@@ -346,7 +347,7 @@ def _context() -> multiprocessing.context.BaseContext:
     else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", "rlvr.rewards._verifier_preload"])
+        ctx.set_forkserver_preload(["rlvr.rewards._verifier_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
 

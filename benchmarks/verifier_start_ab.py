@@ -1,0 +1,94 @@
+"""A/B of the verifier's first call (its worker pool starting) at a git revision against the
+working tree, in fresh processes alternating.
+
+Each run is a fresh process whose main script imports torch at module level, as a training
+script does, and times one `answers_match` that needs math-verify (``1+2`` against ``3``):
+the fork server and its workers starting, then the call. Runs alternate revision / working
+tree; reported: each side's seconds per run and medians, and the median of the paired
+speed-ups, also written to `results/verifier_start_ab.json`.
+
+    python benchmarks/verifier_start_ab.py --against 687922d
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch  # noqa: F401  (what makes re-running this script in a verifier process costly)
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from revision_ab import REPO, RESULTS_DIR, export_src, short_commit  # noqa: E402
+
+
+def worker() -> None:
+    """Time the first verifier call in this process and print {"seconds", "rlvr"} as JSON."""
+    import rlvr
+    from rlvr.rewards.verify import answers_match
+
+    start = time.perf_counter()
+    if not answers_match("1+2", "3"):
+        raise SystemExit("math-verify did not match 1+2 with 3")
+    print(json.dumps({"seconds": time.perf_counter() - start, "rlvr": rlvr.__file__}))
+
+
+def timed_run(src: Path) -> float:
+    """Seconds of the first verifier call in a fresh process importing rlvr from `src`."""
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "2"}
+    command = [sys.executable, __file__, "--worker"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    if not result["rlvr"].startswith(str(src)):
+        raise SystemExit(f"the worker imported {result['rlvr']}, not rlvr from {src}")
+    return result["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="HEAD", metavar="REV", help="the baseline revision")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating runs per side")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return
+    with tempfile.TemporaryDirectory(prefix="verifier-start-ab-") as tmp:
+        trees = {args.against: export_src(args.against, Path(tmp)), "working tree": REPO / "src"}
+        seconds: dict[str, list[float]] = {name: [] for name in trees}
+        for round_ in range(args.rounds):
+            for name, src in trees.items():
+                seconds[name].append(timed_run(src))
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
+                flush=True,
+            )
+    base, new = seconds.values()
+    report = {
+        "against": args.against,
+        "against_commit": short_commit(args.against),
+        "command": " ".join(["python benchmarks/verifier_start_ab.py", *sys.argv[1:]]),
+        "seconds": seconds,
+        "medians": {name: statistics.median(s) for name, s in seconds.items()},
+        "speedup (paired median)": statistics.median(b / n for b, n in zip(base, new)),
+    }
+    print(
+        f"first verifier call: {args.against} {report['medians'][args.against]:.3f} s, "
+        f"working tree {report['medians']['working tree']:.3f} s, paired speed-up "
+        f"{report['speedup (paired median)']:.3f}x"
+    )
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / "verifier_start_ab.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
