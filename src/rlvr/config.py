@@ -303,6 +303,11 @@ class TrainConfig(Section):
     """Stop the run after this many consecutive steps with a non-finite loss or gradient."""
     threads: int = 0
     """torch CPU threads (0 = leave torch's default)."""
+    keep_freed_memory: bool = True
+    """Under glibc, raise malloc's mmap and trim thresholds for this process so that freed
+    activations are reused instead of returned to the kernel and zero-filled again
+    (`rlvr.training.memory`; a CPU update ran up to a third slower from the page faults).
+    Process-wide, like `threads`; false leaves malloc alone."""
 
 
 class EvalConfig(Section):
@@ -503,6 +508,8 @@ class SFTTrainConfig(Section):
     """Where the fine-tuned model (Hugging Face format) is written."""
     threads: int = 0
     """torch CPU threads (0 = leave torch's default)."""
+    keep_freed_memory: bool = True
+    """As `train.keep_freed_memory`: glibc malloc keeps freed activations for reuse."""
 
 
 class SFTConfig(Section):

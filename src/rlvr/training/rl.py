@@ -32,6 +32,7 @@ from rlvr.training.checkpoint import (
 )
 from rlvr.training.critic import Critic
 from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
+from rlvr.training.memory import keep_freed_memory
 from rlvr.training.metrics import step_metrics
 from rlvr.training.optim import build_optimizer, build_scheduler
 from rlvr.training.regularization import Regularization
@@ -67,6 +68,8 @@ def train(
     """Run online RL as configured; return the run directory."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    if cfg.train.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(cfg.train.seed)
     algo, r = cfg.algorithm, cfg.rollout
 

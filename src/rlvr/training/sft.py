@@ -26,6 +26,7 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler
 
 
@@ -51,6 +52,8 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     save_config(cfg, out_dir / "config.yaml")
     if s.threads:
         torch.set_num_threads(s.threads)
+    if s.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(s.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     task = load_task(cfg.data)
