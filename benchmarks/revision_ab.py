@@ -14,7 +14,8 @@ revision / working tree. Cases:
 
 Reported per run: the median of `--passes` passes after two warm-up passes; then each side's
 median over the runs and the median of the paired speed-ups (revision / working tree), also
-written to `results/revision_ab-<case>.json`.
+written to `results/revision_ab-<case>-vs-<commit>.json` (`revision_ab-<case>.json` before
+lever 18).
 
     python benchmarks/revision_ab.py --against HEAD --case update
 """
@@ -184,7 +185,8 @@ def main() -> None:
         f"{report['speedup (paired median)']:.3f}x"
     )
     RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / f"revision_ab-{args.case}.json").write_text(json.dumps(report, indent=1) + "\n")
+    name = f"revision_ab-{args.case}-vs-{report['against_commit']}.json"
+    (RESULTS_DIR / name).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

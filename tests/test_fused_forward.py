@@ -369,3 +369,36 @@ def test_activation_checkpointing_refuses_models_outside_the_fused_forward(tok):
     with pytest.raises(ValueError, match="fused forward"):
         fused.enable_activation_checkpointing(model)
     assert not getattr(model, fused.CHECKPOINT_ATTR, False)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_short_cpu_attention_with_explicit_scores_equals_the_fused_kernel(
+    monkeypatch: pytest.MonkeyPatch, kv_heads: int
+) -> None:
+    """Short fp32 queries on a CPU take explicit scores (`fused.SMALL_ATTENTION`); values and
+    gradients equal those of PyTorch's scaled-dot-product kernel under the same mask, with
+    grouped heads, padded keys and a causal block."""
+    g = torch.Generator().manual_seed(5)
+    b, t, s, d = 3, 6, 9, 8
+    q = torch.randn(b, 4, t, d, generator=g, requires_grad=True)
+    k = torch.randn(b, kv_heads, s, d, generator=g, requires_grad=True)
+    v = torch.randn(b, kv_heads, s, d, generator=g, requires_grad=True)
+    key_mask = torch.ones(b, s)
+    key_mask[0, :2] = 0  # a left-padded prompt
+    bias = fused.mask_bias(key_mask, t, torch.float32)
+    upstream = torch.randn(b, 4, t, d, generator=g)
+
+    def run() -> list[torch.Tensor]:
+        out = fused.attention(q, k, v, bias, 0.35)
+        return [out, *torch.autograd.grad(out, (q, k, v), upstream)]
+
+    explicit = run()
+    monkeypatch.setattr(fused, "SMALL_ATTENTION", (0, 0))
+    kernel = run()
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, scale=0.35, enable_gqa=kv_heads != 4
+    )
+    torch.testing.assert_close(kernel[0], expected)
+    for got, want in zip(explicit, kernel, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert explicit[0][0, 0, 0].abs().sum() > 0

@@ -234,19 +234,34 @@ def attention(
     j·g … j·g + g − 1, as in `transformers`' repeat_kv).
 
     q: [b, heads, t, d], k, v: [b, kv_heads, s, d], bias: [b, 1, t, s] additive mask (0 or
-    -inf). One query position (a decode step) uses two batched matmuls with the g query heads
-    folded into the query axis, so no K/V is repeated; longer queries use the fused
-    scaled-dot-product kernel, which does not keep the [t, s] scores for backward.
+    -inf). Two batched matmuls with the g query heads folded into the query axis (no K/V is
+    repeated) serve one query position (a decode step) and, in fp32 on a CPU, short queries
+    whose scores are small (`SMALL_ATTENTION`; there PyTorch's flash kernel, built for long
+    blocks, is 1.2–1.7× slower). Otherwise the fused scaled-dot-product kernel runs, which
+    does not keep the [t, s] scores for backward.
     """
     b, nq, t, d = q.shape
     nkv, s = k.shape[1], k.shape[2]
-    if t > 1:
+    g = nq // nkv
+    small = (
+        q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and t <= SMALL_ATTENTION[0]
+        and b * nq * t * s <= SMALL_ATTENTION[1]
+    )
+    if t > 1 and not small:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=bias, scale=scale, enable_gqa=nq != nkv
         )
-    scores = torch.matmul(q.reshape(b, nkv, nq // nkv, d) * scale, k.transpose(-1, -2))
-    probs = (scores + bias.view(b, 1, 1, s)).softmax(-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v).view(b, nq, 1, d)
+    scores = torch.matmul(q.reshape(b, nkv, g * t, d) * scale, k.transpose(-1, -2))
+    scores = scores.view(b, nkv, g, t, s) + bias.view(b, 1, 1, t, s)
+    probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs.view(b, nkv, g * t, s), v).view(b, nq, t, d)
+
+
+SMALL_ATTENTION = (48, 1 << 22)
+"""Longest query and most score elements (16 MiB in fp32) for which a CPU computes attention
+with explicit scores (`attention`); measured with `benchmarks/revision_ab.py` (lever 18)."""
 
 
 def visible_keys(key_mask: torch.Tensor, t: int) -> torch.Tensor:
