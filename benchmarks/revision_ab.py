@@ -10,7 +10,9 @@ revision / working tree. Cases:
   `minibatch_backward` on 4,096-token micro-batches, gradient clipping and an AdamW step;
 - `update-ragged`: the same on a learning-mode-shaped batch (32 prompts × 8 samples,
   22-token prompts, completions of 8–39 tokens);
-- `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts.
+- `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts;
+- `rollout-ragged`: the same with two frequent tokens ending completions, so that rows
+  finish at many steps (`fused_ab.decode_cases`).
 
 Reported per run: the median of `--passes` passes after two warm-up passes; then each side's
 median over the runs and the median of the paired speed-ups (revision / working tree), also
@@ -76,15 +78,17 @@ def update_case(ragged: bool = False):
     return run
 
 
-def rollout_case():
-    """A function sampling the systems-mode rollout (16 prompts × 8, 64 forced tokens)."""
+def rollout_case(ragged: bool = False):
+    """A function sampling the systems-mode rollout (16 prompts × 8, 64 forced tokens), or with
+    `ragged`, the same with two frequent tokens ending completions (rows finish at many
+    steps)."""
     import torch
     from fused_ab import decode_cases, demo_setup
 
     from rlvr.rollout.hf import HFRolloutEngine
 
     tok, model, prompts = demo_setup()
-    eos, params = decode_cases(tok)["64 forced tokens"]
+    eos, params = decode_cases(tok)["rows finish at many steps" if ragged else "64 forced tokens"]
     engine = HFRolloutEngine(model, eos, tok.pad_token_id, generator=torch.Generator())
     return lambda: engine.generate(prompts, params)
 
@@ -93,6 +97,7 @@ CASES = {
     "update": update_case,
     "update-ragged": lambda: update_case(ragged=True),
     "rollout": rollout_case,
+    "rollout-ragged": lambda: rollout_case(ragged=True),
 }
 
 

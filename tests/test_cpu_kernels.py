@@ -193,3 +193,38 @@ def test_a_build_is_kept_and_reused_by_any_checkout_of_the_same_source(monkeypat
     assert first.stat().st_mtime_ns == stamp
     copy.write_text(copy.read_text() + "\n/* changed */\n")
     assert cpu_kernels.build("cc", tmp_path / "cache") != first  # a new source, a new build
+
+
+@needs_compiler
+def test_compact_rows_moves_the_kept_rows_filled_positions_into_place():
+    g = torch.Generator().manual_seed(2)
+    buffer = torch.randn(7, 2, 6, 3, generator=g)
+    before = buffer.clone()
+    rows = torch.tensor([0, 1, 3, 4, 6])
+    with torch.inference_mode():
+        assert cpu_kernels.compact_rows(buffer, rows, 4)
+    # by hand: destination i holds source rows[i]'s first 4 positions, the rest is as it was
+    for i, r in enumerate(rows.tolist()):
+        assert torch.equal(buffer[i, :, :4], before[r, :, :4])
+        assert torch.equal(buffer[i, :, 4:], before[i, :, 4:])
+    assert torch.equal(buffer[5:], before[5:])  # rows past the kept ones are not written
+
+
+@needs_compiler
+def test_select_rows_compacts_with_the_kernel_as_with_torch_and_falls_back_otherwise(
+    monkeypatch,
+):
+    g = torch.Generator().manual_seed(3)
+    source = torch.randn(6, 2, 5, 4, generator=g)
+    outs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, setting)
+        with torch.inference_mode():
+            outs[setting] = fused.select_rows(source.clone(), torch.tensor([1, 2, 5]), 3)
+    assert torch.equal(outs["1"][:, :, :3], outs["0"][:, :, :3])
+    assert torch.equal(outs["1"][:, :, :3], source[[1, 2, 5], :, :3])
+    with torch.inference_mode():  # not increasing: the kernel declines, torch gathers
+        assert not cpu_kernels.compact_rows(source.clone(), torch.tensor([2, 1]), 3)
+        swapped = fused.select_rows(source.clone(), torch.tensor([2, 1]), 3)
+        assert not cpu_kernels.compact_rows(source[:, :, 1:], torch.tensor([1]), 3)
+    assert torch.equal(swapped[:, :, :3], source[[2, 1], :, :3])

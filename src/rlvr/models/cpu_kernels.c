@@ -8,6 +8,7 @@
    intra-op thread count. */
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 /* Below this many elements a loop runs on the calling thread (waking the team costs more). */
 #define PARALLEL_MIN 16384
@@ -131,5 +132,21 @@ void decode_attention(const float *q, const float *k, const float *v,
             }
 #undef PAIR_ATTENTION
         }
+    }
+}
+
+/* Moves rows rows[0..n) of a decode cache buffer [batch, heads, capacity, dim] to rows 0..n
+   (finished sequences leaving the batch), copying the first `count` floats (the filled
+   positions) of each (row, head) block once. `rows` is strictly increasing, so rows[i] >= i:
+   a row is read before any later destination overwrites it, which is why this runs in order
+   on one thread. Rows already in place are not copied. */
+void compact_rows(float *buffer, const long *rows, long n, long row_stride, long head_stride,
+                  long heads, long count) {
+    for (long i = 0; i < n; i++) {
+        if (rows[i] == i) continue;
+        const float *source = buffer + rows[i] * row_stride;
+        float *target = buffer + i * row_stride;
+        for (long h = 0; h < heads; h++)
+            memcpy(target + h * head_stride, source + h * head_stride, count * sizeof(float));
     }
 }

@@ -43,6 +43,7 @@ SIGNATURES = {
     "rotary": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_long, _c_int],
     "silu_mul": [_ptr, _ptr, _c_long, _c_int],
     "decode_attention": [_ptr] * 6 + [_c_long] * 7 + [_c_float, _c_int],
+    "compact_rows": [_ptr, _ptr] + [_c_long] * 5,
 }
 
 
@@ -127,6 +128,31 @@ def usable(x: torch.Tensor) -> bool:
         and not torch.is_grad_enabled()
         and load() is not None
     )
+
+
+def compact_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> bool:
+    """Move rows `rows` (on the CPU) of a contiguous cache buffer [batch, heads, capacity,
+    dim] to its leading rows, copying the first `length` positions of each, in place and once
+    (finished sequences leaving the batch). Returns False, and does nothing, where the kernels
+    are not `usable` on `buffer`, it is not contiguous, or `rows` is not strictly increasing
+    (the in-place order needs rows[i] >= i)."""
+    if not (usable(buffer) and buffer.is_contiguous()):
+        return False
+    index = rows.to(torch.long).contiguous()
+    if len(index) and not (index[0] >= 0 and bool((index[1:] > index[:-1]).all())):
+        return False
+    _, heads, capacity, dim = buffer.shape
+    _check(0 <= length <= capacity, "compact_rows: length outside the buffer")
+    load().compact_rows(
+        buffer.data_ptr(),
+        index.data_ptr(),
+        len(index),
+        buffer.stride(0),
+        buffer.stride(1),
+        heads,
+        length * dim,
+    )
+    return True
 
 
 def _check(condition: bool, what: str) -> None:

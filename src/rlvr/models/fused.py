@@ -112,18 +112,20 @@ def select_rows(
     """Rows `rows` of a [batch, heads, capacity, dim] cache buffer whose first `length`
     positions are filled; only those positions are copied.
 
-    When no more rows are asked for than the buffer has (finished rows leaving the batch), they
-    are compacted into its leading rows and a view of those is returned; otherwise (a prompt's
+    When no more rows are asked for than the buffer has (finished rows leaving the batch, `rows`
+    increasing), they are compacted into its leading rows and a view of those is returned: on a
+    CPU by `cpu_kernels.compact_rows`, which copies each moved row once. Otherwise (a prompt's
     cache repeated for its samples) a new buffer is taken from `allocate` (default: a fresh
     tensor), which must not share memory with `buffer`.
     """
-    filled = buffer[rows, :, :length]
-    shape = (len(rows), *buffer.shape[1:])
-    if len(rows) <= buffer.shape[0]:
-        out = buffer[: len(rows)]
-    else:
-        out = allocate(shape) if allocate is not None else buffer.new_empty(shape)
-    out[:, :, :length] = filled
+    n = len(rows)
+    if n <= buffer.shape[0]:
+        if not cpu_kernels.compact_rows(buffer, rows, length):
+            buffer[:n, :, :length] = buffer[rows, :, :length]
+        return buffer[:n]
+    shape = (n, *buffer.shape[1:])
+    out = allocate(shape) if allocate is not None else buffer.new_empty(shape)
+    out[:, :, :length] = buffer[rows, :, :length]
     return out
 
 
