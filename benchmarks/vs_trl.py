@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trl.py --mode systems            # equal work: completion lengths forced
     python benchmarks/vs_trl.py --mode learning           # normal sampling: time to a target
+    python benchmarks/vs_trl.py --mode learning --cold-start DIR   # from a saved model
     python benchmarks/vs_trl.py --mode scaling            # step time vs length and group size
     python benchmarks/vs_trl.py --mode systems --quick    # a smoke version (< 3 minutes)
 
@@ -662,10 +663,12 @@ def interpolated_time_to_target(result: dict, target: float, initial: float) -> 
     return None
 
 
-def learning_mode(s: ModeSettings, workdir: Path, target: float | None) -> dict:
+def learning_mode(
+    s: ModeSettings, workdir: Path, target: float | None, cold_start: Path | None = None
+) -> dict:
     from rlvr.demo import DATA
 
-    model_dir = prepare_model(workdir, s.sft_steps)
+    model_dir = cold_start or prepare_model(workdir, s.sft_steps)
     init = evaluate_checkpoints(
         make_spec("rlvr", "init", workdir, model_dir, s, force_length=False), {0: model_dir}
     )[0]["pass@1"]
@@ -834,6 +837,12 @@ def main() -> None:
         default="task",
         help="task: the task's verifier; dense: digit share (no zero-advantage group to skip)",
     )
+    parser.add_argument(
+        "--cold-start",
+        type=Path,
+        help="learning: start both from this saved model instead of training the cold-start "
+        "SFT (its rounding follows rlvr's code, so revisions can start from different models)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep models and runs here (default: temp)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -857,7 +866,7 @@ def main() -> None:
         if args.mode == "systems":
             report = systems_mode(settings, workdir)
         elif args.mode == "learning":
-            report = learning_mode(settings, workdir, args.target)
+            report = learning_mode(settings, workdir, args.target, args.cold_start)
         else:
             report = scaling_mode(settings, workdir)
     report = {
@@ -874,7 +883,9 @@ def main() -> None:
     RESULTS_DIR.mkdir(exist_ok=True)
     dense = "-dense" if args.reward == "dense" else ""
     seeds = "-seeds-" + "-".join(map(str, args.seeds)) if args.seeds else ""
-    path = RESULTS_DIR / f"{args.mode}{dense}{seeds}{'-quick' if args.quick else ''}.json"
+    start_from = f"-from-{args.cold_start.name}" if args.cold_start else ""
+    name = f"{args.mode}{dense}{seeds}{start_from}{'-quick' if args.quick else ''}.json"
+    path = RESULTS_DIR / name
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path} ({report['wall_s']:.0f} s)")
 

@@ -228,3 +228,42 @@ def test_select_rows_compacts_with_the_kernel_as_with_torch_and_falls_back_other
         swapped = fused.select_rows(source.clone(), torch.tensor([2, 1]), 3)
         assert not cpu_kernels.compact_rows(source[:, :, 1:], torch.tensor([1]), 3)
     assert torch.equal(swapped[:, :, :3], source[[2, 1], :, :3])
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows", [5, 700])  # 700 rows cross the kernels' parallel threshold
+def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
+    g = torch.Generator().manual_seed(6)
+    gate = torch.randn(rows, 40, generator=g, requires_grad=True)
+    up = torch.randn(rows, 40, generator=g, requires_grad=True)
+    upstream = torch.randn(rows, 40, generator=g)
+    got = cpu_kernels.swiglu(gate, up)
+    want = fused.TorchOps.silu_mul(gate, up)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(
+        torch.autograd.grad(got, (gate, up), upstream),
+        torch.autograd.grad(want, (gate, up), upstream),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+    x = torch.randn(rows, 3, 16, generator=g, requires_grad=True)
+    angles = torch.randn(rows, 1, 8, generator=g).repeat(1, 1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    upstream = torch.randn(rows, 3, 16, generator=g)
+    got, want = cpu_kernels.rotary(x, cos, sin), fused.rotate(x, cos, sin)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(got, x, upstream)
+    torch.testing.assert_close(grad, torch.autograd.grad(want, x, upstream)[0])
+    # by hand: a rotation keeps norms, and its backward is the rotation by the negated angles
+    torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(grad, fused.rotate(upstream, cos, -sin), rtol=1e-5, atol=1e-6)
+
+
+@needs_compiler
+def test_training_steps_use_the_training_kernels_where_they_may(monkeypatch):
+    h, mask = torch.randn(2, 3, 8), torch.ones(2, 5)
+    assert type(fused.layer_ops(h, mask, 3, True)) is fused.KernelOps  # autograd on
+    assert type(fused.layer_ops(h.double(), mask, 3, True)) is fused.TorchOps
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
+    assert type(fused.layer_ops(h, mask, 3, True)) is fused.TorchOps

@@ -150,3 +150,47 @@ void compact_rows(float *buffer, const long *rows, long n, long row_stride, long
             memcpy(target + h * head_stride, source + h * head_stride, count * sizeof(float));
     }
 }
+
+/* out = silu(gate) * up, over n elements: the SwiGLU product of a training forward, which
+   keeps `gate` and `up` for its backward (`silu_mul` overwrites `gate`). */
+void swiglu(const float *gate, const float *up, float *out, long n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (n >= PARALLEL_MIN)
+    for (long i = 0; i < n; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+}
+
+/* The SwiGLU product's backward in one pass: with s = sigmoid(gate),
+   d_up = grad * gate * s and d_gate = grad * up * s * (1 + gate * (1 - s)),
+   since d silu(x) / dx = s(x) (1 + x (1 - s(x))). */
+void swiglu_backward(const float *grad, const float *gate, const float *up, float *d_gate,
+                     float *d_up, long n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (n >= PARALLEL_MIN)
+    for (long i = 0; i < n; i++) {
+        float s = 1.f / (1.f + expf(-gate[i]));
+        float gs = grad[i] * s;
+        d_up[i] = gs * gate[i];
+        d_gate[i] = gs * up[i] * (1.f + gate[i] * (1.f - s));
+    }
+}
+
+/* out = the rotary embedding of x by the angles whose cosines and sines are cos, sign * sin
+   (as `rotary`, out of place). The rotation is orthogonal, so its backward is the rotation by
+   the negated angles: sign = -1 on the gradient. x, out [rows, heads, dim]; cos, sin
+   [rows, dim]. */
+void rotary_out(const float *x, const float *cos, const float *sin, float *out, long rows,
+                long heads, long dim, float sign, int threads) {
+    long half = dim / 2;
+#pragma omp parallel for num_threads(threads) schedule(static) \
+    if (rows * heads * dim >= PARALLEL_MIN)
+    for (long r = 0; r < rows; r++) {
+        const float *c = cos + r * dim, *s = sin + r * dim;
+        for (long h = 0; h < heads; h++) {
+            const float *v = x + (r * heads + h) * dim;
+            float *o = out + (r * heads + h) * dim;
+            for (long i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                o[i] = a * c[i] - sign * b * s[i];
+                o[i + half] = b * c[i + half] + sign * a * s[i + half];
+            }
+        }
+    }
+}

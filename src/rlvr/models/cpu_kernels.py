@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,6 +45,9 @@ SIGNATURES = {
     "silu_mul": [_ptr, _ptr, _c_long, _c_int],
     "decode_attention": [_ptr] * 6 + [_c_long] * 7 + [_c_float, _c_int],
     "compact_rows": [_ptr, _ptr] + [_c_long] * 5,
+    "swiglu": [_ptr, _ptr, _ptr, _c_long, _c_int],
+    "swiglu_backward": [_ptr] * 5 + [_c_long, _c_int],
+    "rotary_out": [_ptr] * 4 + [_c_long] * 3 + [_c_float, _c_int],
 }
 
 
@@ -153,6 +157,92 @@ def compact_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> bool:
         length * dim,
     )
     return True
+
+
+def trainable(x: torch.Tensor) -> bool:
+    """Whether the training kernels (`swiglu`, `rotary`) may compute on `x`: fp32 on the CPU,
+    not turned off (`RLVR_CPU_KERNELS=0`), and built; with autograd on or off."""
+    return (
+        x.device.type == "cpu"
+        and os.environ.get(DISABLE_ENV) != "0"
+        and x.dtype == torch.float32
+        and load() is not None
+    )
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) · up and its backward, each one pass of a kernel."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate.contiguous(), up.contiguous()
+        _check(gate.shape == up.shape, "swiglu: gate and up differ in shape")
+        out = torch.empty_like(gate)
+        threads = torch.get_num_threads()
+        load().swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), threads)
+        ctx.save_for_backward(gate, up)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = ctx.saved_tensors
+        grad = grad.contiguous()
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        load().swiglu_backward(
+            grad.data_ptr(),
+            gate.data_ptr(),
+            up.data_ptr(),
+            d_gate.data_ptr(),
+            d_up.data_ptr(),
+            gate.numel(),
+            torch.get_num_threads(),
+        )
+        return d_gate, d_up
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
+    heads, dim = x.shape[-2], x.shape[-1]
+    rows = x.numel() // (heads * dim)
+    _check(cos.numel() == rows * dim == sin.numel(), "rotary: one angle row per token needed")
+    out = torch.empty_like(x)
+    load().rotary_out(
+        x.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        out.data_ptr(),
+        rows,
+        heads,
+        dim,
+        sign,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+class _Rotary(torch.autograd.Function):
+    """The rotary embedding and its backward (the rotation by the negated angles)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x.contiguous(), cos, sin, 1.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad.contiguous(), cos, sin, -1.0), None, None
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) · up (Shazeer 2020, eq. 6), differentiable, by the kernels."""
+    return _SwiGLU.apply(gate, up)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding (RoFormer eq. 34, half-split) of x [..., heads, dim] with cos, sin
+    [..., 1, dim] (one row of angles per token), differentiable, by the kernels."""
+    return _Rotary.apply(x, cos, sin)
 
 
 def _check(condition: bool, what: str) -> None:
