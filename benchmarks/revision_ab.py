@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -152,6 +153,31 @@ def short_commit(revision: str) -> str:
     ).stdout.strip()
 
 
+def alternate(against: str, run: Callable[[Path], float], rounds: int) -> dict:
+    """`run(src)` (seconds of one fresh process importing rlvr from `src`) for `against`'s
+    `src/` and the working tree's, alternating, `rounds` times each, printing every round;
+    returns the seconds, each side's median and the median of the paired speed-ups."""
+    with tempfile.TemporaryDirectory(prefix="revision-ab-") as tmp:
+        trees = {against: export_src(against, Path(tmp)), "working tree": REPO / "src"}
+        seconds: dict[str, list[float]] = {name: [] for name in trees}
+        for round_ in range(rounds):
+            for name, src in trees.items():
+                seconds[name].append(run(src))
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
+                flush=True,
+            )
+    base, new = seconds.values()
+    return {
+        "against": against,
+        "against_commit": short_commit(against),
+        "seconds": seconds,
+        "medians": {name: statistics.median(s) for name, s in seconds.items()},
+        "speedup (paired median)": statistics.median(b / n for b, n in zip(base, new)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", default="HEAD", metavar="REV", help="the baseline revision")
@@ -163,26 +189,10 @@ def main() -> None:
     if args.worker:
         worker(args.case, args.passes)
         return
-    with tempfile.TemporaryDirectory(prefix="revision-ab-") as tmp:
-        trees = {args.against: export_src(args.against, Path(tmp)), "working tree": REPO / "src"}
-        seconds: dict[str, list[float]] = {name: [] for name in trees}
-        for round_ in range(args.rounds):
-            for name, src in trees.items():
-                seconds[name].append(timed_run(src, args.case, args.passes))
-            print(
-                f"round {round_ + 1}: "
-                + ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
-                flush=True,
-            )
-    base, new = seconds.values()
     report = {
         "case": args.case,
-        "against": args.against,
-        "against_commit": short_commit(args.against),
         "command": " ".join(["python benchmarks/revision_ab.py", *sys.argv[1:]]),
-        "seconds": seconds,
-        "medians": {name: statistics.median(s) for name, s in seconds.items()},
-        "speedup (paired median)": statistics.median(b / n for b, n in zip(base, new)),
+        **alternate(args.against, lambda src: timed_run(src, args.case, args.passes), args.rounds),
     }
     print(
         f"{args.case}: {args.against} {report['medians'][args.against]:.3f} s, working tree "

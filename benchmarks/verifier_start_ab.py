@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import torch  # noqa: F401  (what makes re-running this script in a verifier pro
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from revision_ab import REPO, RESULTS_DIR, export_src, short_commit  # noqa: E402
+from revision_ab import RESULTS_DIR, alternate  # noqa: E402
 
 
 def worker() -> None:
@@ -61,25 +59,9 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    with tempfile.TemporaryDirectory(prefix="verifier-start-ab-") as tmp:
-        trees = {args.against: export_src(args.against, Path(tmp)), "working tree": REPO / "src"}
-        seconds: dict[str, list[float]] = {name: [] for name in trees}
-        for round_ in range(args.rounds):
-            for name, src in trees.items():
-                seconds[name].append(timed_run(src))
-            print(
-                f"round {round_ + 1}: "
-                + ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
-                flush=True,
-            )
-    base, new = seconds.values()
     report = {
-        "against": args.against,
-        "against_commit": short_commit(args.against),
         "command": " ".join(["python benchmarks/verifier_start_ab.py", *sys.argv[1:]]),
-        "seconds": seconds,
-        "medians": {name: statistics.median(s) for name, s in seconds.items()},
-        "speedup (paired median)": statistics.median(b / n for b, n in zip(base, new)),
+        **alternate(args.against, timed_run, args.rounds),
     }
     print(
         f"first verifier call: {args.against} {report['medians'][args.against]:.3f} s, "

@@ -31,22 +31,12 @@ void rms_norm(const float *x, const float *w, float *y, long rows, long dim, flo
 /* Rotary embedding in place (Su et al. 2021, RoFormer eq. 34, half-split layout as in Llama):
    x <- x*cos + rotate_half(x)*sin with rotate_half(x1, x2) = (-x2, x1).
    x [rows, heads, dim]; cos, sin [rows, dim]. */
+void rotary_out(const float *x, const float *cos, const float *sin, float *out, long rows,
+                long heads, long dim, float sign, int threads);
+
 void rotary(float *x, const float *cos, const float *sin, long rows, long heads, long dim,
             int threads) {
-    long half = dim / 2;
-#pragma omp parallel for num_threads(threads) schedule(static) \
-    if (rows * heads * dim >= PARALLEL_MIN)
-    for (long r = 0; r < rows; r++) {
-        const float *c = cos + r * dim, *s = sin + r * dim;
-        for (long h = 0; h < heads; h++) {
-            float *v = x + (r * heads + h) * dim;
-            for (long i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i + half] + a * s[i + half];
-            }
-        }
-    }
+    rotary_out(x, cos, sin, x, rows, heads, dim, 1.f, threads);
 }
 
 /* gate <- silu(gate) * up = gate / (1 + exp(-gate)) * up (the SwiGLU MLP's inner product,
@@ -173,9 +163,9 @@ void swiglu_backward(const float *grad, const float *gate, const float *up, floa
 }
 
 /* out = the rotary embedding of x by the angles whose cosines and sines are cos, sign * sin
-   (as `rotary`, out of place). The rotation is orthogonal, so its backward is the rotation by
-   the negated angles: sign = -1 on the gradient. x, out [rows, heads, dim]; cos, sin
-   [rows, dim]. */
+   (`rotary` is the in-place case, out = x: each pair is read before it is written). The
+   rotation is orthogonal, so its backward is the rotation by the negated angles: sign = -1
+   on the gradient. x, out [rows, heads, dim]; cos, sin [rows, dim]. */
 void rotary_out(const float *x, const float *cos, const float *sin, float *out, long rows,
                 long heads, long dim, float sign, int threads) {
     long half = dim / 2;
@@ -185,7 +175,7 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
         const float *c = cos + r * dim, *s = sin + r * dim;
         for (long h = 0; h < heads; h++) {
             const float *v = x + (r * heads + h) * dim;
-            float *o = out + (r * heads + h) * dim;
+            float *o = out + (r * heads + h) * dim;  /* may be v */
             for (long i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
                 o[i] = a * c[i] - sign * b * s[i];
