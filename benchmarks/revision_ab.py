@@ -178,6 +178,19 @@ def alternate(against: str, run: Callable[[Path], float], rounds: int) -> dict:
     }
 
 
+def publish(label: str, report: dict, name: str) -> None:
+    """Print an `alternate` report's medians and speed-up under `label`; write it to
+    `results/<name>`."""
+    against = report["against"]
+    print(
+        f"{label}: {against} {report['medians'][against]:.3f} s, working tree "
+        f"{report['medians']['working tree']:.3f} s, paired speed-up "
+        f"{report['speedup (paired median)']:.3f}x"
+    )
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / name).write_text(json.dumps(report, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", default="HEAD", metavar="REV", help="the baseline revision")
@@ -194,14 +207,7 @@ def main() -> None:
         "command": " ".join(["python benchmarks/revision_ab.py", *sys.argv[1:]]),
         **alternate(args.against, lambda src: timed_run(src, args.case, args.passes), args.rounds),
     }
-    print(
-        f"{args.case}: {args.against} {report['medians'][args.against]:.3f} s, working tree "
-        f"{report['medians']['working tree']:.3f} s, paired speed-up "
-        f"{report['speedup (paired median)']:.3f}x"
-    )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    name = f"revision_ab-{args.case}-vs-{report['against_commit']}.json"
-    (RESULTS_DIR / name).write_text(json.dumps(report, indent=1) + "\n")
+    publish(args.case, report, f"revision_ab-{args.case}-vs-{report['against_commit']}.json")
 
 
 if __name__ == "__main__":

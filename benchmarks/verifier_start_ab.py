@@ -25,7 +25,7 @@ import torch  # noqa: F401  (what makes re-running this script in a verifier pro
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from revision_ab import RESULTS_DIR, alternate  # noqa: E402
+from revision_ab import alternate, publish  # noqa: E402
 
 
 def worker() -> None:
@@ -63,13 +63,7 @@ def main() -> None:
         "command": " ".join(["python benchmarks/verifier_start_ab.py", *sys.argv[1:]]),
         **alternate(args.against, timed_run, args.rounds),
     }
-    print(
-        f"first verifier call: {args.against} {report['medians'][args.against]:.3f} s, "
-        f"working tree {report['medians']['working tree']:.3f} s, paired speed-up "
-        f"{report['speedup (paired median)']:.3f}x"
-    )
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "verifier_start_ab.json").write_text(json.dumps(report, indent=1) + "\n")
+    publish("first verifier call", report, "verifier_start_ab.json")
 
 
 if __name__ == "__main__":
