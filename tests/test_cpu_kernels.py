@@ -196,6 +196,18 @@ def test_a_build_is_kept_and_reused_by_any_checkout_of_the_same_source(monkeypat
 
 
 @needs_compiler
+def test_an_older_build_opens_with_the_kernels_it_has(tmp_path):
+    """`benchmarks/cpu_kernels_ab.py` opens builds of older sources, which lack newer kernels."""
+    old = tmp_path / "cpu_kernels.c"
+    source = cpu_kernels.SOURCE.read_text()
+    start, end = source.index("/* Moves rows rows[0..n)"), source.index("/* out = silu(gate)")
+    old.write_text(source[:start] + source[end:])  # as before compact_rows was added
+    library = cpu_kernels.open_library(cpu_kernels.build("cc", tmp_path / "cache", old))
+    assert library.decode_attention.argtypes == cpu_kernels.SIGNATURES["decode_attention"]
+    assert not hasattr(library, "compact_rows")
+
+
+@needs_compiler
 def test_compact_rows_moves_the_kept_rows_filled_positions_into_place():
     g = torch.Generator().manual_seed(2)
     buffer = torch.randn(7, 2, 6, 3, generator=g)

@@ -127,11 +127,14 @@ void decode_attention(const float *q, const float *k, const float *v,
 
 /* Moves rows rows[0..n) of a decode cache buffer [batch, heads, capacity, dim] to rows 0..n
    (finished sequences leaving the batch), copying the first `count` floats (the filled
-   positions) of each (row, head) block once. `rows` is strictly increasing, so rows[i] >= i:
-   a row is read before any later destination overwrites it, which is why this runs in order
-   on one thread. Rows already in place are not copied. */
-void compact_rows(float *buffer, const long *rows, long n, long row_stride, long head_stride,
-                  long heads, long count) {
+   positions) of each (row, head) block once, and returns 1. With `rows` non-negative and
+   strictly increasing, rows[i] >= i: a row is read before any later destination overwrites
+   it, which is why this runs in order on one thread. Other `rows` are left to the caller:
+   nothing is copied and 0 is returned. Rows already in place are not copied. */
+int compact_rows(float *buffer, const long *rows, long n, long row_stride, long head_stride,
+                 long heads, long count) {
+    for (long i = 0; i < n; i++)
+        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return 0;
     for (long i = 0; i < n; i++) {
         if (rows[i] == i) continue;
         const float *source = buffer + rows[i] * row_stride;
@@ -139,6 +142,7 @@ void compact_rows(float *buffer, const long *rows, long n, long row_stride, long
         for (long h = 0; h < heads; h++)
             memcpy(target + h * head_stride, source + h * head_stride, count * sizeof(float));
     }
+    return 1;
 }
 
 /* out = silu(gate) * up, over n elements: the SwiGLU product of a training forward, which

@@ -103,12 +103,19 @@ def build(compiler: str, out_dir: Path, source_path: Path | None = None) -> Path
     raise KernelBuildError("building " + str(source_path) + " failed:\n" + "\n".join(errors))
 
 
+RETURNS = {"compact_rows": _c_int}
+"""Kernels that return a value (the others return nothing)."""
+
+
 def open_library(path: Path) -> ctypes.CDLL:
-    """The built library at `path`, with the C signatures of its kernels declared."""
+    """The built library at `path`, with the C signatures of the kernels it has declared (a
+    build of an older `cpu_kernels.c`, as `benchmarks/cpu_kernels_ab.py` makes, lacks the
+    newer ones)."""
     library = ctypes.CDLL(str(path))
     for name, argtypes in SIGNATURES.items():
-        function = getattr(library, name)
-        function.argtypes, function.restype = argtypes, None
+        if hasattr(library, name):
+            function = getattr(library, name)
+            function.argtypes, function.restype = argtypes, RETURNS.get(name)
     return library
 
 
@@ -122,16 +129,21 @@ def load() -> ctypes.CDLL | None:
         return None
 
 
-def usable(x: torch.Tensor) -> bool:
-    """Whether the kernels may compute on `x`: fp32 on the CPU, outside autograd (they have
-    no backward), not turned off (`RLVR_CPU_KERNELS=0`), and built."""
+def trainable(x: torch.Tensor) -> bool:
+    """Whether the kernels with a backward (`swiglu`, `rotary`) may compute on `x`: fp32 on
+    the CPU, not turned off (`RLVR_CPU_KERNELS=0`), and built; with autograd on or off."""
     return (
         x.device.type == "cpu"
         and os.environ.get(DISABLE_ENV) != "0"
         and x.dtype == torch.float32
-        and not torch.is_grad_enabled()
         and load() is not None
     )
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the decode kernels, which have no backward, may compute on `x`: `trainable`,
+    and outside autograd."""
+    return not torch.is_grad_enabled() and trainable(x)
 
 
 def compact_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> bool:
@@ -143,11 +155,9 @@ def compact_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> bool:
     if not (usable(buffer) and buffer.is_contiguous()):
         return False
     index = rows.to(torch.long).contiguous()
-    if len(index) and not (index[0] >= 0 and bool((index[1:] > index[:-1]).all())):
-        return False
     _, heads, capacity, dim = buffer.shape
     _check(0 <= length <= capacity, "compact_rows: length outside the buffer")
-    load().compact_rows(
+    moved = load().compact_rows(
         buffer.data_ptr(),
         index.data_ptr(),
         len(index),
@@ -156,18 +166,7 @@ def compact_rows(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> bool:
         heads,
         length * dim,
     )
-    return True
-
-
-def trainable(x: torch.Tensor) -> bool:
-    """Whether the training kernels (`swiglu`, `rotary`) may compute on `x`: fp32 on the CPU,
-    not turned off (`RLVR_CPU_KERNELS=0`), and built; with autograd on or off."""
-    return (
-        x.device.type == "cpu"
-        and os.environ.get(DISABLE_ENV) != "0"
-        and x.dtype == torch.float32
-        and load() is not None
-    )
+    return bool(moved)
 
 
 class _SwiGLU(torch.autograd.Function):
