@@ -120,14 +120,15 @@ def test_bad_layouts_are_refused_with_the_operation_named(ops):
 def test_kernels_run_only_for_cpu_fp32_decode_steps_outside_autograd(monkeypatch):
     h, mask = torch.randn(2, 1, 8), torch.ones(2, 5)
     with torch.inference_mode():
-        assert isinstance(fused.layer_ops(h, mask, 1, False), cpu_kernels.DecodeOps)
-        assert isinstance(fused.layer_ops(h, mask, 2, False), fused.TorchOps)  # a prefill
-        assert isinstance(fused.layer_ops(h, mask, 1, True), fused.TorchOps)  # padding-free
-        assert isinstance(fused.layer_ops(h.double(), mask, 1, False), fused.TorchOps)
+        assert isinstance(fused.layer_ops(h, mask, 1), cpu_kernels.DecodeOps)
+        assert isinstance(fused.layer_ops(h, mask, 2), fused.TorchOps)  # a prefill
+        padding_free = fused.layer_ops(h, mask, 1, torch.tensor([1]))
+        assert isinstance(padding_free, fused.TorchOps)
+        assert isinstance(fused.layer_ops(h.double(), mask, 1), fused.TorchOps)
         monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
-        assert isinstance(fused.layer_ops(h, mask, 1, False), fused.TorchOps)
+        assert isinstance(fused.layer_ops(h, mask, 1), fused.TorchOps)
     monkeypatch.delenv(cpu_kernels.DISABLE_ENV)
-    assert isinstance(fused.layer_ops(h, mask, 1, False), fused.TorchOps)  # autograd on
+    assert isinstance(fused.layer_ops(h, mask, 1), fused.TorchOps)  # autograd on
 
 
 @needs_compiler
@@ -274,8 +275,137 @@ def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
 
 @needs_compiler
 def test_training_steps_use_the_training_kernels_where_they_may(monkeypatch):
-    h, mask = torch.randn(2, 3, 8), torch.ones(2, 5)
-    assert type(fused.layer_ops(h, mask, 3, True)) is fused.KernelOps  # autograd on
-    assert type(fused.layer_ops(h.double(), mask, 3, True)) is fused.TorchOps
+    h, mask, flat = torch.randn(2, 3, 8), torch.ones(2, 5), torch.tensor([0, 2, 3])
+    assert type(fused.layer_ops(h, mask, 3, flat)) is fused.KernelOps  # autograd on
+    assert type(fused.layer_ops(h.double(), mask, 3, flat)) is fused.TorchOps
     monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
-    assert type(fused.layer_ops(h, mask, 3, True)) is fused.TorchOps
+    assert type(fused.layer_ops(h, mask, 3, flat)) is fused.TorchOps
+
+
+def _attention_case(prefixes, group, q_heads, kv_heads, t, sp, d, seed):
+    """Rows in groups sharing a left-padded prefix (strided, as a prompt pass leaves it), own
+    positions per token with ragged lengths (padding-free), as a shared-prefix update has."""
+    g = torch.Generator().manual_seed(seed)
+    b = prefixes * group
+    prefix_mask = torch.ones(prefixes, sp, dtype=torch.long)
+    for p in range(prefixes):
+        prefix_mask[p, : int(torch.randint(0, sp, (1,), generator=g))] = 0
+    select = torch.arange(b) // group
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    flat = fused.real_positions(torch.arange(t)[None, :] < lengths[:, None])
+    key_mask = torch.cat([prefix_mask[select], torch.ones(b, t, dtype=torch.long)], dim=1)
+    n = len(flat)
+    tensors = [
+        torch.randn(n, q_heads, d, generator=g),
+        torch.randn(n, kv_heads, d, generator=g),
+        torch.randn(n, kv_heads, d, generator=g),
+        torch.randn(prefixes, sp, kv_heads, d, generator=g).transpose(1, 2),
+        torch.randn(prefixes, sp, kv_heads, d, generator=g).transpose(1, 2),
+    ]
+    return [x.requires_grad_() for x in tensors], key_mask, flat, select
+
+
+def _attend(ops, q, k, v, pk, pv, select):
+    """A completion pass's attention through a `ConcatKV` holding the prompt pass's keys."""
+    cache = fused.ConcatKV(1)
+    cache.update(0, pk, pv)
+    cache.batch_select_indices(select)
+    return ops.attend(q, *ops.cached(cache, 0, k, v), scale=0.3), cache
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "t", "sp", "d", "order"),
+    [
+        (4, 4, 6, 5, 48, "grouped"),
+        (6, 2, 7, 3, 32, "grouped"),
+        (4, 1, 16, 9, 64, "shuffled"),
+        (2, 2, 3, 4, 17, "grouped"),
+    ],
+)
+def test_kernel_attention_equals_the_torch_attention_forward_and_backward(
+    q_heads, kv_heads, t, sp, d, order
+):
+    """Values and the gradients of q, k, v and the shared prefix's keys and values; rows whose
+    prefixes are not in group order get their own copy of it (`shuffled`)."""
+    tensors, key_mask, flat, select = _attention_case(3, 4, q_heads, kv_heads, t, sp, d, seed=t)
+    if order == "shuffled":
+        select = select[torch.randperm(len(select), generator=torch.Generator().manual_seed(0))]
+        key_mask[:, :sp] = key_mask[select[0], :sp]  # one prefix mask, whatever the order
+    upstream = torch.randn(len(flat), q_heads * d, generator=torch.Generator().manual_seed(1))
+    bias = fused.mask_bias(key_mask, t, torch.float32)
+    want, want_cache = _attend(fused.TorchOps(bias, flat), *tensors, select)
+    ops = fused.KernelOps(key_mask, t, flat)
+    got, cache = _attend(ops, *tensors, select)
+    assert ops.gather == (order == "shuffled")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(got, tensors, upstream)
+    for grad, expected in zip(grads, torch.autograd.grad(want, tensors, upstream)):
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-5)
+    for stored, expected in zip(cache.stored(0), want_cache.stored(0)):  # laid out on demand
+        torch.testing.assert_close(stored, expected)
+
+
+@needs_compiler
+def test_kernel_attention_of_a_prompt_pass_sees_its_left_padding_as_torch_does():
+    """No prefix: the queries are the keys, some hidden (left padding), each query seeing
+    itself."""
+    g = torch.Generator().manual_seed(3)
+    b, t, heads, d = 3, 5, 2, 8
+    key_mask = torch.ones(b, t, dtype=torch.long)
+    key_mask[0, :2] = key_mask[2, :4] = 0
+    q, k, v = (torch.randn(b, t, heads, d, generator=g, requires_grad=True) for _ in range(3))
+    results = []
+    for ops in (
+        fused.TorchOps(fused.mask_bias(key_mask, t, torch.float32)),
+        fused.KernelOps(key_mask, t),
+    ):
+        out = ops.attend(q, *ops.cached(fused.ConcatKV(1), 0, k, v), scale=0.5)
+        results.append([out, *torch.autograd.grad(out.square().sum(), (q, k, v))])
+    for got, want in zip(*results[::-1]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_kernel_attention_by_hand():
+    """One row, one head, d = 1: a prefix key (1, value 10) hidden by its mask, own keys 2 and
+    3 (values 20, 30) with queries 1 and 2: the first sees only itself, the second its two
+    own keys with weights softmax(0.5 · 2 · [2, 3])."""
+    q = torch.tensor([[[1.0]], [[2.0]]], requires_grad=True)
+    k, v = torch.tensor([2.0, 3.0]).view(2, 1, 1), torch.tensor([20.0, 30.0]).view(2, 1, 1)
+    pk, pv = torch.ones(1, 1, 1, 1), torch.full((1, 1, 1, 1), 10.0)
+    layout = cpu_kernels.AttentionLayout(
+        torch.tensor([[0, 1]]), torch.ones(1, 2), torch.zeros(1, 1), torch.tensor([0, 1])
+    )
+    out = cpu_kernels.attention(q, k, v, pk, pv, layout, 0.5)
+    w = torch.softmax(torch.tensor([2.0, 3.0]) * 0.5 * 2.0, 0)
+    torch.testing.assert_close(out.view(2), torch.stack([torch.tensor(20.0), w @ v.view(2)]))
+    # d out_2 / d q_2 = 0.5 · sum_j w_j (k_j - k̄) v_j; out_1 does not depend on q_1
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    keys = torch.tensor([2.0, 3.0])
+    slope = 0.5 * (w * (keys - w @ keys) * v.view(2)).sum()
+    torch.testing.assert_close(grad.view(2), torch.stack([torch.tensor(0.0), slope]))
+
+
+@needs_compiler
+def test_kernel_attention_refuses_bad_inputs_with_what_is_wrong():
+    (q, k, v, pk, pv), key_mask, flat, select = _attention_case(2, 3, 4, 2, 5, 3, 8, seed=0)
+    ops = fused.KernelOps(key_mask, 5, flat)
+    _attend(ops, q, k, v, pk, pv, select)
+    layout = ops.layout
+    with pytest.raises(ValueError, match="attention: rows point past q"):
+        cpu_kernels.attention(q[:-1], k[:-1], v[:-1], pk, pv, layout, 1.0)
+    with pytest.raises(ValueError, match="query heads not a multiple"):
+        cpu_kernels.attention(q[:, :3], k, v, pk, pv, layout, 1.0)
+    with pytest.raises(ValueError, match="prefix keys and values layout"):
+        cpu_kernels.attention(q, k, v, pk, pv.contiguous(), layout, 1.0)
+    with pytest.raises(ValueError, match="prefix_mask is not"):
+        cpu_kernels.attention(q, k, v, pk[:1], pv[:1], layout, 1.0)
+    with pytest.raises(ValueError, match="starts must run from 0 to batch"):
+        cpu_kernels.AttentionLayout(
+            layout.rows, layout.own_mask, torch.ones(2, 3), torch.tensor([0, 3, 5])
+        )
+    with pytest.raises(ValueError, match="own_mask is not"):
+        cpu_kernels.AttentionLayout(
+            layout.rows, layout.own_mask[:, 1:], torch.ones(6, 0), torch.arange(7)
+        )

@@ -8,6 +8,7 @@
    intra-op thread count. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Below this many elements a loop runs on the calling thread (waking the team costs more). */
@@ -187,4 +188,263 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
             }
         }
     }
+}
+
+/* Attention of a training forward or a prefill, and its backward, without the [t, s] scores
+   of a batch, the padded layout of its keys or a copy of a shared prompt's keys per sample:
+   the recomputation scheme of FlashAttention (Dao et al. 2022, "FlashAttention", Algorithms
+   1-2) with one block per (prefix, key/value head) pair, whose keys fit in the CPU's caches.
+   Only the keys each query sees are computed, and a query whose output is not used
+   (padding) is skipped.
+
+   Row b's keys are its prefix's sp keys (prefix p, the rows starts[p] .. starts[p+1] - 1 of
+   which share it: a group's prompt) followed by its own t positions; query i of row b sees
+   prefix key j where prefix_mask[p, j], and own key i' <= i where own_mask[b, i'] (its own
+   always): `fused.visible_keys` over the concatenated keys.
+   q, out, dq, dout: [n, q_heads, dim] and k, v, dk, dv: [n, kv_heads, dim], per computed
+   position; rows [batch, t]: the row there of position i of batch row b, or -1 (not computed;
+   hidden). pk, pv: prefix element (p, h, j, c) at p*psb + h*psh + j*pss + c; dpk, dpv:
+   [prefixes, kv_heads, sp, dim]. dk, dv, dpk, dpv are zeroed by the caller. lse
+   [n, q_heads]: each query's log-sum-exp of its scaled scores, kept for the backward. Query
+   head h uses key/value head h / (q_heads / kv_heads). One thread runs a (prefix, key/value
+   head) pair: it transposes the keys to kt [dim, sp + t] (the prefix's once, each row's own
+   after it) so that a query's scores are a vectorised loop over keys. */
+
+#define KEY_BLOCK 64 /* keys whose dot products are summed together in registers */
+
+/* out[j] = factor x.y_j for j < n rounded up to KEY_BLOCK, from the transpose yt [dim, width]
+   (width a multiple of KEY_BLOCK): a block's sums stay in registers over the dim terms. */
+static inline void dots(const float *restrict x, const float *restrict yt, float *restrict out,
+                        long n, long width, long dim, float factor) {
+    for (long jb = 0; jb < n; jb += KEY_BLOCK) {
+        float acc[KEY_BLOCK] __attribute__((aligned(64))) = {0.f};
+        for (long c = 0; c < dim; c++) {
+            float a = x[c] * factor;
+            const float *restrict row = yt + c * width + jb;
+#pragma omp simd aligned(acc : 64)
+            for (long jj = 0; jj < KEY_BLOCK; jj++) acc[jj] += a * row[jj];
+        }
+        for (long jj = 0; jj < KEY_BLOCK; jj++) out[jb + jj] = acc[jj];
+    }
+}
+
+/* The scaled scores sc[j] = scale q.k_j, j < n, from kt [dim, width]; hidden keys (seen[j] 0,
+   except the query's own key n - 1) score -3e38 (exp 0, no branch). Returns the largest. */
+static inline float visible_scores(const float *restrict query, const float *restrict kt,
+                                   const unsigned char *restrict seen, float *restrict sc,
+                                   long n, long width, long dim, float scale) {
+    dots(query, kt, sc, n, width, dim, scale);
+    float top = -3.0e38f;
+    for (long j = 0; j < n; j++) {
+        float x = (seen[j] || j == n - 1) ? sc[j] : -3.0e38f;
+        sc[j] = x;
+        top = x > top ? x : top;
+    }
+    return top;
+}
+
+/* The keys (and values) of one pair as the loops read them: key j's vector at key[j], its
+   column j of the transposes kt (and vt) [dim, width], seen[j] whether it is visible to the
+   queries after it, and where its gradients go (dkey[j], dvalue[j]). */
+struct pair_keys {
+    const float **key, **value;
+    float **dkey, **dvalue;
+    float *kt, *vt;
+    unsigned char *seen;
+    long width;
+};
+
+static inline void set_key(struct pair_keys *keys, long j, const float *key, const float *value,
+                           float *dkey, float *dvalue, unsigned char seen, long dim) {
+    keys->key[j] = key, keys->value[j] = value, keys->dkey[j] = dkey, keys->dvalue[j] = dvalue;
+    keys->seen[j] = seen;
+    for (long c = 0; c < dim; c++) keys->kt[c * keys->width + j] = key[c];
+    if (keys->vt)
+        for (long c = 0; c < dim; c++) keys->vt[c * keys->width + j] = value[c];
+}
+
+/* Columns [0, sp) for prefix p of key/value head `head`. */
+static void set_prefix(struct pair_keys *keys, const float *pk, const float *pv, float *dpk,
+                       float *dpv, const unsigned char *prefix_mask, long p, long head,
+                       long kv_heads, long sp, long psb, long psh, long pss, long dim) {
+    for (long j = 0; j < sp; j++) {
+        long at = p * psb + head * psh + j * pss, grad = ((p * kv_heads + head) * sp + j) * dim;
+        set_key(keys, j, pk + at, pv + at, dpk ? dpk + grad : 0, dpv ? dpv + grad : 0,
+                prefix_mask[p * sp + j], dim);
+    }
+}
+
+/* Columns [sp, sp + count) for row b's own positions; returns count, one past its last
+   computed position. A position not computed gets zero vectors and is hidden. */
+static long set_own(struct pair_keys *keys, const float *k, const float *v, float *dk,
+                    float *dv, const long *restrict rows, const unsigned char *own_mask,
+                    const float *zero, float *sinks, long head, long kv_heads, long sp, long t,
+                    long dim) {
+    long count = 0;
+    for (long i = 0; i < t; i++)
+        if (rows[i] >= 0) count = i + 1;
+    for (long i = 0; i < count; i++) {
+        long at = (rows[i] * kv_heads + head) * dim;
+        if (rows[i] >= 0)
+            set_key(keys, sp + i, k + at, v + at, dk ? dk + at : 0, dv ? dv + at : 0,
+                    own_mask[i], dim);
+        else
+            set_key(keys, sp + i, zero, zero, sinks, sinks + dim, 0, dim);
+    }
+    return count;
+}
+
+static struct pair_keys pair_scratch(long width, long dim, int with_values, float **floats) {
+    struct pair_keys keys;
+    keys.width = width;
+    keys.key = malloc(sizeof(float *) * 4 * width);
+    keys.value = keys.key + width, keys.dkey = (float **)keys.value + width;
+    keys.dvalue = keys.dkey + width;
+    keys.seen = malloc(width);
+    *floats = calloc((with_values ? 2 : 1) * dim * width + 2 * width + 3 * dim, sizeof(float));
+    keys.kt = *floats, keys.vt = with_values ? keys.kt + dim * width : 0;
+    return keys;
+}
+
+static void free_scratch(struct pair_keys *keys, float *floats) {
+    free(keys->key), free(keys->seen), free(floats);
+}
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE void query_forward(const float *restrict query, const struct pair_keys *keys,
+                          float *restrict out, float *restrict lse, float *restrict sc, long n,
+                          long dim, float scale) {
+    float top = visible_scores(query, keys->kt, keys->seen, sc, n, keys->width, dim, scale);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (long j = 0; j < n; j++) {
+        float e = expf(sc[j] - top);
+        sc[j] = e;
+        total += e;
+    }
+    float inv = 1.f / total, acc[dim] __attribute__((aligned(64)));
+    for (long c = 0; c < dim; c++) acc[c] = 0.f;
+    for (long j = 0; j < n; j++) {
+        const float *restrict value = keys->value[j];
+        float p = sc[j] * inv;
+#pragma omp simd aligned(acc : 64)
+        for (long c = 0; c < dim; c++) acc[c] += p * value[c];
+    }
+    for (long c = 0; c < dim; c++) out[c] = acc[c];
+    *lse = top + logf(total);
+}
+
+/* With p = softmax(scores) recomputed from lse and D = dout . out (FlashAttention,
+   Algorithm 2): dv_j += p_j dout, ds_j = p_j (dout . v_j - D), dq = scale sum_j ds_j k_j,
+   dk_j += scale ds_j q. */
+INLINE void query_backward(const float *restrict query, const float *restrict grad,
+                           const float *restrict out, float level, const struct pair_keys *keys,
+                           float *restrict dq, float *restrict sc, float *restrict ds, long n,
+                           long dim, float scale) {
+    visible_scores(query, keys->kt, keys->seen, sc, n, keys->width, dim, scale);
+    float d = 0.f, q[dim] __attribute__((aligned(64))), g[dim] __attribute__((aligned(64)));
+    float acc[dim] __attribute__((aligned(64)));
+    for (long c = 0; c < dim; c++) q[c] = query[c], g[c] = grad[c], acc[c] = 0.f;
+#pragma omp simd reduction(+ : d)
+    for (long c = 0; c < dim; c++) d += g[c] * out[c];
+#pragma omp simd
+    for (long j = 0; j < n; j++) sc[j] = expf(sc[j] - level);
+    dots(g, keys->vt, ds, n, keys->width, dim, 1.f);
+#pragma omp simd
+    for (long j = 0; j < n; j++) ds[j] = sc[j] * (ds[j] - d) * scale;
+    for (long j = 0; j < n; j++) {
+        const float *restrict key = keys->key[j];
+        float *restrict dkey = keys->dkey[j], *restrict dvalue = keys->dvalue[j];
+        float a = ds[j], p = sc[j];
+#pragma omp simd aligned(acc, q, g : 64)
+        for (long c = 0; c < dim; c++) {
+            acc[c] += a * key[c];
+            dkey[c] += a * q[c];
+            dvalue[c] += p * g[c];
+        }
+    }
+    for (long c = 0; c < dim; c++) dq[c] = acc[c];
+}
+
+/* One query of attention_pass, with the common head sizes as constants (so that the
+   compiler unrolls the loops over a head's vector and keeps it in registers). */
+__attribute__((optimize("no-loop-unroll-and-jam"))) static void run_query(int backward, const float *query, const float *grad, const float *out,
+                      float *lse, const struct pair_keys *keys, float *result, float *sc,
+                      float *ds, long n, long dim, float scale) {
+#define RUN_QUERY(D)                                                                          \
+    if (backward)                                                                             \
+        query_backward(query, grad, out, *lse, keys, result, sc, ds, n, D, scale);            \
+    else                                                                                      \
+        query_forward(query, keys, result, lse, sc, n, D, scale)
+    switch (dim) {
+    case 48: RUN_QUERY(48); break;
+    case 64: RUN_QUERY(64); break;
+    case 128: RUN_QUERY(128); break;
+    default: RUN_QUERY(dim);
+    }
+#undef RUN_QUERY
+}
+
+/* Both directions share the walk over (prefix, key/value head) pairs, rows and queries;
+   `dout` null means the forward (out, lse written), else the backward. */
+static void attention_pass(const float *q, const float *k, const float *v, const long *rows,
+                           const unsigned char *own_mask, const float *pk, const float *pv,
+                           const unsigned char *prefix_mask, const long *starts, float *out,
+                           float *lse, const float *dout, float *dq, float *dk, float *dv,
+                           float *dpk, float *dpv, long prefixes, long t, long sp, long q_heads,
+                           long kv_heads, long dim, long psb, long psh, long pss, float scale,
+                           int threads) {
+    long group = q_heads / kv_heads;
+    long width = (sp + t + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    int backward = dout != 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *floats;
+        struct pair_keys keys = pair_scratch(width, dim, backward, &floats);
+        float *sc = keys.kt + (backward ? 2 : 1) * dim * width, *ds = sc + width;
+        float *zero = ds + width, *sinks = zero + dim;
+#pragma omp for schedule(dynamic, 1)
+        for (long pair = 0; pair < prefixes * kv_heads; pair++) {
+            long p = pair / kv_heads, head = pair % kv_heads;
+            set_prefix(&keys, pk, pv, dpk, dpv, prefix_mask, p, head, kv_heads, sp, psb, psh,
+                       pss, dim);
+            for (long b = starts[p]; b < starts[p + 1]; b++) {
+                const long *row = rows + b * t;
+                long count = set_own(&keys, k, v, dk, dv, row, own_mask + b * t, zero, sinks,
+                                     head, kv_heads, sp, t, dim);
+                for (long g = 0; g < group; g++)
+                    for (long i = 0; i < count; i++) {
+                        if (row[i] < 0) continue;
+                        long at = (row[i] * q_heads + head * group + g) * dim;
+                        run_query(backward, q + at, backward ? dout + at : 0, out + at,
+                                  lse + at / dim, &keys, backward ? dq + at : out + at, sc, ds,
+                                  sp + i + 1, dim, scale);
+                    }
+            }
+        }
+        free_scratch(&keys, floats);
+    }
+}
+
+void attention_forward(const float *q, const float *k, const float *v, const long *rows,
+                       const unsigned char *own_mask, const float *pk, const float *pv,
+                       const unsigned char *prefix_mask, const long *starts, float *out,
+                       float *lse, long prefixes, long t, long sp, long q_heads, long kv_heads,
+                       long dim, long psb, long psh, long pss, float scale, int threads) {
+    attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, out, lse, 0, 0, 0, 0,
+                   0, 0, prefixes, t, sp, q_heads, kv_heads, dim, psb, psh, pss, scale,
+                   threads);
+}
+
+void attention_backward(const float *q, const float *k, const float *v, const long *rows,
+                        const unsigned char *own_mask, const float *pk, const float *pv,
+                        const unsigned char *prefix_mask, const long *starts, const float *out,
+                        const float *lse, const float *dout, float *dq, float *dk, float *dv,
+                        float *dpk, float *dpv, long prefixes, long t, long sp, long q_heads,
+                        long kv_heads, long dim, long psb, long psh, long pss, float scale,
+                        int threads) {
+    attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, (float *)out,
+                   (float *)lse, dout, dq, dk, dv, dpk, dpv, prefixes, t, sp, q_heads, kv_heads,
+                   dim, psb, psh, pss, scale, threads);
 }

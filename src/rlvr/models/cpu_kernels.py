@@ -48,6 +48,8 @@ SIGNATURES = {
     "swiglu": [_ptr, _ptr, _ptr, _c_long, _c_int],
     "swiglu_backward": [_ptr] * 5 + [_c_long, _c_int],
     "rotary_out": [_ptr] * 4 + [_c_long] * 3 + [_c_float, _c_int],
+    "attention_forward": [_ptr] * 11 + [_c_long] * 9 + [_c_float, _c_int],
+    "attention_backward": [_ptr] * 17 + [_c_long] * 9 + [_c_float, _c_int],
 }
 
 
@@ -244,6 +246,123 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return _Rotary.apply(x, cos, sin)
 
 
+class _Attention(torch.autograd.Function):
+    """`attention`, forward and backward each one kernel call (`attention_forward`,
+    `attention_backward` in cpu_kernels.c)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        pk: torch.Tensor,
+        pv: torch.Tensor,
+        layout: AttentionLayout,
+        scale: float,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        lse = q.new_empty(q.shape[:2])
+        load().attention_forward(
+            *_pointers(q, k, v, layout.rows, layout.own_mask, pk, pv, layout.prefix_mask,
+                       layout.starts, out, lse), *_attention_shape(q, pk, layout), scale,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, pk, pv, out, lse)
+        ctx.layout, ctx.scale = layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, pk, pv, out, lse = ctx.saved_tensors
+        layout = ctx.layout
+        grad = grad.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dpk, dpv = pk.new_zeros(pk.shape), pv.new_zeros(pv.shape)
+        load().attention_backward(
+            *_pointers(q, k, v, layout.rows, layout.own_mask, pk, pv, layout.prefix_mask,
+                       layout.starts, out, lse, grad, dq, dk, dv, dpk, dpv),
+            *_attention_shape(q, pk, layout), ctx.scale, torch.get_num_threads(),
+        )  # fmt: skip
+        return dq, dk, dv, dpk, dpv, None, None
+
+
+def _pointers(*tensors: torch.Tensor) -> list[int]:
+    return [x.data_ptr() for x in tensors]
+
+
+def _attention_shape(q: torch.Tensor, pk: torch.Tensor, layout: AttentionLayout) -> list[int]:
+    """prefixes, t, sp, q_heads, kv_heads, dim and the prefix keys' strides, as the attention
+    kernels take them."""
+    prefixes, kv_heads, sp, dim = pk.shape
+    return [prefixes, layout.rows.shape[1], sp, q.shape[1], kv_heads, dim, *pk.stride()[:3]]
+
+
+class AttentionLayout:
+    """Where the keys of each row of a batch are, for `attention`: row b has the sp keys of its
+    prefix (shared by the rows starts[p] .. starts[p+1] - 1 of prefix p) and then its own t
+    positions, of which those with rows[b, i] >= 0 are computed, at that row of the per-token
+    tensors. A query sees its prefix's keys where prefix_mask [prefixes, sp] is 1, and its row's
+    own earlier keys where own_mask [batch, t] is 1 (and always its own). All on the CPU."""
+
+    def __init__(
+        self,
+        rows: torch.Tensor,
+        own_mask: torch.Tensor,
+        prefix_mask: torch.Tensor,
+        starts: torch.Tensor,
+    ) -> None:
+        self.rows = rows.to(torch.long).contiguous()
+        self.own_mask = own_mask.to(torch.uint8).contiguous()
+        self.prefix_mask = prefix_mask.to(torch.uint8).contiguous()
+        self.starts = starts.to(torch.long).contiguous()
+        batch, t = self.rows.shape
+        _check(self.own_mask.shape == (batch, t), "attention: own_mask is not [batch, t]")
+        _check(
+            self.starts.dim() == 1
+            and len(self.starts) == len(self.prefix_mask) + 1
+            and int(self.starts[0]) == 0
+            and int(self.starts[-1]) == batch
+            and bool((self.starts[1:] >= self.starts[:-1]).all()),
+            "attention: starts must run from 0 to batch, one more entry than prefixes",
+        )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale over the visible keys)·v, differentiable, by the kernels: what
+    `fused.attention` computes under `fused.mask_bias` over each row's concatenated prefix and
+    own keys, computed only for the queries that have a row, only over the keys each sees, and
+    reading a prefix shared by several rows in place.
+
+    q [n, q_heads, dim], k, v [n, kv_heads, dim]: per computed position (`layout.rows`);
+    prefix_k, prefix_v [prefixes, kv_heads, sp, dim] with the same strides, the last axis
+    dense. Returns [n, q_heads, dim].
+    """
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    n, q_heads, dim = q.shape
+    prefixes, kv_heads, sp, _ = prefix_k.shape
+    _check(k.shape == v.shape == (n, kv_heads, dim), "attention: q, k, v shapes differ")
+    _check(q_heads % kv_heads == 0, "attention: query heads not a multiple of kv heads")
+    _check(prefix_v.shape == prefix_k.shape and prefix_k.shape[3] == dim, "attention: prefix shape")
+    _check(
+        prefix_k.stride() == prefix_v.stride() and prefix_k.stride(3) == 1,
+        "attention: prefix keys and values layout",
+    )
+    _check(
+        layout.prefix_mask.shape == (prefixes, sp), "attention: prefix_mask is not [prefixes, sp]"
+    )
+    _check(layout.rows.numel() == 0 or int(layout.rows.max()) < n, "attention: rows point past q")
+    return _Attention.apply(q, k, v, prefix_k, prefix_v, layout, scale)
+
+
 def _check(condition: bool, what: str) -> None:
     if not condition:
         raise ValueError(f"cpu_kernels: {what}")
@@ -291,6 +410,20 @@ class DecodeOps:
         _check(gate.shape == up.shape, "silu_mul: gate and up differ in shape")
         self.lib.silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), self.threads)
         return gate
+
+    @staticmethod
+    def cached(cache: Any, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """Add one position's k, v [b, 1, kv_heads, dim] to `cache` (a `fused.KVStore`);
+        return all of the layer's keys and values."""
+        return cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
+    ) -> torch.Tensor:
+        """`attention` of the per-token queries q [b, 1, q_heads, dim]; returns [b, 1,
+        q_heads·dim] (with one position, the per-token and per-head layouts coincide)."""
+        b, _, heads, dim = q.shape
+        return self.attention(q.view(b, heads, 1, dim), k, v, scale).view(b, 1, heads * dim)
 
     def attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float

@@ -81,25 +81,66 @@ def supports(model: nn.Module) -> bool:
 
 
 class ConcatKV:
-    """Per-layer keys/values grown by concatenation: differentiable (training)."""
+    """Per-layer keys/values grown by concatenation: differentiable (training).
+
+    A row selection (`batch_select_indices`, e.g. a prompt's cache for each of its samples) and
+    positions appended per token (`append_tokens`) are kept as they are until the keys are read
+    (`update`), so that the attention kernels can read a prompt's keys once for its samples
+    (`KernelOps`)."""
 
     def __init__(self, num_layers: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.rows: list[torch.Tensor | None] = [None] * num_layers
+        self.tails: list[tuple | None] = [None] * num_layers
         self.length = 0
+
+    def stored(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`layer`'s keys and values [b, kv_heads, s, d] with the pending selection and
+        positions applied."""
+        k, v, rows, tail = self.keys[layer], self.values[layer], self.rows[layer], self.tails[layer]
+        if rows is not None:
+            k, v = k.index_select(0, rows), v.index_select(0, rows)
+        if tail is not None:
+            tk, tv, flat, b, t = tail
+            k = torch.cat([k, padded(tk, flat, b, t)], dim=2)
+            v = torch.cat([v, padded(tv, flat, b, t)], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        self.rows[layer] = self.tails[layer] = None
+        return k, v
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Append positions to `layer`; return all of its keys and values."""
         if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
+            old_k, old_v = self.stored(layer)
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
+    def append_tokens(
+        self,
+        layer: int,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        flat: torch.Tensor | None,
+        b: int,
+        t: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Append positions given per token (`padded`'s input) to a filled `layer` without laying
+        them out; return the keys and values before them and the pending row selection of those
+        (None: none) as they are."""
+        if self.tails[layer] is not None:
+            self.stored(layer)
+        before = self.keys[layer], self.values[layer], self.rows[layer]
+        self.tails[layer] = (k, v, flat, b, t)
+        return before
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep (or repeat) rows `indices`, e.g. a prompt's cache for each of its samples."""
-        self.keys = [k.index_select(0, indices) for k in self.keys]
-        self.values = [v.index_select(0, indices) for v in self.values]
+        for layer, tail in enumerate(self.tails):
+            if tail is not None:
+                self.stored(layer)
+        self.rows = [indices if r is None else r.index_select(0, indices) for r in self.rows]
 
 
 Allocate = Callable[[tuple[int, ...]], torch.Tensor]
@@ -288,12 +329,21 @@ def mask_bias(key_mask: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tenso
     return additive_bias(visible_keys(key_mask, t), dtype)
 
 
+def padded(x: torch.Tensor, flat: torch.Tensor | None, b: int, t: int) -> torch.Tensor:
+    """[b, heads, t, d] from per-token rows x [N, heads, d] at the `flat` positions of the
+    [b·t] layout (zeros at padding), or from x [b, t, heads, d] where `flat` is None."""
+    if flat is not None:
+        x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, flat, x)
+    return x.view(b, t, *x.shape[-2:]).transpose(1, 2)
+
+
 class TorchOps:
     """The lean forward's per-layer operations in PyTorch: any device and dtype, differentiable.
-    `bias` is the attention's additive mask (`mask_bias`)."""
+    `bias` [b, 1, t, s] is the attention's additive mask (`mask_bias`); `flat` the positions
+    the forward computes in the [b·t] layout (`real_positions`; None: all, [b, t, ...])."""
 
-    def __init__(self, bias: torch.Tensor) -> None:
-        self.bias = bias
+    def __init__(self, bias: torch.Tensor, flat: torch.Tensor | None = None) -> None:
+        self.bias, self.flat = bias, flat
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -310,17 +360,42 @@ class TorchOps:
         """silu(gate) · up, the SwiGLU MLP's inner product (Shazeer 2020, eq. 6)."""
         return F.silu(gate) * up
 
-    def attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    def cached(self, cache: KVStore, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """Add the per-token k, v [*lead, kv_heads, d] to `cache`; return what `attend` reads
+        (all of the layer's keys and values, [b, kv_heads, s, d])."""
+        b, _, t, _ = self.bias.shape
+        return cache.update(layer, padded(k, self.flat, b, t), padded(v, self.flat, b, t))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     ) -> torch.Tensor:
-        """`attention` under this forward's mask."""
-        return attention(q, k, v, self.bias, scale)
+        """`attention` of the per-token queries q [*lead, heads, d] under this forward's mask
+        over `cached`'s keys; returns [*lead, heads·d] (only attention sees the padded layout)."""
+        b, _, t, _ = self.bias.shape
+        a = attention(padded(q, self.flat, b, t), k, v, self.bias, scale).transpose(1, 2)
+        a = a.reshape(b * t, -1)
+        return a.view(*q.shape[:-2], -1) if self.flat is None else a.index_select(0, self.flat)
 
 
 class KernelOps(TorchOps):
-    """`TorchOps` with the rotary embedding and SiLU·up, forward and backward, each one pass
-    of a C kernel (`cpu_kernels.rotary`, `cpu_kernels.swiglu`): fp32 on a CPU, where PyTorch
-    runs each as five or six memory-bound operations."""
+    """`TorchOps` with the rotary embedding, SiLU·up and the attention, forward and backward,
+    each one pass of a C kernel (`cpu_kernels.rotary`, `cpu_kernels.swiglu`,
+    `cpu_kernels.attention`): fp32 on a CPU, where PyTorch runs the first two as five or six
+    memory-bound operations each, and the attention over the padded layout of every row, with
+    each sample's copy of its prompt's keys. `key_mask` [b, s] is 1 on real keys, of which the
+    last t are the queries'."""
+
+    def __init__(self, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None) -> None:
+        self.key_mask, self.t, self.flat = key_mask, t, flat
+        b = key_mask.shape[0]
+        if flat is None:
+            self.rows = torch.arange(b * t, device=key_mask.device).view(b, t)
+        else:
+            self.rows = torch.full((b * t,), -1, dtype=torch.long, device=key_mask.device)
+            self.rows.index_copy_(0, flat, torch.arange(len(flat), device=key_mask.device))
+            self.rows = self.rows.view(b, t)
+        self.layout: cpu_kernels.AttentionLayout | None = None
+        self.gather = False
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -332,18 +407,61 @@ class KernelOps(TorchOps):
         """silu(gate) · up by the kernel."""
         return cpu_kernels.swiglu(gate, up)
 
+    def cached(self, cache: KVStore, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """Add the per-token k, v [*lead, kv_heads, d] to `cache`; return what `attend` reads:
+        k, v and the keys and values before them, one entry per prefix. A filled `ConcatKV`
+        whose row selection is in group order (a prompt's samples together) gives one prefix
+        per prompt, read in place; otherwise each row is its own prefix."""
+        b, t = self.rows.shape
+        if isinstance(cache, ConcatKV) and cache.keys[layer] is not None:
+            pk, pv, select = cache.append_tokens(layer, k, v, self.flat, b, t)
+        else:
+            full_k, full_v = cache.update(
+                layer, padded(k, self.flat, b, t), padded(v, self.flat, b, t)
+            )
+            s = full_k.shape[2] - t
+            pk, pv, select = full_k[:, :, :s], full_v[:, :, :s], None
+        if self.layout is None:
+            self.layout = self._layout(select, len(pk))
+        if self.gather:  # a selection not in group order: each row gets its own copy
+            pk, pv = pk.index_select(0, select), pv.index_select(0, select)
+        heads, d = k.shape[-2:]
+        return k.reshape(-1, heads, d), v.reshape(-1, heads, d), pk, pv
+
+    def _layout(self, select: torch.Tensor | None, prefixes: int) -> cpu_kernels.AttentionLayout:
+        """Each prefix's rows (`select[b]` is row b's prefix, all in order; none: row b's own)."""
+        b, t = self.rows.shape
+        sp = self.key_mask.shape[1] - t
+        device = self.key_mask.device
+        self.gather = select is not None and not bool((select[1:] >= select[:-1]).all())
+        if select is not None and not self.gather:
+            starts = torch.searchsorted(select, torch.arange(prefixes + 1, device=device))
+            firsts = starts[:-1].clamp(max=max(b - 1, 0))
+        else:
+            starts = torch.arange(b + 1, device=device)
+            firsts = starts[:-1]
+        own_mask, prefix_mask = self.key_mask[:, sp:], self.key_mask[firsts, :sp]
+        return cpu_kernels.AttentionLayout(self.rows, own_mask, prefix_mask, starts)
+
+    def attend(self, q: torch.Tensor, *kv: torch.Tensor, scale: float) -> torch.Tensor:
+        """`TorchOps.attend` by the kernel; `kv` as `cached` returns it."""
+        heads, d = q.shape[-2:]
+        out = cpu_kernels.attention(q.reshape(-1, heads, d), *kv, self.layout, scale)
+        return out.view(*q.shape[:-2], heads * d)
+
 
 def layer_ops(
-    h: torch.Tensor, key_mask: torch.Tensor, t: int, padding_free: bool
+    h: torch.Tensor, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
-    `cpu_kernels.usable`; else the PyTorch operations, with the rotary embedding and SiLU·up
-    by kernels where `cpu_kernels.trainable` (`KernelOps`)."""
-    if t == 1 and not padding_free and cpu_kernels.usable(h):
+    `cpu_kernels.usable`; else the PyTorch operations, with the rotary embedding, SiLU·up and
+    the attention by kernels where `cpu_kernels.trainable` (`KernelOps`). `flat`: the
+    positions computed in the [b·t] layout (`real_positions`), None for all."""
+    if t == 1 and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
     if cpu_kernels.trainable(h):
-        return KernelOps(mask_bias(key_mask, t, h.dtype))
-    return TorchOps(mask_bias(key_mask, t, h.dtype))
+        return KernelOps(key_mask, t, flat)
+    return TorchOps(mask_bias(key_mask, t, h.dtype), flat)
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
@@ -420,13 +538,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        ops = ops or layer_ops(h, key_mask, t, flat is not None)
-
-        def padded(x: torch.Tensor) -> torch.Tensor:
-            """[b, heads, t, d] from per-token rows (zeros at padding)."""
-            if flat is not None:
-                x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, flat, x)
-            return x.view(b, t, -1, d).transpose(1, 2)
+        ops = ops or layer_ops(h, key_mask, t, flat)
 
         def qkv(layer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
             """The layer's rotated queries and keys and its values, per token."""
@@ -437,14 +549,12 @@ class FusedForward:
             return q, k, linear(x, attn.v_proj).view(*lead, self.kv_heads, d)
 
         def rest(
-            layer: nn.Module, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+            layer: nn.Module, h: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor
         ) -> torch.Tensor:
-            """The layer's output from its input h, its queries and all keys and values."""
+            """The layer's output from its input h, its queries and the keys and values
+            `ops.cached` gave."""
             attn, mlp = layer.self_attn, layer.mlp
-            a = ops.attention(padded(q), k, v, self.scale).transpose(1, 2)
-            a = a.reshape(b * t, self.heads * d)
-            a = a if flat is None else a.index_select(0, flat)
-            h = h + linear(a.view(*lead, self.heads * d), attn.o_proj)
+            h = h + linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
             x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
             inner = ops.silu_mul(linear(x, mlp.gate_proj), linear(x, mlp.up_proj))
             return h + linear(inner, mlp.down_proj)
@@ -452,8 +562,7 @@ class FusedForward:
         for i, layer in enumerate(self.layers):
             run = _recomputed if recompute_in_backward(self.model, layer) else _direct
             q, k, v = run(qkv, layer, h)
-            k, v = cache.update(i, padded(k), padded(v))
-            h = run(rest, layer, h, q, k, v)
+            h = run(rest, layer, h, q, *ops.cached(cache, i, k, v))
         cache.length += t
         return ops.rms_norm(h, self.model.model.norm.weight, self.eps)
 
