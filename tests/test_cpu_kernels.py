@@ -272,6 +272,33 @@ def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
     torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1))
     torch.testing.assert_close(grad, fused.rotate(upstream, cos, -sin), rtol=1e-5, atol=1e-6)
 
+    x = torch.randn(rows, 2, 24, generator=g, requires_grad=True)
+    weight = torch.randn(24, generator=g, requires_grad=True)
+    upstream = torch.randn(rows, 2, 24, generator=g)
+    got, want = cpu_kernels.rms_norm(x, weight, 1e-6), fused.TorchOps.rms_norm(x, weight, 1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(
+        torch.autograd.grad(got, (x, weight), upstream),
+        torch.autograd.grad(want, (x, weight), upstream),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_compiler
+def test_rms_norm_kernel_by_hand():
+    """x = [3, 4], w = [1, 2], eps = 0: r = 1 / sqrt(12.5), y = [3r, 8r]; with upstream [1, 0],
+    dw = [3r, 0] and dx = r ([1, 0] - x r² · 3 / 2)."""
+    x = torch.tensor([[3.0, 4.0]], requires_grad=True)
+    weight = torch.tensor([1.0, 2.0], requires_grad=True)
+    y = cpu_kernels.rms_norm(x, weight, 0.0)
+    r = 12.5**-0.5
+    torch.testing.assert_close(y, torch.tensor([[3 * r, 8 * r]]))
+    dx, dw = torch.autograd.grad(y, (x, weight), torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(dw, torch.tensor([3 * r, 0.0]))
+    expected = r * (torch.tensor([1.0, 0.0]) - torch.tensor([3.0, 4.0]) * r**2 * 1.5)
+    torch.testing.assert_close(dx, expected.view(1, 2))
+
 
 @needs_compiler
 def test_training_steps_use_the_training_kernels_where_they_may(monkeypatch):

@@ -15,9 +15,10 @@
 #define PARALLEL_MIN 16384
 
 /* y = x / sqrt(mean(x^2) + eps) * w for each row of x [rows, dim]
-   (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4). */
-void rms_norm(const float *x, const float *w, float *y, long rows, long dim, float eps,
-              int threads) {
+   (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4); where `inverse` is
+   not null, each row's 1 / sqrt(mean(x^2) + eps) is kept there for the backward. */
+void rms_norm_keep(const float *x, const float *w, float *y, float *inverse, long rows,
+                   long dim, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * dim >= PARALLEL_MIN)
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
@@ -26,6 +27,35 @@ void rms_norm(const float *x, const float *w, float *y, long rows, long dim, flo
         for (long i = 0; i < dim; i++) squares += xr[i] * xr[i];
         float inv = 1.f / sqrtf(squares / (float)dim + eps);
         for (long i = 0; i < dim; i++) yr[i] = xr[i] * inv * w[i];
+        if (inverse) inverse[r] = inv;
+    }
+}
+
+void rms_norm(const float *x, const float *w, float *y, long rows, long dim, float eps,
+              int threads) {
+    rms_norm_keep(x, w, y, 0, rows, dim, eps, threads);
+}
+
+/* The backward of rms_norm_keep, with r its kept inverse and u = g w:
+   dx = r (u - x r^2 mean(u x)), dw = sum over rows of g x r. Each thread sums its rows' dw
+   into its row of dw_parts [threads, dim] (zeroed by the caller, which adds them up). */
+void rms_norm_backward(const float *g, const float *x, const float *w, const float *inverse,
+                       float *dx, float *dw_parts, long rows, long dim, int threads) {
+#pragma omp parallel num_threads(threads) if (rows * dim >= PARALLEL_MIN)
+    {
+        float *dw = dw_parts + omp_get_thread_num() * dim;
+#pragma omp for schedule(static)
+        for (long r = 0; r < rows; r++) {
+            const float *xr = x + r * dim, *gr = g + r * dim;
+            float *dxr = dx + r * dim;
+            float inv = inverse[r], dot = 0.f;
+            for (long i = 0; i < dim; i++) dot += gr[i] * w[i] * xr[i];
+            float k = inv * inv * dot / (float)dim;
+            for (long i = 0; i < dim; i++) {
+                dxr[i] = inv * (gr[i] * w[i] - xr[i] * k);
+                dw[i] += gr[i] * xr[i] * inv;
+            }
+        }
     }
 }
 

@@ -41,6 +41,8 @@ CACHE_ENV = "RLVR_KERNEL_CACHE"
 _c_float, _c_long, _c_int, _ptr = ctypes.c_float, ctypes.c_long, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "rms_norm": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_float, _c_int],
+    "rms_norm_keep": [_ptr] * 4 + [_c_long, _c_long, _c_float, _c_int],
+    "rms_norm_backward": [_ptr] * 6 + [_c_long, _c_long, _c_int],
     "rotary": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_long, _c_int],
     "silu_mul": [_ptr, _ptr, _c_long, _c_int],
     "decode_attention": [_ptr] * 6 + [_c_long] * 7 + [_c_float, _c_int],
@@ -233,6 +235,41 @@ class _Rotary(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         cos, sin = ctx.saved_tensors
         return _rotate(grad.contiguous(), cos, sin, -1.0), None, None
+
+
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm and its backward, each one pass of a kernel."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x, weight = x.contiguous(), weight.contiguous()
+        dim = x.shape[-1]
+        _check(weight.shape == (dim,), "rms_norm: one weight per feature needed")
+        y, inverse = torch.empty_like(x), x.new_empty(x.numel() // dim)
+        load().rms_norm_keep(
+            x.data_ptr(), weight.data_ptr(), y.data_ptr(), inverse.data_ptr(), len(inverse),
+            dim, eps, torch.get_num_threads(),
+        )  # fmt: skip
+        ctx.save_for_backward(x, weight, inverse)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, inverse = ctx.saved_tensors
+        grad = grad.contiguous()
+        threads = torch.get_num_threads()
+        dx, parts = torch.empty_like(x), x.new_zeros(threads, x.shape[-1])
+        load().rms_norm_backward(
+            grad.data_ptr(), x.data_ptr(), weight.data_ptr(), inverse.data_ptr(), dx.data_ptr(),
+            parts.data_ptr(), len(inverse), x.shape[-1], threads,
+        )  # fmt: skip
+        return dx, parts.sum(0), None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the last axis of x (Zhang & Sennrich 2019, eq. 4), times `weight`,
+    differentiable, by the kernels."""
+    return _RMSNorm.apply(x, weight, eps)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

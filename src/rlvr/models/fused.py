@@ -378,12 +378,12 @@ class TorchOps:
 
 
 class KernelOps(TorchOps):
-    """`TorchOps` with the rotary embedding, SiLU·up and the attention, forward and backward,
-    each one pass of a C kernel (`cpu_kernels.rotary`, `cpu_kernels.swiglu`,
-    `cpu_kernels.attention`): fp32 on a CPU, where PyTorch runs the first two as five or six
-    memory-bound operations each, and the attention over the padded layout of every row, with
-    each sample's copy of its prompt's keys. `key_mask` [b, s] is 1 on real keys, of which the
-    last t are the queries'."""
+    """`TorchOps` with RMSNorm, the rotary embedding, SiLU·up and the attention, forward and
+    backward, each one pass of a C kernel (`cpu_kernels.rms_norm`, `cpu_kernels.rotary`,
+    `cpu_kernels.swiglu`, `cpu_kernels.attention`): fp32 on a CPU, where PyTorch runs the
+    first three as several memory-bound operations each, and the attention over the padded
+    layout of every row, with each sample's copy of its prompt's keys. `key_mask` [b, s] is 1
+    on real keys, of which the last t are the queries'."""
 
     def __init__(self, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None) -> None:
         self.key_mask, self.t, self.flat = key_mask, t, flat
@@ -396,6 +396,11 @@ class KernelOps(TorchOps):
             self.rows = self.rows.view(b, t)
         self.layout: cpu_kernels.AttentionLayout | None = None
         self.gather = False
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm by the kernel."""
+        return cpu_kernels.rms_norm(x, weight, eps)
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
