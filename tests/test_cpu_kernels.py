@@ -243,6 +243,16 @@ def test_select_rows_compacts_with_the_kernel_as_with_torch_and_falls_back_other
     assert torch.equal(swapped[:, :, :3], source[[2, 1], :, :3])
 
 
+def _same_values_and_gradients(got, want, inputs, upstream):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(
+        torch.autograd.grad(got, inputs, upstream),
+        torch.autograd.grad(want, inputs, upstream),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @needs_compiler
 @pytest.mark.parametrize("rows", [5, 700])  # 700 rows cross the kernels' parallel threshold
 def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
@@ -250,15 +260,9 @@ def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
     gate = torch.randn(rows, 40, generator=g, requires_grad=True)
     up = torch.randn(rows, 40, generator=g, requires_grad=True)
     upstream = torch.randn(rows, 40, generator=g)
-    got = cpu_kernels.swiglu(gate, up)
-    want = fused.TorchOps.silu_mul(gate, up)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for a, b in zip(
-        torch.autograd.grad(got, (gate, up), upstream),
-        torch.autograd.grad(want, (gate, up), upstream),
-        strict=True,
-    ):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    _same_values_and_gradients(
+        cpu_kernels.swiglu(gate, up), fused.TorchOps.silu_mul(gate, up), (gate, up), upstream
+    )
 
     x = torch.randn(rows, 3, 16, generator=g, requires_grad=True)
     angles = torch.randn(rows, 1, 8, generator=g).repeat(1, 1, 2)
@@ -276,13 +280,7 @@ def test_training_kernels_equal_the_torch_operations_forward_and_backward(rows):
     weight = torch.randn(24, generator=g, requires_grad=True)
     upstream = torch.randn(rows, 2, 24, generator=g)
     got, want = cpu_kernels.rms_norm(x, weight, 1e-6), fused.TorchOps.rms_norm(x, weight, 1e-6)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for a, b in zip(
-        torch.autograd.grad(got, (x, weight), upstream),
-        torch.autograd.grad(want, (x, weight), upstream),
-        strict=True,
-    ):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _same_values_and_gradients(got, want, (x, weight), upstream)
 
 
 @needs_compiler
@@ -436,3 +434,20 @@ def test_kernel_attention_refuses_bad_inputs_with_what_is_wrong():
         cpu_kernels.AttentionLayout(
             layout.rows, layout.own_mask[:, 1:], torch.ones(6, 0), torch.arange(7)
         )
+
+
+def test_concat_kv_lays_out_a_selection_only_for_the_layers_it_holds():
+    """The lazy selection and appended positions give the keys the eager cache gave: the
+    held layer's rows repeated then its new positions added; a layer filled after the
+    selection is not selected."""
+    keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    cache = fused.ConcatKV(2)
+    cache.update(0, keys, -keys)
+    cache.batch_select_indices(torch.tensor([0, 0, 1]))
+    tail = torch.ones(3, 1, 1, 2)
+    k, v = cache.update(0, tail, tail)
+    torch.testing.assert_close(k, torch.cat([keys[[0, 0, 1]], tail], dim=2))
+    torch.testing.assert_close(v, torch.cat([-keys[[0, 0, 1]], tail], dim=2))
+    late = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 1, 4, 2)
+    cache.update(1, late, late)
+    torch.testing.assert_close(cache.stored(1)[0], late)

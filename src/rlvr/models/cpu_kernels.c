@@ -14,6 +14,16 @@
 /* Below this many elements a loop runs on the calling thread (waking the team costs more). */
 #define PARALLEL_MIN 16384
 
+/* CALL(D) with D the head size `dim`, a constant for the common sizes (so that the compiler
+   unrolls the loops over a head's vector and keeps it in registers). */
+#define FOR_HEAD_DIM(dim, CALL)                                                              \
+    switch (dim) {                                                                           \
+    case 48: CALL(48); break;                                                                \
+    case 64: CALL(64); break;                                                                \
+    case 128: CALL(128); break;                                                              \
+    default: CALL(dim);                                                                      \
+    }
+
 /* y = x / sqrt(mean(x^2) + eps) * w for each row of x [rows, dim]
    (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4); where `inverse` is
    not null, each row's 1 / sqrt(mean(x^2) + eps) is kept there for the backward. */
@@ -77,6 +87,18 @@ void silu_mul(float *gate, const float *up, long n, int threads) {
     for (long i = 0; i < n; i++) gate[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
+/* s[j] <- exp(s[j] - top) for j < n; returns their sum (softmax's denominator). */
+static inline float exp_and_sum(float *restrict s, long n, float top) {
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (long j = 0; j < n; j++) {
+        float e = expf(s[j] - top);
+        s[j] = e;
+        total += e;
+    }
+    return total;
+}
+
 /* The attention of one (row, key/value head) pair, the body of decode_attention: for each of
    its `group` query heads, o = softmax(q.k^T * scale over the visible keys) . v. A hidden
    key's score is -3e38, whose exp is 0, so that the exp loop has no branch and vectorises
@@ -99,14 +121,7 @@ static inline void pair_attention(const float *restrict query, const float *rest
             s[j] = dot;
             top = dot > top ? dot : top;
         }
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (long j = 0; j < len; j++) {
-            float e = expf(s[j] - top);
-            s[j] = e;
-            total += e;
-        }
-        float inv = 1.f / total;
+        float inv = 1.f / exp_and_sum(s, len, top);
         float *restrict o = out + g * dim;
         for (long i = 0; i < dim; i++) o[i] = 0.f;
         for (long j = 0; j < len; j++) {
@@ -145,12 +160,7 @@ void decode_attention(const float *q, const float *k, const float *v,
 #define PAIR_ATTENTION(D)                                                                  \
     pair_attention(q + pair * group * D, keys, values, mask, out + pair * group * D, scores, \
                    group, len, D, scale)
-            switch (dim) {
-            case 48: PAIR_ATTENTION(48); break;
-            case 64: PAIR_ATTENTION(64); break;
-            case 128: PAIR_ATTENTION(128); break;
-            default: PAIR_ATTENTION(dim);
-            }
+            FOR_HEAD_DIM(dim, PAIR_ATTENTION)
 #undef PAIR_ATTENTION
         }
     }
@@ -346,14 +356,8 @@ INLINE void query_forward(const float *restrict query, const struct pair_keys *k
                           float *restrict out, float *restrict lse, float *restrict sc, long n,
                           long dim, float scale) {
     float top = visible_scores(query, keys->kt, keys->seen, sc, n, keys->width, dim, scale);
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (long j = 0; j < n; j++) {
-        float e = expf(sc[j] - top);
-        sc[j] = e;
-        total += e;
-    }
-    float inv = 1.f / total, acc[dim] __attribute__((aligned(64)));
+    float total = exp_and_sum(sc, n, top), inv = 1.f / total;
+    float acc[dim] __attribute__((aligned(64)));
     for (long c = 0; c < dim; c++) acc[c] = 0.f;
     for (long j = 0; j < n; j++) {
         const float *restrict value = keys->value[j];
@@ -397,22 +401,18 @@ INLINE void query_backward(const float *restrict query, const float *restrict gr
     for (long c = 0; c < dim; c++) dq[c] = acc[c];
 }
 
-/* One query of attention_pass, with the common head sizes as constants (so that the
-   compiler unrolls the loops over a head's vector and keeps it in registers). */
-__attribute__((optimize("no-loop-unroll-and-jam"))) static void run_query(int backward, const float *query, const float *grad, const float *out,
-                      float *lse, const struct pair_keys *keys, float *result, float *sc,
-                      float *ds, long n, long dim, float scale) {
+/* One query of attention_pass (`FOR_HEAD_DIM`). gcc's unroll-and-jam would fuse two keys of
+   the output's sum over keys into one scalar loop, which then does not vectorise. */
+__attribute__((optimize("no-loop-unroll-and-jam"))) static void
+run_query(int backward, const float *query, const float *grad, const float *out, float *lse,
+          const struct pair_keys *keys, float *result, float *sc, float *ds, long n, long dim,
+          float scale) {
 #define RUN_QUERY(D)                                                                          \
     if (backward)                                                                             \
         query_backward(query, grad, out, *lse, keys, result, sc, ds, n, D, scale);            \
     else                                                                                      \
         query_forward(query, keys, result, lse, sc, n, D, scale)
-    switch (dim) {
-    case 48: RUN_QUERY(48); break;
-    case 64: RUN_QUERY(64); break;
-    case 128: RUN_QUERY(128); break;
-    default: RUN_QUERY(dim);
-    }
+    FOR_HEAD_DIM(dim, RUN_QUERY)
 #undef RUN_QUERY
 }
 

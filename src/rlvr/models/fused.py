@@ -140,7 +140,10 @@ class ConcatKV:
         for layer, tail in enumerate(self.tails):
             if tail is not None:
                 self.stored(layer)
-        self.rows = [indices if r is None else r.index_select(0, indices) for r in self.rows]
+        self.rows = [
+            None if k is None else indices if r is None else r.index_select(0, indices)
+            for k, r in zip(self.keys, self.rows, strict=True)
+        ]
 
 
 Allocate = Callable[[tuple[int, ...]], torch.Tensor]
@@ -386,7 +389,7 @@ class KernelOps(TorchOps):
     on real keys, of which the last t are the queries'."""
 
     def __init__(self, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None) -> None:
-        self.key_mask, self.t, self.flat = key_mask, t, flat
+        self.key_mask, self.flat = key_mask, flat
         b = key_mask.shape[0]
         if flat is None:
             self.rows = torch.arange(b * t, device=key_mask.device).view(b, t)
@@ -459,9 +462,9 @@ def layer_ops(
     h: torch.Tensor, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
-    `cpu_kernels.usable`; else the PyTorch operations, with the rotary embedding, SiLU·up and
-    the attention by kernels where `cpu_kernels.trainable` (`KernelOps`). `flat`: the
-    positions computed in the [b·t] layout (`real_positions`), None for all."""
+    `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
+    SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`). `flat`:
+    the positions computed in the [b·t] layout (`real_positions`), None for all."""
     if t == 1 and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
     if cpu_kernels.trainable(h):
