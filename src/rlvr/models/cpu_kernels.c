@@ -1,11 +1,13 @@
-/* The elementwise and attention work of one decode step of rlvr's lean forward, on a CPU.
+/* The elementwise and attention work of rlvr's lean forward on a CPU: a decode step's, and a
+   training forward's or a prefill's, with their backward.
 
    Built and loaded by cpu_kernels.py. In a decode step every tensor is small (one token per
    row, e.g. 128 rows x 192 hidden), so PyTorch's per-operation overhead costs more than the
    arithmetic: RMSNorm is five operations, the rotary embedding six, and the attention two
-   batched matrix-vector products that reach half of the memory bandwidth. Each function here
-   is one pass over its data. All tensors are fp32 and row-major; `threads` is PyTorch's
-   intra-op thread count. */
+   batched matrix-vector products that reach half of the memory bandwidth. In training the
+   same operations are memory-bound passes, several per operation and its backward, and the
+   attention runs over a padded layout. Each function here is one pass over its data. All
+   tensors are fp32 and row-major; `threads` is PyTorch's intra-op thread count. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -82,9 +84,10 @@ void rotary(float *x, const float *cos, const float *sin, long rows, long heads,
 
 /* gate <- silu(gate) * up = gate / (1 + exp(-gate)) * up (the SwiGLU MLP's inner product,
    Shazeer 2020, "GLU Variants Improve Transformer", eq. 6), over n elements. */
+void swiglu(const float *gate, const float *up, float *out, long n, int threads);
+
 void silu_mul(float *gate, const float *up, long n, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (n >= PARALLEL_MIN)
-    for (long i = 0; i < n; i++) gate[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
+    swiglu(gate, up, gate, n, threads);
 }
 
 /* s[j] <- exp(s[j] - top) for j < n; returns their sum (softmax's denominator). */
@@ -187,7 +190,7 @@ int compact_rows(float *buffer, const long *rows, long n, long row_stride, long 
 }
 
 /* out = silu(gate) * up, over n elements: the SwiGLU product of a training forward, which
-   keeps `gate` and `up` for its backward (`silu_mul` overwrites `gate`). */
+   keeps `gate` and `up` for its backward; `silu_mul` is the in-place case, out = gate. */
 void swiglu(const float *gate, const float *up, float *out, long n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (n >= PARALLEL_MIN)
     for (long i = 0; i < n; i++) out[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];

@@ -1,8 +1,11 @@
-"""C kernels for the decode step of the lean forward on a CPU (`cpu_kernels.c`).
+"""C kernels for the lean forward on a CPU (`cpu_kernels.c`).
 
 A decode step feeds one token per row, so its tensors are small and PyTorch's per-operation
 overhead, not arithmetic, sets the pace of RMSNorm, the rotary embedding, SiLU·up and the
-attention. `cpu_kernels.c` does each in one pass (the matmuls stay with PyTorch's BLAS). It is
+attention (`DecodeOps`). In training and prefill the same operations are memory-bound chains
+of passes, forward and backward, and the attention runs over a padded layout; `rms_norm`,
+`rotary`, `swiglu` and `attention` are autograd functions over one kernel pass each way.
+`cpu_kernels.c` does each in one pass (the matmuls stay with PyTorch's BLAS). It is
 compiled on first use with the system C compiler (`$CC`, else `cc`; `-O3 -march=native
 -ffast-math -fopenmp`) into `$RLVR_KERNEL_CACHE` (default `~/.cache/rlvr/kernels`), keyed by
 the source, the flags, the compiler and the CPU, and loaded with `ctypes`; the library links
@@ -134,8 +137,9 @@ def load() -> ctypes.CDLL | None:
 
 
 def trainable(x: torch.Tensor) -> bool:
-    """Whether the kernels with a backward (`swiglu`, `rotary`) may compute on `x`: fp32 on
-    the CPU, not turned off (`RLVR_CPU_KERNELS=0`), and built; with autograd on or off."""
+    """Whether the kernels with a backward (`rms_norm`, `rotary`, `swiglu`, `attention`) may
+    compute on `x`: fp32 on the CPU, not turned off (`RLVR_CPU_KERNELS=0`), and built; with
+    autograd on or off."""
     return (
         x.device.type == "cpu"
         and os.environ.get(DISABLE_ENV) != "0"
@@ -340,7 +344,8 @@ class AttentionLayout:
     prefix (shared by the rows starts[p] .. starts[p+1] - 1 of prefix p) and then its own t
     positions, of which those with rows[b, i] >= 0 are computed, at that row of the per-token
     tensors. A query sees its prefix's keys where prefix_mask [prefixes, sp] is 1, and its row's
-    own earlier keys where own_mask [batch, t] is 1 (and always its own). All on the CPU."""
+    own earlier keys where own_mask [batch, t] is 1 (and always its own). All on the CPU; checked
+    once here, not at each layer's call."""
 
     def __init__(
         self,
@@ -363,6 +368,7 @@ class AttentionLayout:
             and bool((self.starts[1:] >= self.starts[:-1]).all()),
             "attention: starts must run from 0 to batch, one more entry than prefixes",
         )
+        self.queries = int(self.rows.max()) + 1 if self.rows.numel() else 0
 
 
 def attention(
@@ -396,7 +402,7 @@ def attention(
     _check(
         layout.prefix_mask.shape == (prefixes, sp), "attention: prefix_mask is not [prefixes, sp]"
     )
-    _check(layout.rows.numel() == 0 or int(layout.rows.max()) < n, "attention: rows point past q")
+    _check(layout.queries <= n, "attention: rows point past q")
     return _Attention.apply(q, k, v, prefix_k, prefix_v, layout, scale)
 
 
