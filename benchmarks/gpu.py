@@ -1,9 +1,10 @@
 """rlvr's rollout and training throughput against the hardware's limits, for a GPU.
 
 For each model shape (random init) it measures:
-- **decode**: `HFRolloutEngine` (with its CUDA-graph decode steps, and again without them as
-  `decode_eager`) sampling `--samples` completions for each of the prompts of a
-  batch of `--batch` rows, every completion forced to `--new-tokens` tokens. Decode time is a
+- **decode**: `HFRolloutEngine` (with its CUDA-graph decode steps, and at the first of the
+  `--batch` sizes again without them as `decode_eager`) sampling `--samples` completions for
+  each of the prompts of a batch of `--batch` rows (one entry per size in `decode`), every
+  completion forced to `--new-tokens` tokens. Decode time is a
   full rollout minus a prefill-only rollout of the same prompts. The memory-bandwidth roofline
   of a decode step reads every matmul weight once and the K/V of every earlier position of
   every row; `roofline_frac` = roofline time / measured time, against the device's data-sheet
@@ -15,10 +16,14 @@ For each model shape (random init) it measures:
   matmul peak measured here (recomputation under `--gradient-checkpointing` is not counted as
   model FLOPs), and on CUDA the peak memory allocated.
 
+`--parts` picks decode and/or training; `--profile` adds, for one rollout at the first batch
+size and one training step, the operations that took the most time (device time on a GPU).
+
     python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
     python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
 
-Results go to `benchmarks/results/gpu[-quick].json` with the device, versions and command.
+Results go to `benchmarks/results/<--out>` (default `gpu.json`, `gpu-quick.json` for
+`--quick`) with the device, versions and command, rewritten after each case.
 """
 
 from __future__ import annotations
@@ -153,7 +158,34 @@ def kv_bytes_per_position(model: torch.nn.Module) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
 
 
-def decode_case(model, args, device, bandwidths, cuda_graphs: bool = True) -> dict:
+def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15) -> list[dict]:
+    """The `top` operations by self time (device time on a GPU, else CPU time) of one call of
+    `fn` under the PyTorch profiler, with their share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events) or 1.0
+    return [
+        {
+            "name": e.key[:160],
+            "ms": getattr(e, key) / 1e3,
+            "calls": e.count,
+            "share": getattr(e, key) / total,
+        }
+        for e in events[:top]
+    ]
+
+
+def decode_case(
+    model, args, device, bandwidths, cuda_graphs: bool = True, profile: bool = False
+) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [
@@ -162,7 +194,7 @@ def decode_case(model, args, device, bandwidths, cuda_graphs: bool = True) -> di
     ]
     eos = [vocab - 1]
 
-    engine = HFRolloutEngine(model, eos, 0, cuda_graphs=cuda_graphs)
+    engine = HFRolloutEngine(model, eos, 0, batch_size=args.batch, cuda_graphs=cuda_graphs)
 
     def rollout(tokens: int) -> Callable[[], object]:
         params = SamplingParams(n=args.samples, max_new_tokens=tokens, min_new_tokens=tokens)
@@ -197,6 +229,8 @@ def decode_case(model, args, device, bandwidths, cuda_graphs: bool = True) -> di
     for name, bandwidth in bandwidths.items():
         if bandwidth:
             result[f"roofline_frac_{name}"] = total_bytes / bandwidth / decode_s
+    if profile:
+        result["profile"] = top_operations(rollout(args.new_tokens), device)
     return result
 
 
@@ -221,7 +255,7 @@ def token_batch(
     )
 
 
-def train_case(model, args, device, peaks) -> dict:
+def train_case(model, args, device, peaks, profile: bool = False) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     groups, n, t = args.train_prompts, args.samples, args.train_len
@@ -267,6 +301,8 @@ def train_case(model, args, device, peaks) -> dict:
     for name, peak in peaks.items():
         if peak:
             result[f"mfu_{name}"] = flops / peak
+    if profile:
+        result["profile"] = top_operations(step, device)
     return result
 
 
@@ -275,7 +311,9 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["100m", "0.5b"], choices=list(SHAPES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--batch", type=int, default=128, help="decode rows")
+    parser.add_argument(
+        "--batch", type=int, nargs="+", default=[128], help="decode rows (one case per size)"
+    )
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
@@ -287,12 +325,17 @@ def main() -> None:
         action="store_true",
         help="recompute each layer in backward (train.gradient_checkpointing)",
     )
+    parser.add_argument(
+        "--parts", nargs="+", default=["decode", "train"], choices=["decode", "train"]
+    )
+    parser.add_argument("--profile", action="store_true", help="top operations of one call")
+    parser.add_argument("--out", help="result file name in benchmarks/results/")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="toy shape on the CPU, fp32")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.device, args.dtype = ["toy"], "cpu", "float32"
-        args.batch, args.prompt_len, args.new_tokens = 16, 8, 8
+        args.batch, args.prompt_len, args.new_tokens = [16], 8, 8
         args.train_prompts, args.train_len, args.repeats = 2, 16, 1
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -312,30 +355,35 @@ def main() -> None:
         "peak_tflops": {k: v / 1e12 for k, v in peaks.items() if v},
         "shapes": {},
     }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / (args.out or f"gpu{'-quick' if args.quick else ''}.json")
     for shape in args.shapes:
         torch.manual_seed(0)
         model = SHAPES[shape]().to(device=device, dtype=dtype)
-        entry = {"parameters": sum(p.numel() for p in model.parameters())}
-        entry["decode"] = decode_case(model, args, device, bandwidths)
-        print(shape, "decode", json.dumps(entry["decode"]), flush=True)
-        if device.type == "cuda":  # the same rollouts without CUDA graphs, side by side
-            entry["decode_eager"] = decode_case(model, args, device, bandwidths, False)
-            print(shape, "decode_eager", json.dumps(entry["decode_eager"]), flush=True)
-        if args.gradient_checkpointing:
-            fused.enable_activation_checkpointing(model)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        entry["train"] = train_case(model, args, device, peaks)
-        if device.type == "cuda":
-            entry["train"]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        print(shape, "train", json.dumps(entry["train"]), flush=True)
-        report["shapes"][shape] = entry
+        entry = report["shapes"][shape] = {"parameters": sum(p.numel() for p in model.parameters())}
+        for i, rows in enumerate(args.batch if "decode" in args.parts else []):
+            case = argparse.Namespace(**{**vars(args), "batch": rows})
+            first = i == 0
+            result = decode_case(model, case, device, bandwidths, profile=args.profile and first)
+            entry.setdefault("decode", []).append(result)
+            print(shape, "decode", rows, result["decode_step_ms"], flush=True)
+            if first and device.type == "cuda":  # the same rollouts without CUDA graphs
+                entry["decode_eager"] = decode_case(model, case, device, bandwidths, False)
+                print(shape, "decode_eager", rows, entry["decode_eager"]["decode_step_ms"])
+            path.write_text(json.dumps(report, indent=1) + "\n")
+        if "train" in args.parts:
+            if args.gradient_checkpointing:
+                fused.enable_activation_checkpointing(model)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            entry["train"] = train_case(model, args, device, peaks, args.profile)
+            if device.type == "cuda":
+                entry["train"]["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+            print(shape, "train", entry["train"]["step_s"], flush=True)
+            path.write_text(json.dumps(report, indent=1) + "\n")
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"gpu{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path}")
 
 

@@ -1,7 +1,9 @@
 """Side-by-side A/B on a GPU for the levers `benchmarks/gpu.py` reports on.
 
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
-  with CUDA-graph decode steps and without (eager), at 64 and 128 rows;
+  with CUDA-graph decode steps that sample inside the graph (`GraphDecoder.next_tokens`, the
+  default) and that return logits, sampled eagerly after the replay (as before 11-26),
+  alternating twice, at 64, 128 and 512 rows (graphs against eager decoding: `gpu.py`);
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -27,6 +29,8 @@ import torch
 import transformers
 from lm_head_ab import WAYS
 
+from rlvr.rollout import hf
+from rlvr.rollout.graphs import GraphDecoder
 from rlvr.training import update
 
 HERE = Path(__file__).parent
@@ -48,6 +52,11 @@ def main() -> None:
     if args.quick:
         args.shapes, args.parts = ["toy"], ["train"]
     default_way = update.completion_token_stats
+    sampling_ways = {
+        "sampling in the graph": GraphDecoder.next_tokens,
+        "sampling after the graph": hf.SampleAfterStep.next_tokens,
+    }
+    path = HERE / "results" / ("gpu_ab.json" if cuda else "gpu_ab-quick.json")
     report = {
         "command": " ".join(["python", "benchmarks/gpu_ab.py", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -60,14 +69,17 @@ def main() -> None:
         torch.manual_seed(0)
         dtype = torch.bfloat16 if cuda else torch.float32
         model = gpu.SHAPES[shape]().to(device=device, dtype=dtype)
-        for batch in (64, 128) if "decode" in args.parts else ():
+        for batch in (64, 128, 512) if "decode" in args.parts else ():
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=2
             )
-            for graphs in (True, False):
-                r = gpu.decode_case(model, case, device, {"datasheet": 3.35e12}, graphs)
-                results[f"{shape} decode batch {batch} graphs {graphs}"] = r
-                print(shape, batch, "graphs" if graphs else "eager", r["decode_step_ms"])
+            for name, way in [*sampling_ways.items()] * 2:
+                GraphDecoder.next_tokens = way
+                r = gpu.decode_case(model, case, device, {})
+                results.setdefault(f"{shape} decode batch {batch} {name}", []).append(r)
+                print(shape, batch, name, r["decode_step_ms"], flush=True)
+                path.write_text(json.dumps(report, indent=1) + "\n")
+            GraphDecoder.next_tokens = sampling_ways["sampling in the graph"]
         sizes = (16384, 32768) if cuda else (64,)
         for tokens in sizes if "train" in args.parts else ():
             case = argparse.Namespace(
@@ -91,12 +103,11 @@ def main() -> None:
                     r = {"oom": True}
                 results.setdefault(f"{shape} train mb {tokens} {name}", []).append(r)
                 print(shape, "train", tokens, name, r.get("step_s", "oom"), flush=True)
+                path.write_text(json.dumps(report, indent=1) + "\n")
         update.completion_token_stats = default_way
         del model
         if cuda:
             torch.cuda.empty_cache()
-    path = HERE / "results" / ("gpu_ab.json" if cuda else "gpu_ab-quick.json")
-    path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path}")
 
 

@@ -66,6 +66,56 @@ def test_static_buffer_steps_sample_what_the_eager_decoder_samples(tok, name, mo
     assert state.buffers is not None and state.buffers.rows == 18
 
 
+@pytest.mark.parametrize(
+    ("params", "some_stop"),
+    [
+        (SamplingParams(n=4, temperature=0.7, top_k=9, max_new_tokens=40, min_new_tokens=6), 1),
+        (SamplingParams(n=4, temperature=1.1, top_p=0.8, max_new_tokens=40, min_new_tokens=40), 0),
+        (SamplingParams(n=2, temperature=0.0, max_new_tokens=40, min_new_tokens=4), 0),
+    ],
+    ids=["top-k, EOS banned for 6", "top-p, EOS always banned", "greedy"],
+)
+def test_sampling_inside_the_step_draws_what_eager_sampling_draws(
+    tok, params, some_stop, monkeypatch
+):
+    """The static-buffer step samples in its own run (what a graph captures): truncation, the
+    EOS ban before min_new_tokens and greedy decoding give the eager decoder's tokens."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    monkeypatch.setattr(graphs, "SPAN_STEP", 8)
+    model = eos_heavy(MODELS["llama"](tok), tok, 0.25)
+    prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
+    ref = engine(model, tok, 5, None).generate(prompts, params)
+    state = GraphState(capture=False)
+    out = engine(model, tok, 5, state).generate(prompts, params)
+    assert out.completion_ids == ref.completion_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+    stopped = [len(c) for c, r in zip(out.completion_ids, out.finish_reason) if r == "stop"]
+    assert all(length > params.min_new_tokens for length in stopped)  # EOS not before
+    assert bool(stopped) == bool(some_stop)
+
+
+def test_the_graph_step_gives_the_eager_step_logits(tok, monkeypatch):
+    """`GraphDecoder.step` (logits, sampled outside) computes the eager decoder's logits."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    model = MODELS["qwen2_gqa"](tok)
+    ids = torch.tensor([[0, 20, 30], [50, 60, 70]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    eager, graph = FusedDecoder(model, 8), GraphDecoder(model, 8, GraphState(capture=False))
+    with torch.inference_mode():
+        for decoder in (eager, graph):
+            decoder.prefill(ids, mask, positions)
+            decoder.select(torch.tensor([0, 0, 1]))
+        token, full_mask = torch.tensor([5, 6, 7]), torch.ones(3, 4, dtype=torch.long)
+        full_mask[:2, 0] = 0
+        position = torch.tensor([2, 2, 3])
+        want = eager.step(token, full_mask, position)
+        got = graph.step(token, full_mask, position)
+    assert got.shape == want.shape == (3, model.config.vocab_size)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_kept_buffers_never_leak_stale_values(tok, monkeypatch):
     """One state serves rollouts of other widths, group sizes and budgets; before each, the
     kept buffers are filled with NaN, so a read of anything not written this rollout would
@@ -124,10 +174,10 @@ def test_the_engine_picks_the_graph_decoder_only_on_a_gpu_or_when_asked(tok, mon
 def test_captured_graphs_sample_what_the_eager_decoder_samples_on_a_gpu(tok, name):
     model = eos_heavy(MODELS[name](tok), tok, 0.25).cuda()
     prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
-    params = SamplingParams(n=6, temperature=0.9, max_new_tokens=100)
+    params = SamplingParams(n=6, temperature=0.9, top_p=0.95, max_new_tokens=100, min_new_tokens=3)
     ref = engine(model, tok, 3, None).generate(prompts, params)
     state = GraphState()
-    for _ in range(2):  # captured, then replayed from the kept graphs
+    for _ in range(2):  # captured (EOS banned, then allowed), then replayed from the kept graphs
         out = engine(model, tok, 3, state).generate(prompts, params)
         assert out.completion_ids == ref.completion_ids
         for a, b in zip(out.logprobs, ref.logprobs):

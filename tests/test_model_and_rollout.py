@@ -8,13 +8,8 @@ import torch
 from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import (
-    HFRolloutEngine,
-    blocked_cumsum,
-    filter_logits,
-    inverse_cdf_sample,
-    left_pad,
-)
+from rlvr.rollout.hf import HFRolloutEngine, left_pad
+from rlvr.rollout.sampling import blocked_cumsum, filter_logits, inverse_cdf_sample
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,

@@ -15,19 +15,28 @@ addresses, so:
   leading rows, and the rows past the live ones are computed and ignored;
 - one graph per (batch, span) is captured at first use and kept; all share one memory pool.
 
-Prefill and sampling stay eager. `GraphState(capture=False)` runs the same static-buffer steps
-without capturing, which is how they are tested on a CPU.
+A step's graph also samples the next token (`GraphDecoder.next_tokens`, `sample_tokens` on the
+logits: a dozen passes over [rows, vocab] that would otherwise be launched one by one, with
+the CPU waiting between steps); the uniforms it draws with come from the run's generator on
+the CPU and are copied in before the replay, so the samples are those of the eager decoders.
+Prefill stays eager. `GraphState(capture=False)` runs the same static-buffer steps without
+capturing, which is how they are tested on a CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from rlvr.models import fused
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.sampling import sample_tokens
+
+T = TypeVar("T")
 
 SPAN_STEP = 64
 """Attention reads the written positions rounded up to a multiple of this (one graph each)."""
@@ -76,6 +85,8 @@ class StaticBuffers:
         self.position = torch.zeros(rows, 1, dtype=torch.long, device=like.device)
         self.key_mask = torch.zeros(rows, capacity, dtype=torch.long, device=like.device)
         self.where = torch.zeros(1, dtype=torch.long, device=like.device)
+        self.uniform = torch.zeros(rows, device=like.device)
+        self.ban = torch.zeros(forward.model.lm_head.weight.shape[0], device=like.device)
 
 
 class GraphState:
@@ -88,7 +99,7 @@ class GraphState:
     def __init__(self, capture: bool = True) -> None:
         self.capture = capture
         self.buffers: StaticBuffers | None = None
-        self.graphs: dict[tuple[int, int], Callable[[], torch.Tensor]] = {}
+        self.graphs: dict[tuple, Callable[[], object]] = {}
         self.signature: tuple = ()
         self.pool = None
 
@@ -114,9 +125,7 @@ class GraphState:
             self.signature = signature
         return self.buffers
 
-    def step(
-        self, key: tuple[int, int], make_run: Callable[[], Callable[[], torch.Tensor]]
-    ) -> torch.Tensor:
+    def step(self, key: tuple, make_run: Callable[[], Callable[[], T]]) -> T:
         """The result of the step `make_run()` builds, replayed from the graph captured for
         `key` (built and captured only when `key` is new)."""
         if not self.capture:
@@ -126,7 +135,7 @@ class GraphState:
             replay = self.graphs[key] = self._capture(make_run())
         return replay()
 
-    def _capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    def _capture(self, run: Callable[[], T]) -> Callable[[], T]:
         """Capture `run` after one warm-up call on a side stream (as PyTorch recommends)."""
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -139,7 +148,7 @@ class GraphState:
         with torch.cuda.graph(graph, pool=self.pool):
             out = run()
 
-        def replay() -> torch.Tensor:
+        def replay() -> T:
             graph.replay()
             return out
 
@@ -154,6 +163,8 @@ class GraphDecoder:
         self.capacity, self.state = capacity, state
         self.prefill_cache: fused.BufferKV | None = None
         self.buffers: StaticBuffers | None = None
+        self.ban: torch.Tensor | None = None
+        """The ban last copied into the static buffers (`next_tokens`)."""
         self.length = 0
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -181,8 +192,9 @@ class GraphDecoder:
             kv = self.buffers.kv
             kv[:, :, :n, :, :end] = kv[:, :, rows, :, :end]
 
-    def step(self, token, attention_mask, position) -> torch.Tensor:
-        """Feed one token per row; next-token logits [b, vocab]."""
+    def _feed(self, token, attention_mask, position) -> tuple[StaticBuffers, int, int]:
+        """Write a step's inputs into the static buffers; return them and the step's (batch,
+        span) buckets."""
         b = self.buffers
         assert b is not None
         n, end = token.shape[0], self.length
@@ -190,19 +202,59 @@ class GraphDecoder:
         b.position[:n, 0] = position
         b.key_mask[:n, : end + 1] = attention_mask
         b.where.fill_(end)
-        batch, span = batch_bucket(n, b.rows), span_bucket(end + 1, b.capacity)
-        logits = self.state.step((batch, span), partial(self._runner, b, batch, span))
         self.length = end + 1
-        return logits[:n]
+        return b, batch_bucket(n, b.rows), span_bucket(end + 1, b.capacity)
 
-    def _runner(self, b: StaticBuffers, batch: int, span: int) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
+    def step(self, token, attention_mask, position) -> torch.Tensor:
+        """Feed one token per row; next-token logits [b, vocab]."""
+        b, batch, span = self._feed(token, attention_mask, position)
+        logits = self.state.step((batch, span), partial(self._runner, b, batch, span, None))
+        return logits[: token.shape[0]]
+
+    def next_tokens(
+        self,
+        token: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position: torch.Tensor,
+        params: SamplingParams,
+        uniform: torch.Tensor | None,
+        ban: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one token per row; the next token of each row and its log-prob, sampled inside
+        the step's graph (`sample_tokens` with `uniform` and `ban`, copied in first). One graph
+        per (batch, span, temperature, top-k, top-p, whether tokens are banned)."""
+        n = token.shape[0]
+        b, batch, span = self._feed(token, attention_mask, position)
+        if uniform is not None:
+            b.uniform[:n] = uniform
+        if ban is not None and ban is not self.ban:  # once per rollout
+            b.ban.copy_(ban)
+            self.ban = ban
+        drawing = SamplingParams(
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+        )
+        sampling = (drawing, ban is not None)
+        run = partial(self._runner, b, batch, span, sampling)
+        tokens, logps = self.state.step((batch, span, sampling), run)
+        return tokens[:n], logps[:n]
+
+    def _runner(
+        self, b: StaticBuffers, batch: int, span: int, sampling: tuple | None
+    ) -> Callable[[], object]:
+        """The step over the first `batch` rows and `span` positions: its logits, or with
+        `sampling` (how to draw, whether tokens are banned) its sampled tokens and log-probs."""
+
+        def run() -> object:
             mask = b.key_mask[:batch, :span]
             bias = fused.additive_bias(mask[:, None, :] != 0, b.kv.dtype)
             cache = SlotKV(b.kv, batch, span, b.where)
             hidden = self.forward.hidden(
                 b.token[:batch], b.position[:batch], mask, cache, ops=fused.TorchOps(bias)
             )
-            return self.forward.logits(hidden[:, -1])
+            logits = self.forward.logits(hidden[:, -1])
+            if sampling is None:
+                return logits
+            params, banned = sampling
+            return sample_tokens(logits, params, b.uniform[:batch], b.ban if banned else None)
 
         return run

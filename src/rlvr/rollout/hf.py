@@ -21,7 +21,6 @@ import threading
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -29,6 +28,7 @@ from rlvr.models import fused
 from rlvr.models.hf_cache import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
+from rlvr.rollout.sampling import ban_bias, draw_uniform, sample_tokens
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,73 +41,6 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
             ids[row, width - len(seq) :] = torch.tensor(seq)
             mask[row, width - len(seq) :] = 1
     return ids, mask
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k set and outside the top-p nucleus to -inf."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_tokens(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    banned: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row, never one of `banned`; return (tokens, log-probs under the
-    temperature-scaled logits)."""
-    logits = logits.float()
-    allowed = logits if banned is None else logits.index_fill(-1, banned, float("-inf"))
-    if params.temperature <= 0:
-        tokens = allowed.argmax(-1)
-        return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / params.temperature
-    logprobs = scaled.log_softmax(-1)
-    probs = filter_logits(allowed / params.temperature, params.top_k, params.top_p).softmax(-1)
-    # one uniform per row from the run's generator (on the CPU, whatever the model's device)
-    uniform = torch.rand(probs.shape[0], generator=generator, dtype=probs.dtype)
-    tokens = inverse_cdf_sample(probs, uniform.to(probs.device))
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Token i of each row with cdf[i - 1] <= u·total < cdf[i] (inverse-transform sampling).
-
-    probs: [b, vocab], rows need not sum to 1; uniform: [b] in [0, 1). A zero-probability
-    token has an empty interval and is never drawn; if rounding puts u·total at or above the
-    last cumulative value, it is moved just below it, so the drawn token is the last one whose
-    interval is not empty.
-    """
-    cdf = cumulative(probs)
-    total = cdf[:, -1:]
-    below_total = torch.nextafter(total, torch.zeros_like(total))
-    target = torch.minimum(uniform[:, None] * total, below_total)
-    return (cdf <= target).sum(-1).clamp_(max=probs.shape[-1] - 1)
-
-
-def cumulative(probs: torch.Tensor) -> torch.Tensor:
-    """probs.cumsum(-1); on a GPU `blocked_cumsum`."""
-    return blocked_cumsum(probs) if probs.is_cuda else probs.cumsum(-1)
-
-
-def blocked_cumsum(probs: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """cumsum along the last axis of [b, vocab] in two levels: within blocks of `block`
-    tokens, then the blocks' totals. On a GPU one scan along a 150k-token row is a slow kernel
-    (250 µs for 128 rows on an H100); many short scans are fast."""
-    b, vocab = probs.shape
-    blocks = F.pad(probs, (0, -vocab % block)).view(b, -1, block).cumsum(-1)
-    totals = blocks[..., -1]
-    before = totals.cumsum(-1) - totals
-    return (blocks + before[..., None]).view(b, -1)[:, :vocab]
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -235,10 +168,15 @@ class HFRolloutEngine:
         logps: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
         live = list(range(rows))
-        eos, eos_set = self.eos_ids.to(device), set(self.eos_ids.tolist())
+        eos_set = set(self.eos_ids.tolist())
+        ban = ban_bias(logits.shape[-1], self.eos_ids.to(device)) if params.min_new_tokens else None
+
+        def ban_at(step: int) -> torch.Tensor | None:
+            return ban if step < params.min_new_tokens else None
+
+        uniform = draw_uniform(self.generator, rows, params)
+        token, logp = sample_tokens(logits, params, uniform, ban_at(0))
         for step in range(params.max_new_tokens):
-            banned = eos if step < params.min_new_tokens else None
-            token, logp = sample_tokens(logits, params, self.generator, banned)
             # one device-to-host copy per step: tokens and log-probs together (exact in fp64)
             host_tokens, host_logps = torch.stack([token.double(), logp.double()]).tolist()
             keep = []
@@ -259,7 +197,10 @@ class HFRolloutEngine:
             attention_mask = torch.cat(
                 [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
             )
-            logits = decoder.step(token, attention_mask, next_position)
+            uniform = draw_uniform(self.generator, len(live), params)
+            token, logp = decoder.next_tokens(
+                token, attention_mask, next_position, params, uniform, ban_at(step + 1)
+            )
             next_position = next_position + 1
         out.prompt_index.extend(offset + r // n for r in range(rows))
         out.completion_ids.extend(tokens)
@@ -267,7 +208,24 @@ class HFRolloutEngine:
         out.finish_reason.extend(finish)
 
 
-class HFDecoder:
+class SampleAfterStep:
+    """`next_tokens` for a decoder whose `step` returns logits: the step, then eager sampling."""
+
+    def next_tokens(
+        self,
+        token: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position: torch.Tensor,
+        params: SamplingParams,
+        uniform: torch.Tensor | None,
+        ban: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one token per row; the next token of each row and its log-prob
+        (`sample_tokens` with `uniform` and `ban`)."""
+        return sample_tokens(self.step(token, attention_mask, position), params, uniform, ban)
+
+
+class HFDecoder(SampleAfterStep):
     """Decoding through the `transformers` forward with a preallocated cache."""
 
     def __init__(self, model: nn.Module, capacity: int) -> None:
@@ -297,7 +255,7 @@ class HFDecoder:
         return self._logits(token[:, None], attention_mask, position[:, None], 0)
 
 
-class FusedDecoder:
+class FusedDecoder(SampleAfterStep):
     """Decoding through `rlvr.models.fused` (same function, fewer operations)."""
 
     def __init__(
