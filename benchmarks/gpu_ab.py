@@ -3,7 +3,7 @@
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
   with CUDA-graph decode steps that sample inside the graph (`GraphDecoder.next_tokens`, the
   default) and that return logits, sampled eagerly after the replay (as before 11-26),
-  alternating twice, at 64, 128 and 512 rows (graphs against eager decoding: `gpu.py`);
+  alternating twice, at 128 and 512 rows (graphs against eager decoding: `gpu.py`);
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -69,7 +69,7 @@ def main() -> None:
         torch.manual_seed(0)
         dtype = torch.bfloat16 if cuda else torch.float32
         model = gpu.SHAPES[shape]().to(device=device, dtype=dtype)
-        for batch in (64, 128, 512) if "decode" in args.parts else ():
+        for batch in (128, 512) if "decode" in args.parts else ():
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=2
             )
