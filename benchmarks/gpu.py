@@ -2,9 +2,9 @@
 
 For each model shape (random init) it measures:
 - **decode**: `HFRolloutEngine` (with its CUDA-graph decode steps, and at the first of the
-  `--batch` sizes again without them as `decode_eager`) sampling `--samples` completions for
-  each of the prompts of a batch of `--batch` rows (one entry per size in `decode`), every
-  completion forced to `--new-tokens` tokens. Decode time is a
+  `--batch` sizes again without them as `decode_eager`, unless `--no-eager`) sampling
+  `--samples` completions for each of the prompts of a batch of `--batch` rows (one entry per
+  size in `decode`), every completion forced to `--new-tokens` tokens. Decode time is a
   full rollout minus a prefill-only rollout of the same prompts. The memory-bandwidth roofline
   of a decode step reads every matmul weight once and the K/V of every earlier position of
   every row; `roofline_frac` = roofline time / measured time, against the device's data-sheet
@@ -159,8 +159,11 @@ def kv_bytes_per_position(model: torch.nn.Module) -> int:
 
 
 def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15) -> list[dict]:
-    """The `top` operations by self time (device time on a GPU, else CPU time) of one call of
-    `fn` under the PyTorch profiler, with their share of the total."""
+    """The `top` operations by self time of one call of `fn` under the PyTorch profiler, with
+    their share of the total: on a GPU its kernels by device time (the operators that launch
+    them are left out, as their device time is the same kernels'), else operators by CPU
+    time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -169,8 +172,10 @@ def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15
     with profile(activities=activities) as prof:
         fn()
         sync(device)
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    cuda = device.type == "cuda"
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if not cuda or e.device_type == DeviceType.CUDA]
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events) or 1.0
     return [
         {
@@ -329,6 +334,7 @@ def main() -> None:
         "--parts", nargs="+", default=["decode", "train"], choices=["decode", "train"]
     )
     parser.add_argument("--profile", action="store_true", help="top operations of one call")
+    parser.add_argument("--no-eager", action="store_true", help="no decode without graphs")
     parser.add_argument("--out", help="result file name in benchmarks/results/")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="toy shape on the CPU, fp32")
@@ -367,7 +373,7 @@ def main() -> None:
             result = decode_case(model, case, device, bandwidths, profile=args.profile and first)
             entry.setdefault("decode", []).append(result)
             print(shape, "decode", rows, result["decode_step_ms"], flush=True)
-            if first and device.type == "cuda":  # the same rollouts without CUDA graphs
+            if first and device.type == "cuda" and not args.no_eager:  # the same, no graphs
                 entry["decode_eager"] = decode_case(model, case, device, bandwidths, False)
                 print(shape, "decode_eager", rows, entry["decode_eager"]["decode_step_ms"])
             path.write_text(json.dumps(report, indent=1) + "\n")

@@ -4,6 +4,11 @@
   with CUDA-graph decode steps that sample inside the graph (`GraphDecoder.next_tokens`, the
   default) and that return logits, sampled eagerly after the replay (as before 11-26),
   alternating twice, at 128 and 512 rows (graphs against eager decoding: `gpu.py`);
+- **chunks**: the 0.5b's training mini-batch at 16k-token micro-batches without logits, with
+  chunks of 64M (the default until 11-26), 256M (the GPU default since) and 1G logits, and
+  with the real rows' logits, alternating
+  twice (a chunk's LM-head gradient is added into an fp32 [vocab, hidden] sum: 1.4 GB of
+  memory traffic per chunk at the 0.5b's shape);
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -12,7 +17,8 @@
 
     python benchmarks/gpu_ab.py                  # both shapes, both parts, bf16, on CUDA
     python benchmarks/gpu_ab.py --parts train    # the training half only
-    python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, training half)
+    python benchmarks/gpu_ab.py --shapes 0.5b --parts chunks
+    python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
 """
@@ -31,7 +37,7 @@ from lm_head_ab import WAYS
 
 from rlvr.rollout import hf
 from rlvr.rollout.graphs import GraphDecoder
-from rlvr.training import update
+from rlvr.training import logprobs, update
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("gpu_bench", HERE / "gpu.py")
@@ -39,19 +45,47 @@ gpu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu)
 
 
+def train_run(model, device: torch.device, micro_batch_tokens: int) -> dict:
+    """`gpu.train_case` on 16 prompts × 8 ragged completions of 512–1024 tokens (2 × 4 of at
+    most 16 on the CPU), with the peak memory on CUDA; {"oom": True} when memory runs out."""
+    cuda = device.type == "cuda"
+    case = argparse.Namespace(
+        train_prompts=16 if cuda else 2,
+        samples=8 if cuda else 4,
+        train_len=1024 if cuda else 16,
+        prompt_len=128 if cuda else 8,
+        micro_batch_tokens=micro_batch_tokens,
+        repeats=2 if cuda else 1,
+    )
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        r = gpu.train_case(model, case, device, {"datasheet": 989e12})
+    except torch.OutOfMemoryError:
+        return {"oom": True}
+    if cuda:
+        r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["100m", "0.5b"], choices=["100m", "0.5b"])
-    parser.add_argument("--quick", action="store_true", help="training half, toy shape, on the CPU")
+    parser.add_argument("--quick", action="store_true", help="toy shape on the CPU, no decode part")
     parser.add_argument(
-        "--parts", nargs="+", default=["decode", "train"], choices=["decode", "train"]
+        "--parts",
+        nargs="+",
+        default=["decode", "train"],
+        choices=["decode", "chunks", "train"],
     )
     args = parser.parse_args()
     cuda = not args.quick
     device = torch.device("cuda" if cuda else "cpu")
     if args.quick:
-        args.shapes, args.parts = ["toy"], ["train"]
+        args.shapes, args.parts = ["toy"], [p for p in args.parts if p != "decode"]
     default_way = update.completion_token_stats
+    default_chunks = logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS
     sampling_ways = {
         "sampling in the graph": GraphDecoder.next_tokens,
         "sampling after the graph": hf.SampleAfterStep.next_tokens,
@@ -80,27 +114,24 @@ def main() -> None:
                 print(shape, batch, name, r["decode_step_ms"], flush=True)
                 path.write_text(json.dumps(report, indent=1) + "\n")
             GraphDecoder.next_tokens = sampling_ways["sampling in the graph"]
-        sizes = (16384, 32768) if cuda else (64,)
-        for tokens in sizes if "train" in args.parts else ():
-            case = argparse.Namespace(
-                train_prompts=16 if cuda else 2,
-                samples=8 if cuda else 4,
-                train_len=1024 if cuda else 16,
-                prompt_len=128 if cuda else 8,
-                micro_batch_tokens=tokens,
-                repeats=2 if cuda else 1,
-            )
+        chunk_ways = {
+            "no logits, 64M-logit chunks": (WAYS["no logits"], 1 << 26),
+            "no logits, 256M-logit chunks": (WAYS["no logits"], 1 << 28),
+            "no logits, 1G-logit chunks": (WAYS["no logits"], 1 << 30),
+            "real-row logits": (WAYS["real-row logits"], 1 << 26),
+        }
+        for name, (way, chunk) in [*chunk_ways.items()] * 2 if "chunks" in args.parts else ():
+            update.completion_token_stats = way
+            logprobs.CHUNK_ELEMENTS = logprobs.GPU_CHUNK_ELEMENTS = chunk
+            r = train_run(model, device, 16384 if cuda else 64)
+            results.setdefault(f"{shape} chunks {name}", []).append(r)
+            print(shape, "chunks", name, r.get("step_s", "oom"), flush=True)
+            path.write_text(json.dumps(report, indent=1) + "\n")
+        logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS = default_chunks
+        for tokens in ((16384, 32768) if cuda else (64,)) if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way
-                if cuda:
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                try:
-                    r = gpu.train_case(model, case, device, {"datasheet": 989e12})
-                    if cuda:
-                        r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-                except torch.OutOfMemoryError:
-                    r = {"oom": True}
+                r = train_run(model, device, tokens)
                 results.setdefault(f"{shape} train mb {tokens} {name}", []).append(r)
                 print(shape, "train", tokens, name, r.get("step_s", "oom"), flush=True)
                 path.write_text(json.dumps(report, indent=1) + "\n")

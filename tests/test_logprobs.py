@@ -119,3 +119,21 @@ def test_completion_token_stats_equal_the_logits_path_on_the_fused_forward(logit
     for a, b in zip(g, ref_g):
         assert torch.allclose(a, b, atol=1e-6)
     assert model.lm_head.weight.grad.abs().max() > 1e-3
+
+
+def test_the_default_chunk_is_larger_on_a_gpu_and_read_at_each_call(monkeypatch):
+    assert logprobs_module.default_chunk_elements(torch.device("cpu")) == 1 << 26
+    assert logprobs_module.default_chunk_elements(torch.device("cuda", 0)) == 1 << 28
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * VOCAB)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(D, VOCAB, bias=False)
+    made = []
+    real_linear = F.linear
+
+    def recording_linear(x, weight, bias=None):
+        made.append(x.shape[0])
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(logprobs_module.F, "linear", recording_linear)
+    linear_token_stats(torch.randn(N, D), head, torch.randint(0, VOCAB, (N,)))
+    assert made == [3, 3, 3, 1]  # CPU tensors: CHUNK_ELEMENTS as patched, 3 rows a chunk
