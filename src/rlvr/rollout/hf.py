@@ -8,8 +8,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
   live rows' cache is compacted in place, copying only the filled positions: `select_rows`);
 - on a CPU the cache's memory is kept from one rollout to the next (`fused.BufferPool`), so a
   rollout does not fault in tens of MB of fresh pages;
-- on a GPU each decode step is the replay of a captured CUDA graph (`graphs.GraphDecoder`),
-  one launch instead of hundreds;
+- on a GPU each decode step, the next token's sampling included, is the replay of a captured
+  CUDA graph (`graphs.GraphDecoder`), one launch instead of hundreds;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
