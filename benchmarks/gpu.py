@@ -16,8 +16,9 @@ For each model shape (random init) it measures:
   matmul peak measured here (recomputation under `--gradient-checkpointing` is not counted as
   model FLOPs), and on CUDA the peak memory allocated.
 
-`--parts` picks decode and/or training; `--profile` adds, for one rollout at the first batch
-size and one training step, the operations that took the most time (device time on a GPU).
+`--parts` picks decode and/or training; `--profile` adds, for one rollout of at most 64 new
+tokens at the first batch size and one training step, the operations that took the most time
+(kernels by device time on a GPU).
 
     python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
     python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
@@ -158,6 +159,10 @@ def kv_bytes_per_position(model: torch.nn.Module) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
 
 
+PROFILE_NEW_TOKENS = 64
+"""New tokens of the rollout `--profile` records (its prefill included)."""
+
+
 def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15) -> list[dict]:
     """The `top` operations by self time of one call of `fn` under the PyTorch profiler, with
     their share of the total: on a GPU its kernels by device time (the operators that launch
@@ -234,8 +239,9 @@ def decode_case(
     for name, bandwidth in bandwidths.items():
         if bandwidth:
             result[f"roofline_frac_{name}"] = total_bytes / bandwidth / decode_s
-    if profile:
-        result["profile"] = top_operations(rollout(args.new_tokens), device)
+    if profile:  # a shorter rollout: the profiler's events of 512 steps take minutes to sort
+        result["profile_new_tokens"] = min(args.new_tokens, PROFILE_NEW_TOKENS)
+        result["profile"] = top_operations(rollout(result["profile_new_tokens"]), device)
     return result
 
 
