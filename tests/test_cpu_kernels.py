@@ -4,6 +4,7 @@ message that names the compiler or the source."""
 
 import logging
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -434,6 +435,25 @@ def test_kernel_attention_refuses_bad_inputs_with_what_is_wrong():
         cpu_kernels.AttentionLayout(
             layout.rows, layout.own_mask[:, 1:], torch.ones(6, 0), torch.arange(7)
         )
+
+
+@needs_compiler
+def test_kernel_attention_that_cannot_allocate_its_scratch_raises_memory_error():
+    """A prefix of 2⁴⁰ positions (held by no prefix, so no tensor is large) asks each thread for
+    terabytes of scratch: the kernels report it and nothing runs on the missing memory."""
+    sp = 1 << 40
+    q = torch.zeros(0, 2, 8, requires_grad=True)
+    k = v = torch.zeros(0, 1, 8)
+    pk = pv = torch.zeros(0, 1, sp, 8)
+    layout = cpu_kernels.AttentionLayout(
+        torch.zeros(0, 3, dtype=torch.long), torch.ones(0, 3), torch.zeros(0, sp), torch.zeros(1)
+    )
+    with pytest.raises(MemoryError, match=f"scratch for {sp} prefix keys of size 8"):
+        cpu_kernels.attention(q, k, v, pk, pv, layout, 1.0)
+    out, lse = torch.zeros(0, 2, 8), torch.zeros(0, 2)
+    ctx = SimpleNamespace(saved_tensors=(q, k, v, pk, pv, out, lse), layout=layout, scale=1.0)
+    with pytest.raises(MemoryError, match="attention could not allocate"):
+        cpu_kernels._Attention.backward(ctx, torch.zeros(0, 2, 8))
 
 
 def test_concat_kv_lays_out_a_selection_only_for_the_layers_it_holds():

@@ -337,16 +337,19 @@ static long set_own(struct pair_keys *keys, const float *k, const float *v, floa
     return count;
 }
 
-static struct pair_keys pair_scratch(long width, long dim, int with_values, float **floats) {
-    struct pair_keys keys;
-    keys.width = width;
-    keys.key = malloc(sizeof(float *) * 4 * width);
-    keys.value = keys.key + width, keys.dkey = (float **)keys.value + width;
-    keys.dvalue = keys.dkey + width;
-    keys.seen = malloc(width);
+/* A thread's scratch for `width` key columns; returns 0 when an allocation failed (then
+   nothing else is set, and free_scratch still frees what was allocated). */
+static int pair_scratch(struct pair_keys *keys, long width, long dim, int with_values,
+                        float **floats) {
+    keys->width = width;
+    keys->key = malloc(sizeof(float *) * 4 * width);
+    keys->seen = malloc(width);
     *floats = calloc((with_values ? 2 : 1) * dim * width + 2 * width + 3 * dim, sizeof(float));
-    keys.kt = *floats, keys.vt = with_values ? keys.kt + dim * width : 0;
-    return keys;
+    if (!keys->key || !keys->seen || !*floats) return 0;
+    keys->value = keys->key + width, keys->dkey = (float **)keys->value + width;
+    keys->dvalue = keys->dkey + width;
+    keys->kt = *floats, keys->vt = with_values ? keys->kt + dim * width : 0;
+    return 1;
 }
 
 static void free_scratch(struct pair_keys *keys, float *floats) {
@@ -420,8 +423,9 @@ run_query(int backward, const float *query, const float *grad, const float *out,
 }
 
 /* Both directions share the walk over (prefix, key/value head) pairs, rows and queries;
-   `dout` null means the forward (out, lse written), else the backward. */
-static void attention_pass(const float *q, const float *k, const float *v, const long *rows,
+   `dout` null means the forward (out, lse written), else the backward. Returns -1 when a
+   thread could not allocate its scratch (its share of the work is then not done), else 0. */
+static int attention_pass(const float *q, const float *k, const float *v, const long *rows,
                            const unsigned char *own_mask, const float *pk, const float *pv,
                            const unsigned char *prefix_mask, const long *starts, float *out,
                            float *lse, const float *dout, float *dq, float *dk, float *dv,
@@ -430,15 +434,22 @@ static void attention_pass(const float *q, const float *k, const float *v, const
                            int threads) {
     long group = q_heads / kv_heads;
     long width = (sp + t + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-    int backward = dout != 0;
+    int backward = dout != 0, failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *floats;
-        struct pair_keys keys = pair_scratch(width, dim, backward, &floats);
-        float *sc = keys.kt + (backward ? 2 : 1) * dim * width, *ds = sc + width;
-        float *zero = ds + width, *sinks = zero + dim;
+        float *floats, *sc = 0, *ds = 0, *zero = 0, *sinks = 0;
+        struct pair_keys keys;
+        int ready = pair_scratch(&keys, width, dim, backward, &floats);
+        if (ready) {
+            sc = keys.kt + (backward ? 2 : 1) * dim * width, ds = sc + width;
+            zero = ds + width, sinks = zero + dim;
+        } else {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (long pair = 0; pair < prefixes * kv_heads; pair++) {
+            if (!ready) continue;
             long p = pair / kv_heads, head = pair % kv_heads;
             set_prefix(&keys, pk, pv, dpk, dpv, prefix_mask, p, head, kv_heads, sp, psb, psh,
                        pss, dim);
@@ -458,26 +469,27 @@ static void attention_pass(const float *q, const float *k, const float *v, const
         }
         free_scratch(&keys, floats);
     }
+    return failed ? -1 : 0;
 }
 
-void attention_forward(const float *q, const float *k, const float *v, const long *rows,
+int attention_forward(const float *q, const float *k, const float *v, const long *rows,
                        const unsigned char *own_mask, const float *pk, const float *pv,
                        const unsigned char *prefix_mask, const long *starts, float *out,
                        float *lse, long prefixes, long t, long sp, long q_heads, long kv_heads,
                        long dim, long psb, long psh, long pss, float scale, int threads) {
-    attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, out, lse, 0, 0, 0, 0,
-                   0, 0, prefixes, t, sp, q_heads, kv_heads, dim, psb, psh, pss, scale,
-                   threads);
+    return attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, out, lse, 0, 0,
+                          0, 0, 0, 0, prefixes, t, sp, q_heads, kv_heads, dim, psb, psh, pss,
+                          scale, threads);
 }
 
-void attention_backward(const float *q, const float *k, const float *v, const long *rows,
+int attention_backward(const float *q, const float *k, const float *v, const long *rows,
                         const unsigned char *own_mask, const float *pk, const float *pv,
                         const unsigned char *prefix_mask, const long *starts, const float *out,
                         const float *lse, const float *dout, float *dq, float *dk, float *dv,
                         float *dpk, float *dpv, long prefixes, long t, long sp, long q_heads,
                         long kv_heads, long dim, long psb, long psh, long pss, float scale,
                         int threads) {
-    attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, (float *)out,
-                   (float *)lse, dout, dq, dk, dv, dpk, dpv, prefixes, t, sp, q_heads, kv_heads,
-                   dim, psb, psh, pss, scale, threads);
+    return attention_pass(q, k, v, rows, own_mask, pk, pv, prefix_mask, starts, (float *)out,
+                          (float *)lse, dout, dq, dk, dv, dpk, dpv, prefixes, t, sp, q_heads,
+                          kv_heads, dim, psb, psh, pss, scale, threads);
 }

@@ -110,7 +110,7 @@ def build(compiler: str, out_dir: Path, source_path: Path | None = None) -> Path
     raise KernelBuildError("building " + str(source_path) + " failed:\n" + "\n".join(errors))
 
 
-RETURNS = {"compact_rows": _c_int}
+RETURNS = {"compact_rows": _c_int, "attention_forward": _c_int, "attention_backward": _c_int}
 """Kernels that return a value (the others return nothing)."""
 
 
@@ -304,11 +304,12 @@ class _Attention(torch.autograd.Function):
     ) -> torch.Tensor:
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:2])
-        load().attention_forward(
+        status = load().attention_forward(
             *_pointers(q, k, v, layout.rows, layout.own_mask, pk, pv, layout.prefix_mask,
                        layout.starts, out, lse), *_attention_shape(q, pk, layout), scale,
             torch.get_num_threads(),
         )  # fmt: skip
+        _allocated(status, pk)
         ctx.save_for_backward(q, k, v, pk, pv, out, lse)
         ctx.layout, ctx.scale = layout, scale
         return out
@@ -320,12 +321,23 @@ class _Attention(torch.autograd.Function):
         grad = grad.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dpk, dpv = pk.new_zeros(pk.shape), pv.new_zeros(pv.shape)
-        load().attention_backward(
+        status = load().attention_backward(
             *_pointers(q, k, v, layout.rows, layout.own_mask, pk, pv, layout.prefix_mask,
                        layout.starts, out, lse, grad, dq, dk, dv, dpk, dpv),
             *_attention_shape(q, pk, layout), ctx.scale, torch.get_num_threads(),
         )  # fmt: skip
+        _allocated(status, pk)
         return dq, dk, dv, dpk, dpv, None, None
+
+
+def _allocated(status: int, prefix_k: torch.Tensor) -> None:
+    """Raise MemoryError where an attention kernel (status -1) could not allocate the per-thread
+    scratch for a row's prefix and own keys."""
+    if status != 0:
+        raise MemoryError(
+            "cpu_kernels: attention could not allocate its per-thread scratch for "
+            f"{prefix_k.shape[2]} prefix keys of size {prefix_k.shape[3]}"
+        )
 
 
 def _pointers(*tensors: torch.Tensor) -> list[int]:
