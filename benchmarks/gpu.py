@@ -92,6 +92,15 @@ SHAPES: dict[str, Callable[[], torch.nn.Module]] = {
     ),
 }
 
+
+def build(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The `shape` model, random init made on `device` (the 0.5b's takes seconds on a CPU),
+    then cast to `dtype`."""
+    torch.manual_seed(0)
+    with device:
+        return SHAPES[shape]().to(dtype=dtype)
+
+
 # Data-sheet figures: HBM bandwidth (bytes/s) and dense bf16 tensor-core peak (FLOP/s).
 DATASHEET = {
     "H100 PCIe": (2.0e12, 756e12),
@@ -370,8 +379,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / (args.out or f"gpu{'-quick' if args.quick else ''}.json")
     for shape in args.shapes:
-        torch.manual_seed(0)
-        model = SHAPES[shape]().to(device=device, dtype=dtype)
+        model = build(shape, device, dtype)
         entry = report["shapes"][shape] = {"parameters": sum(p.numel() for p in model.parameters())}
         for i, rows in enumerate(args.batch if "decode" in args.parts else []):
             case = argparse.Namespace(**{**vars(args), "batch": rows})

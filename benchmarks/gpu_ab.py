@@ -100,9 +100,7 @@ def main() -> None:
     }
     results = report["results"]
     for shape in args.shapes:
-        torch.manual_seed(0)
-        dtype = torch.bfloat16 if cuda else torch.float32
-        model = gpu.SHAPES[shape]().to(device=device, dtype=dtype)
+        model = gpu.build(shape, device, torch.bfloat16 if cuda else torch.float32)
         for batch in (128, 512) if "decode" in args.parts else ():
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=2
