@@ -45,6 +45,18 @@ gpu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu)
 
 
+SAMPLING_WAYS = {
+    "sampling in the graph": GraphDecoder.next_tokens,
+    "sampling after the graph": hf.SampleAfterStep.next_tokens,
+}
+CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
+    "no logits, 64M-logit chunks": ("no logits", 1 << 26),
+    "no logits, 256M-logit chunks": ("no logits", 1 << 28),
+    "no logits, 1G-logit chunks": ("no logits", 1 << 30),
+    "real-row logits": ("real-row logits", 1 << 26),
+}
+
+
 def train_run(model, device: torch.device, micro_batch_tokens: int) -> dict:
     """`gpu.train_case` on 16 prompts × 8 ragged completions of 512–1024 tokens (2 × 4 of at
     most 16 on the CPU), with the peak memory on CUDA; {"oom": True} when memory runs out."""
@@ -86,10 +98,6 @@ def main() -> None:
         args.shapes, args.parts = ["toy"], [p for p in args.parts if p != "decode"]
     default_way = update.completion_token_stats
     default_chunks = logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS
-    sampling_ways = {
-        "sampling in the graph": GraphDecoder.next_tokens,
-        "sampling after the graph": hf.SampleAfterStep.next_tokens,
-    }
     path = HERE / "results" / ("gpu_ab.json" if cuda else "gpu_ab-quick.json")
     report = {
         "command": " ".join(["python", "benchmarks/gpu_ab.py", *sys.argv[1:]]),
@@ -98,41 +106,37 @@ def main() -> None:
         "transformers": transformers.__version__,
         "results": {},
     }
-    results = report["results"]
+
+    def record(key: str, result: dict, shown: str) -> None:
+        """Add `result` to the runs of `key`, print its `shown` figure, rewrite the report."""
+        report["results"].setdefault(key, []).append(result)
+        print(key, result.get(shown, "oom"), flush=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
     for shape in args.shapes:
         model = gpu.build(shape, device, torch.bfloat16 if cuda else torch.float32)
         for batch in (128, 512) if "decode" in args.parts else ():
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=2
             )
-            for name, way in [*sampling_ways.items()] * 2:
+            for name, way in [*SAMPLING_WAYS.items()] * 2:
                 GraphDecoder.next_tokens = way
                 r = gpu.decode_case(model, case, device, {})
-                results.setdefault(f"{shape} decode batch {batch} {name}", []).append(r)
-                print(shape, batch, name, r["decode_step_ms"], flush=True)
-                path.write_text(json.dumps(report, indent=1) + "\n")
-            GraphDecoder.next_tokens = sampling_ways["sampling in the graph"]
-        chunk_ways = {
-            "no logits, 64M-logit chunks": (WAYS["no logits"], 1 << 26),
-            "no logits, 256M-logit chunks": (WAYS["no logits"], 1 << 28),
-            "no logits, 1G-logit chunks": (WAYS["no logits"], 1 << 30),
-            "real-row logits": (WAYS["real-row logits"], 1 << 26),
-        }
-        for name, (way, chunk) in [*chunk_ways.items()] * 2 if "chunks" in args.parts else ():
-            update.completion_token_stats = way
+                record(f"{shape} decode batch {batch} {name}", r, "decode_step_ms")
+            GraphDecoder.next_tokens = SAMPLING_WAYS["sampling in the graph"]
+        for name, (way, chunk) in [*CHUNK_WAYS.items()] * 2 if "chunks" in args.parts else ():
+            update.completion_token_stats = WAYS[way]
             logprobs.CHUNK_ELEMENTS = logprobs.GPU_CHUNK_ELEMENTS = chunk
-            r = train_run(model, device, 16384 if cuda else 64)
-            results.setdefault(f"{shape} chunks {name}", []).append(r)
-            print(shape, "chunks", name, r.get("step_s", "oom"), flush=True)
-            path.write_text(json.dumps(report, indent=1) + "\n")
+            record(
+                f"{shape} chunks {name}", train_run(model, device, 16384 if cuda else 64), "step_s"
+            )
         logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS = default_chunks
         for tokens in ((16384, 32768) if cuda else (64,)) if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way
-                r = train_run(model, device, tokens)
-                results.setdefault(f"{shape} train mb {tokens} {name}", []).append(r)
-                print(shape, "train", tokens, name, r.get("step_s", "oom"), flush=True)
-                path.write_text(json.dumps(report, indent=1) + "\n")
+                record(
+                    f"{shape} train mb {tokens} {name}", train_run(model, device, tokens), "step_s"
+                )
         update.completion_token_stats = default_way
         del model
         if cuda:

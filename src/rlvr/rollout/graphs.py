@@ -230,19 +230,18 @@ class GraphDecoder:
         if ban is not None and ban is not self.ban:  # once per rollout
             b.ban.copy_(ban)
             self.ban = ban
-        drawing = SamplingParams(
-            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
-        )
-        sampling = (drawing, ban is not None)
-        run = partial(self._runner, b, batch, span, sampling)
-        tokens, logps = self.state.step((batch, span, sampling), run)
+        banned = ban is not None
+        key = (batch, span, params.temperature, params.top_p, params.top_k, banned)
+        run = partial(self._runner, b, batch, span, (params, banned))
+        tokens, logps = self.state.step(key, run)
         return tokens[:n], logps[:n]
 
     def _runner(
         self, b: StaticBuffers, batch: int, span: int, sampling: tuple | None
     ) -> Callable[[], object]:
         """The step over the first `batch` rows and `span` positions: its logits, or with
-        `sampling` (how to draw, whether tokens are banned) its sampled tokens and log-probs."""
+        `sampling` (the params, of which only temperature, top-p and top-k are read, and
+        whether tokens are banned) its sampled tokens and log-probs."""
 
         def run() -> object:
             mask = b.key_mask[:batch, :span]
