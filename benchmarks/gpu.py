@@ -16,9 +16,9 @@ For each model shape (random init) it measures:
   matmul peak measured here (recomputation under `--gradient-checkpointing` is not counted as
   model FLOPs), and on CUDA the peak memory allocated.
 
-`--parts` picks decode and/or training; `--profile` adds, for one rollout of at most 64 new
-tokens at the first batch size and one training step, the operations that took the most time
-(kernels by device time on a GPU).
+`--parts` picks decode and/or training; `--profile` adds, for a few decode steps at the first
+batch size (`decode_step_profile`) and one training step, the operations that took the most
+time (kernels by device time on a GPU).
 
     python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
     python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
@@ -45,7 +45,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from rlvr.config import resolve_config
 from rlvr.models import fused
 from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.graphs import GraphDecoder, GraphState
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.sampling import ban_bias
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.optim import build_optimizer
@@ -168,15 +170,15 @@ def kv_bytes_per_position(model: torch.nn.Module) -> int:
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
 
 
-PROFILE_NEW_TOKENS = 64
-"""New tokens of the rollout `--profile` records (its prefill included)."""
+PROFILE_STEPS = 4
+"""Decode steps `--profile` records (`decode_step_profile`)."""
 
 
-def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15) -> list[dict]:
+def top_operations(fn: Callable[[], object], device: torch.device, top: int = 20) -> dict:
     """The `top` operations by self time of one call of `fn` under the PyTorch profiler, with
-    their share of the total: on a GPU its kernels by device time (the operators that launch
-    them are left out, as their device time is the same kernels'), else operators by CPU
-    time."""
+    their share of the total, and the total ms and number of operations: on a GPU its kernels
+    by device time (the operators that launch them are left out, as their device time is the
+    same kernels'), else operators by CPU time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -191,7 +193,7 @@ def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15
     events = [e for e in prof.key_averages() if not cuda or e.device_type == DeviceType.CUDA]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events) or 1.0
-    return [
+    operations = [
         {
             "name": e.key[:160],
             "ms": getattr(e, key) / 1e3,
@@ -200,6 +202,8 @@ def top_operations(fn: Callable[[], object], device: torch.device, top: int = 15
         }
         for e in events[:top]
     ]
+    calls = sum(e.count for e in events)
+    return {"total_ms": total / 1e3, "calls": calls, "top": operations}
 
 
 def decode_case(
@@ -248,10 +252,39 @@ def decode_case(
     for name, bandwidth in bandwidths.items():
         if bandwidth:
             result[f"roofline_frac_{name}"] = total_bytes / bandwidth / decode_s
-    if profile:  # a shorter rollout: the profiler's events of 512 steps take minutes to sort
-        result["profile_new_tokens"] = min(args.new_tokens, PROFILE_NEW_TOKENS)
-        result["profile"] = top_operations(rollout(result["profile_new_tokens"]), device)
+    if profile:
+        result["profile"] = decode_step_profile(model, args, device)
     return result
+
+
+def decode_step_profile(model, args, device, steps: int = PROFILE_STEPS) -> dict:
+    """The kernels of `steps` decode steps of `--batch` rows halfway through a rollout (the
+    prompt and half of the new tokens written), run uncaptured: the kernels a graph replays,
+    without the prefill, whose kernels would otherwise mix in. The profiler's events of a
+    whole captured rollout took minutes to sort."""
+    rows, n = args.batch, args.samples
+    vocab = model.config.vocab_size
+    decoder = GraphDecoder(model, args.prompt_len + args.new_tokens, GraphState(capture=False))
+    ids = torch.randint(0, vocab - 1, (rows // n, args.prompt_len), device=device)
+    positions = torch.arange(args.prompt_len, device=device).expand_as(ids)
+    params = SamplingParams(n=n, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+    ban = ban_bias(vocab, torch.tensor([vocab - 1], device=device))
+    written = args.prompt_len + args.new_tokens // 2
+    with torch.inference_mode():
+        decoder.prefill(ids, torch.ones_like(ids), positions)
+        decoder.select(torch.arange(len(ids), device=device).repeat_interleave(n))
+    token = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def run() -> None:
+        with torch.inference_mode():
+            for j in range(steps):
+                decoder.length = written + j  # columns past the prompt hold zeros: same cost
+                mask = torch.ones(rows, written + j + 1, dtype=torch.long, device=device)
+                position = torch.full((rows,), written + j, device=device)
+                decoder.next_tokens(token, mask, position, params, torch.rand(rows), ban)
+
+    run()  # warm-up: first-call set-up (cuBLAS handles, kernel loading) stays out
+    return {"rows": rows, "written": written, "steps": steps, **top_operations(run, device)}
 
 
 def token_batch(

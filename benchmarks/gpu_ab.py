@@ -1,9 +1,11 @@
 """Side-by-side A/B on a GPU for the levers `benchmarks/gpu.py` reports on.
 
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
-  with CUDA-graph decode steps that sample inside the graph (`GraphDecoder.next_tokens`, the
-  default) and that return logits, sampled eagerly after the replay (as before 11-26),
-  alternating twice, at 128 and 512 rows (graphs against eager decoding: `gpu.py`);
+  with the CUDA-graph decode step of `graph_step.decode_hidden` (packed q/k/v and gate/up
+  matmuls, a fused attention kernel: the default since lever 25) and with the step of
+  `FusedForward.hidden` (before), alternating twice, at 64, 128 and 512 rows, then the
+  kernels of each at 512 rows (`gpu.decode_step_profile`). (Until lever 25 this part compared
+  sampling inside and after the graph, lever 23; graphs against eager decoding: `gpu.py`.);
 - **chunks**: the 0.5b's training mini-batch at 16k-token micro-batches without logits, with
   chunks of 64M (the default until 11-26), 256M (the GPU default since) and 1G logits, and
   with the real rows' logits, alternating
@@ -32,11 +34,14 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import transformers
 from lm_head_ab import WAYS
 
-from rlvr.rollout import hf
-from rlvr.rollout.graphs import GraphDecoder
+from rlvr.models import fused
+from rlvr.rollout import graph_step, graphs
+from rlvr.rollout.graphs import GraphDecoder, SlotKV
+from rlvr.rollout.sampling import below, sample_tokens
 from rlvr.training import logprobs, update
 
 HERE = Path(__file__).parent
@@ -45,10 +50,73 @@ gpu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu)
 
 
-SAMPLING_WAYS = {
-    "sampling in the graph": GraphDecoder.next_tokens,
-    "sampling after the graph": hf.SampleAfterStep.next_tokens,
+def layer_ops_runner(self, b, batch: int, span: int, sampling):
+    """`GraphDecoder._runner` before lever 25: the step through `FusedForward.hidden` (q, k, v,
+    gate and up as five matmuls, attention as matmuls and a softmax)."""
+
+    def run() -> object:
+        mask = b.key_mask[:batch, :span]
+        bias = fused.additive_bias(mask[:, None, :] != 0, b.kv.dtype)
+        cache = SlotKV(b.kv, batch, span, b.where)
+        hidden = self.forward.hidden(
+            b.token[:batch], b.position[:batch], mask, cache, ops=fused.TorchOps(bias)
+        )
+        logits = self.forward.logits(hidden[:, -1])
+        if sampling is None:
+            return logits
+        params, banned = sampling
+        return sample_tokens(logits, params, b.uniform[:batch], b.ban if banned else None)
+
+    return run
+
+
+def matmul_attention(q, keys, values, bias, scale: float):
+    """`graph_step.decode_attention` as `fused.attention` computes it for one query: two
+    batched matmuls and a softmax in fp32 (as before lever 25)."""
+    b, heads, d = q.shape
+    return fused.attention(q[:, :, None], keys, values, bias, scale).reshape(b, heads * d)
+
+
+def blocked_cumsum(probs: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """The GPU's cumulative sum of the probabilities before lever 26."""
+    b, vocab = probs.shape
+    blocks = F.pad(probs, (0, -vocab % block)).view(b, -1, block).cumsum(-1)
+    totals = blocks[..., -1]
+    before = totals.cumsum(-1) - totals
+    return (blocks + before[..., None]).view(b, -1)[:, :vocab]
+
+
+def sample_tokens_before(logits, params, uniform, ban=None):
+    """`sampling.sample_tokens` before lever 26: temperature divisions at temperature 1 and
+    the inverse CDF over `blocked_cumsum`'s whole-row cumulative sums."""
+    logits = logits.float()
+    allowed = logits if ban is None else logits + ban
+    logprobs = (logits / params.temperature).log_softmax(-1)
+    probs = (allowed / params.temperature).softmax(-1)
+    cdf = blocked_cumsum(probs)
+    total = cdf[:, -1:]
+    target = torch.minimum(uniform.to(probs.device)[:, None] * total, below(total))
+    tokens = (cdf <= target).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+STEP_WAYS = {  # name: (runner, decode attention, sampling)
+    "packed step": (GraphDecoder._runner, graph_step.decode_attention, sample_tokens),
+    "packed step, matmul attention": (GraphDecoder._runner, matmul_attention, sample_tokens),
+    "packed step, sampling before lever 26": (
+        GraphDecoder._runner,
+        graph_step.decode_attention,
+        sample_tokens_before,
+    ),
+    "layer-ops step": (layer_ops_runner, graph_step.decode_attention, sample_tokens),
 }
+
+
+def use_way(way: tuple) -> None:
+    """Make the decode step `STEP_WAYS`' `way`."""
+    GraphDecoder._runner, graph_step.decode_attention, graphs.sample_tokens = way
+
+
 CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
     "no logits, 64M-logit chunks": ("no logits", 1 << 26),
     "no logits, 256M-logit chunks": ("no logits", 1 << 28),
@@ -99,6 +167,7 @@ def main() -> None:
     default_way = update.completion_token_stats
     default_chunks = logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS
     path = HERE / "results" / ("gpu_ab.json" if cuda else "gpu_ab-quick.json")
+    bandwidths = {"datasheet": gpu.datasheet(device)[0]}
     report = {
         "command": " ".join(["python", "benchmarks/gpu_ab.py", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -115,15 +184,20 @@ def main() -> None:
 
     for shape in args.shapes:
         model = gpu.build(shape, device, torch.bfloat16 if cuda else torch.float32)
-        for batch in (128, 512) if "decode" in args.parts else ():
+        for batch in (64, 128, 512) if "decode" in args.parts else ():
             case = argparse.Namespace(
-                batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=2
+                batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=1
             )
-            for name, way in [*SAMPLING_WAYS.items()] * 2:
-                GraphDecoder.next_tokens = way
-                r = gpu.decode_case(model, case, device, {})
+            for name, way in [*STEP_WAYS.items()] * 2:
+                use_way(way)
+                r = gpu.decode_case(model, case, device, bandwidths)
                 record(f"{shape} decode batch {batch} {name}", r, "decode_step_ms")
-            GraphDecoder.next_tokens = SAMPLING_WAYS["sampling in the graph"]
+        for name, way in STEP_WAYS.items() if "decode" in args.parts else ():
+            use_way(way)
+            case = argparse.Namespace(batch=512, samples=8, prompt_len=128, new_tokens=512)
+            r = gpu.decode_step_profile(model, case, device)
+            record(f"{shape} decode profile {name}", r, "total_ms")
+        use_way(STEP_WAYS["packed step"])
         for name, (way, chunk) in [*CHUNK_WAYS.items()] * 2 if "chunks" in args.parts else ():
             update.completion_token_stats = WAYS[way]
             logprobs.CHUNK_ELEMENTS = logprobs.GPU_CHUNK_ELEMENTS = chunk

@@ -7,7 +7,7 @@ import torch
 
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.rollout import graphs, hf
+from rlvr.rollout import graph_step, graphs, hf
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
 from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
@@ -143,6 +143,70 @@ def test_kept_buffers_never_leak_stale_values(tok, monkeypatch):
         sizes.append((state.buffers.rows, state.buffers.capacity))
     # 12 rows × 6 + 20 positions, then 12 rows × 3 + 30 (grown), then kept for a smaller one
     assert sizes == [(12, 32), (12, 40), (12, 40)]
+
+
+def test_packed_weights_follow_the_optimizers_in_place_updates(tok, monkeypatch):
+    """The graph step reads q/k/v and gate/up packed into one matrix each (copies); after the
+    weights change in place between rollouts (an optimizer step: same storages, so the graphs
+    are kept), the next rollout samples what the eager decoder samples with the new weights."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    model = MODELS["qwen2_gqa"](tok)  # q/k/v biases
+    prompts, params = [[20, 30, 40], [50, 60]], SamplingParams(n=4, max_new_tokens=16)
+    state = GraphState(capture=False)
+    engine(model, tok, 0, state).generate(prompts, params)
+    buffers = state.buffers
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "proj" in name:
+                p.add_(0.2 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    out = engine(model, tok, 1, state).generate(prompts, params)
+    ref = engine(model, tok, 1, None).generate(prompts, params)
+    assert state.buffers is buffers  # the kept buffers and packed copies
+    assert isinstance(buffers.weights, graph_step.PackedWeights)
+    assert out.completion_ids == ref.completion_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_a_model_too_large_to_pack_reads_its_projections_one_by_one(tok, monkeypatch):
+    """Packed copies are made only while they take at most PACK_MEMORY_SHARE of the device's
+    memory; past it the step reads q/k/v and gate/up separately and samples the same."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    model = eos_heavy(MODELS["qwen2_gqa"](tok), tok, 0.25)
+    forward = fused.FusedForward(model)
+    packed = sum(
+        p.numel() * p.element_size()
+        for name, p in model.named_parameters()
+        if any(f"{proj}_proj" in name for proj in ("q", "k", "v", "gate", "up"))
+    )
+    share = packed / graph_step.device_memory(torch.device("cpu"))
+    monkeypatch.setattr(graph_step, "PACK_MEMORY_SHARE", share)
+    assert isinstance(
+        graph_step.decode_weights(forward, torch.device("cpu")), graph_step.PackedWeights
+    )
+    monkeypatch.setattr(graph_step, "PACK_MEMORY_SHARE", share * 0.999)
+    assert isinstance(
+        graph_step.decode_weights(forward, torch.device("cpu")), graph_step.SeparateWeights
+    )
+    prompts, params = [[20, 30, 40], [50, 60]], SamplingParams(n=4, max_new_tokens=24)
+    state = GraphState(capture=False)
+    out = engine(model, tok, 2, state).generate(prompts, params)
+    ref = engine(model, tok, 2, None).generate(prompts, params)
+    assert isinstance(state.buffers.weights, graph_step.SeparateWeights)
+    assert out.completion_ids == ref.completion_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_the_rotary_pair_rotates_as_the_model_does():
+    """x·cos + roll(x, d/2)·signed_sin equals `fused.rotate` (RoFormer's rotation)."""
+    g = torch.Generator().manual_seed(0)
+    x, cos, sin = (torch.randn(3, 5, 8, generator=g) for _ in range(3))
+    cos, signed = graph_step.rotary_pair(cos, sin)
+    got = x * cos + x.roll(4, -1) * signed
+    assert torch.allclose(got, fused.rotate(x, cos, sin), atol=1e-6)
+    assert not torch.allclose(got, x * cos + x.roll(4, -1) * sin, atol=1e-3)
 
 
 def test_graphs_are_dropped_when_the_parameters_move(tok):

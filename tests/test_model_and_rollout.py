@@ -9,7 +9,7 @@ from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device,
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine, left_pad
-from rlvr.rollout.sampling import blocked_cumsum, filter_logits, inverse_cdf_sample
+from rlvr.rollout.sampling import blocked_inverse_cdf, filter_logits, inverse_cdf_sample
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
@@ -79,10 +79,44 @@ def test_inverse_cdf_sample_picks_the_interval_of_u():
     assert inverse_cdf_sample(weights, torch.tensor([1.0, 1.0])).tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 8])
+def test_blocked_inverse_cdf_picks_the_interval_of_u(block):
+    """The two-level search (block, then token; GPU) keeps `inverse_cdf_sample`'s rules, with
+    blocks that split the zero-probability tokens off and a last block cut short."""
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0]] * 6)
+    uniform = torch.tensor([0.0, 0.4999, 0.5, 0.79, 0.8, 0.9999])
+    assert blocked_inverse_cdf(probs, uniform, block).tolist() == [0, 0, 2, 2, 3, 3]
+    weights = torch.tensor([[2.0, 6.0, 0.0], [1.0, 0.0, 0.0]])
+    assert blocked_inverse_cdf(weights, torch.tensor([0.3, 0.5]), block).tolist() == [1, 0]
+    assert blocked_inverse_cdf(weights, torch.tensor([1.0, 1.0]), block).tolist() == [1, 0]
+
+
+def test_blocked_inverse_cdf_never_rounds_past_the_chosen_blocks_last_token():
+    """The block's sum (a reduction) can exceed its own cumulative sum by rounding; a u·total
+    falling between the two must still draw the block's last nonzero token (7), not the
+    zero-probability end of the block (a row found by search)."""
+    head = [4.7546803300102525e-11, 1.2825863393572945e-07, 0.004991015885025263,
+            0.0010186814470216632, 1.4593177183996886e-05, 0.11334101110696793,
+            0.0018445972818881273, 0.04352833703160286]  # fmt: skip
+    tail = [0.0028215954080224037, 8.209983207052574e-06, 5.945397788309492e-05,
+            0.02527669258415699, 1.2689748984939797e-07, 0.006427336949855089,
+            0.0035371091216802597, 0.04076770693063736]  # fmt: skip
+    probs = torch.tensor([head + [0.0] * 24 + tail + [0.0] * 24])
+    token = blocked_inverse_cdf(probs, torch.tensor([0.6761642098426819]), block=32)
+    assert token.tolist() == [7]
+
+
 @pytest.mark.parametrize("vocab", [7, 256, 1000])
-def test_blocked_cumsum_equals_cumsum(vocab):
-    probs = torch.rand(3, vocab, generator=torch.Generator().manual_seed(vocab))
-    torch.testing.assert_close(blocked_cumsum(probs, block=16), probs.cumsum(-1))
+def test_blocked_inverse_cdf_draws_what_one_cumulative_sum_draws(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    probs = torch.rand(64, vocab, generator=g) ** 4  # uneven, some blocks near zero
+    probs[:, ::5] = 0.0
+    uniform = torch.rand(64, generator=g)
+    want = inverse_cdf_sample(probs, uniform)
+    assert torch.equal(blocked_inverse_cdf(probs, uniform, block=16), want)
+    assert len(set(want.tolist())) > min(20, vocab // 2) and bool(
+        (probs.gather(-1, want[:, None]) > 0).all()
+    )
 
 
 def test_inverse_cdf_sample_matches_the_distribution():

@@ -16,8 +16,9 @@ fp32 rounding, gradients included), with less work:
   activations are recomputed in backward, in two regions around the KV-cache update, which
   must not run twice.
 
-Concatenating q/k/v and gate/up into one matmul each was measured and dropped: no gain in
-decoding at batch 128, a loss in training (the gradient split costs more than it saves).
+Concatenating q/k/v and gate/up into one matmul each was measured and dropped here: no gain
+in decoding on a CPU at batch 128, a loss in training (the gradient split costs more than it
+saves). A GPU's captured decode step does use it (`rollout.graph_step`).
 
 Only plain modules are accepted (`supports`): exact `nn.Linear` projections (no LoRA or
 quantised wrappers), SiLU MLP, full attention without dropout, rotary types that do not depend

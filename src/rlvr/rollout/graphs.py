@@ -15,12 +15,13 @@ addresses, so:
   leading rows, and the rows past the live ones are computed and ignored;
 - one graph per (batch, span) is captured at first use and kept; all share one memory pool.
 
-A step's graph also samples the next token (`GraphDecoder.next_tokens`, `sample_tokens` on the
-logits: a dozen passes over [rows, vocab] that would otherwise be launched one by one, with
-the CPU waiting between steps); the uniforms it draws with come from the run's generator on
-the CPU and are copied in before the replay, so the samples are those of the eager decoders.
-Prefill stays eager. `GraphState(capture=False)` runs the same static-buffer steps without
-capturing, which is how they are tested on a CPU.
+The step itself is `graph_step.decode_hidden` (packed matmuls, a fused attention kernel: few
+kernels per layer). A step's graph also samples the next token (`GraphDecoder.next_tokens`,
+`sample_tokens` on the logits: passes over [rows, vocab] that would otherwise be launched one
+by one, with the CPU waiting between steps); the uniforms it draws with come from the run's
+generator on the CPU and are copied in before the replay, so the samples are those of the
+eager decoders. Prefill stays eager. `GraphState(capture=False)` runs the same static-buffer
+steps without capturing, which is how they are tested on a CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from rlvr.models import fused
 from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.graph_step import decode_hidden, decode_weights
 from rlvr.rollout.sampling import sample_tokens
 
 T = TypeVar("T")
@@ -87,6 +89,7 @@ class StaticBuffers:
         self.where = torch.zeros(1, dtype=torch.long, device=like.device)
         self.uniform = torch.zeros(rows, device=like.device)
         self.ban = torch.zeros(forward.model.lm_head.weight.shape[0], device=like.device)
+        self.weights = decode_weights(forward, like.device)
 
 
 class GraphState:
@@ -187,6 +190,7 @@ class GraphDecoder:
                 b.kv[layer, 1, :n, :, :end] = v[rows, :, :end]
             b.kv[:, :, :n, :, end:].zero_()
             b.key_mask[:n].zero_()
+            b.weights.refresh()  # the optimizer has updated the model since the last rollout
             self.prefill_cache = None
         else:
             kv = self.buffers.kv
@@ -247,10 +251,10 @@ class GraphDecoder:
             mask = b.key_mask[:batch, :span]
             bias = fused.additive_bias(mask[:, None, :] != 0, b.kv.dtype)
             cache = SlotKV(b.kv, batch, span, b.where)
-            hidden = self.forward.hidden(
-                b.token[:batch], b.position[:batch], mask, cache, ops=fused.TorchOps(bias)
+            hidden = decode_hidden(
+                self.forward, b.weights, b.token[:batch, 0], b.position[:batch, 0], bias, cache
             )
-            logits = self.forward.logits(hidden[:, -1])
+            logits = self.forward.logits(hidden)
             if sampling is None:
                 return logits
             params, banned = sampling

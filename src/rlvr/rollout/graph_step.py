@@ -1,0 +1,182 @@
+"""The decode step a CUDA graph captures (`rollout.graphs`), in as few kernels as PyTorch
+allows: one token per row through a `fused.FusedForward` model, reading and writing the
+static KV buffer.
+
+Inside a graph a kernel costs no launch time, but each still runs for a few microseconds
+however little it does, and the small ones leave most of the GPU idle; with about 36 kernels
+per layer the 24-layer 0.5B shape spent most of a 64-row step on them (`docs/benchmarks.md`,
+levers 25 and 27). Per layer this step runs:
+
+- q, k and v as one matmul, and gate and up as one, over weights packed once per rollout
+  (`PackedWeights`; the copies cost 2/3 of the layer weights' memory while a rollout engine
+  keeps its graphs, so a model whose copies would take more than `PACK_MEMORY_SHARE` of the
+  device's memory reads its projections one by one instead);
+- the rotary embedding of q and k together, as x·cos + roll(x, d/2)·(±sin) (three kernels,
+  RoFormer eq. 34 in Llama's half-split layout);
+- attention as one fused scaled-dot-product kernel that reads each K/V head once for its
+  group of query heads (`decode_attention`);
+- the residual additions inside the output matmuls (`torch.addmm`).
+
+It computes what `FusedForward.hidden` computes for one position, up to rounding (tested
+against the eager decoder's samples).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlvr.models import fused
+
+PACK_MEMORY_SHARE = 0.05
+"""Most of the device's memory the packed copies may take (`decode_weights`): on an 80 GB GPU
+models up to about 3B parameters; a 7B Llama's would take 9 GB."""
+
+Groups = tuple[list[nn.Linear], list[nn.Linear]]
+
+
+def projection_groups(forward: fused.FusedForward) -> list[Groups]:
+    """Per layer, the projections of one packed matmul each: (q, k, v) and (gate, up)."""
+    return [
+        (
+            [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
+            [layer.mlp.gate_proj, layer.mlp.up_proj],
+        )
+        for layer in forward.layers
+    ]
+
+
+def _packed_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
+    """The modules' biases end to end (zeros for one without), or None when none has one."""
+    if all(m.bias is None for m in modules):
+        return None
+    return torch.cat(
+        [m.weight.new_zeros(m.out_features) if m.bias is None else m.bias for m in modules]
+    )
+
+
+class PackedWeights:
+    """Each group of `projection_groups` stacked into one matrix (and one bias): one matmul
+    instead of three or two. Copies, which `refresh` rewrites in place: the optimizer updates
+    the model's weights between rollouts, and the graphs read the copies by address."""
+
+    def __init__(self, forward: fused.FusedForward) -> None:
+        self.sources = projection_groups(forward)
+        self.weights = [
+            [torch.cat([m.weight for m in g]) for g in groups] for groups in self.sources
+        ]
+        self.biases = [[_packed_bias(g) for g in groups] for groups in self.sources]
+
+    def refresh(self) -> None:
+        """Copy the model's current weights into the packed tensors, module by module."""
+        for groups, weights, biases in zip(self.sources, self.weights, self.biases, strict=True):
+            for modules, weight, bias in zip(groups, weights, biases, strict=True):
+                start = 0
+                for m in modules:
+                    end = start + m.out_features
+                    weight[start:end].copy_(m.weight)
+                    if bias is not None and m.bias is not None:
+                        bias[start:end].copy_(m.bias)
+                    start = end
+
+    def project(self, layer: int, group: int, x: torch.Tensor) -> torch.Tensor:
+        """The outputs of `layer`'s projection group `group` (0: q/k/v, 1: gate/up), end to end."""
+        return F.linear(x, self.weights[layer][group], self.biases[layer][group])
+
+
+class SeparateWeights:
+    """`PackedWeights`' interface over the model's own projections, one matmul each (no
+    copies), for a model whose packed copies would take too much memory (`decode_weights`)."""
+
+    def __init__(self, forward: fused.FusedForward) -> None:
+        self.sources = projection_groups(forward)
+
+    def refresh(self) -> None:
+        """Nothing to copy: the projections are read where they are."""
+
+    def project(self, layer: int, group: int, x: torch.Tensor) -> torch.Tensor:
+        """`PackedWeights.project` as one matmul per projection."""
+        return torch.cat([fused.linear(x, m) for m in self.sources[layer][group]], dim=-1)
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of `device`: a GPU's own, else the machine's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def decode_weights(
+    forward: fused.FusedForward, device: torch.device
+) -> PackedWeights | SeparateWeights:
+    """Packed copies of the projections while they take at most `PACK_MEMORY_SHARE` of the
+    device's memory, else the projections as they are."""
+    groups = [m for layer in projection_groups(forward) for g in layer for m in g]
+    size = sum(p.numel() * p.element_size() for m in groups for p in m.parameters())
+    if size <= PACK_MEMORY_SHARE * device_memory(device):
+        return PackedWeights(forward)
+    return SeparateWeights(forward)
+
+
+def residual_linear(h: torch.Tensor, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
+    """h + module(x) with the addition in the matmul's epilogue."""
+    out = torch.addmm(h, x, module.weight.t())
+    return out if module.bias is None else out + module.bias
+
+
+def rotary_pair(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) such that x·cos + roll(x, d/2)·signed_sin = `fused.rotate(x, cos,
+    sin)`: roll(x, d/2) = (x2, x1) and rotate_half(x) = (-x2, x1)."""
+    half = sin.shape[-1] // 2
+    sign = torch.ones(sin.shape[-1], dtype=sin.dtype, device=sin.device)
+    sign[:half] = -1
+    return cos, sin * sign
+
+
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`fused.attention` for one query per row, q [b, heads, d], as one fused kernel that
+    reads each K/V head (keys, values [b, kv_heads, s, d]) for its group of query heads
+    without repeating it (`enable_gqa`); returns [b, heads·d]."""
+    b, heads, d = q.shape
+    out = F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, attn_mask=bias, scale=scale, enable_gqa=heads != keys.shape[1]
+    )
+    return out.reshape(b, heads * d)
+
+
+def decode_hidden(
+    forward: fused.FusedForward,
+    weights: PackedWeights | SeparateWeights,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    bias: torch.Tensor,
+    cache: fused.KVStore,
+) -> torch.Tensor:
+    """Final-norm hidden states [b, hidden] after one token per row, token and position [b],
+    attending under the additive mask `bias` [b, 1, 1, s] to the keys `cache` returns (the
+    first s of its positions, this one written among them)."""
+    base = forward.model.model
+    heads, kv, d, eps = forward.heads, forward.kv_heads, forward.head_dim, forward.eps
+    b = token.shape[0]
+    h = base.embed_tokens(token)
+    cos, sin = base.rotary_emb(h, position[:, None])
+    cos, signed_sin = rotary_pair(cos, sin)  # [b, 1, d]: broadcast over the heads
+    for i, layer in enumerate(forward.layers):
+        x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, eps)
+        qkv = weights.project(i, 0, x)
+        qk = qkv[:, : (heads + kv) * d].view(b, heads + kv, d)
+        qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), signed_sin)
+        v = qkv[:, (heads + kv) * d :].view(b, kv, d)
+        keys, values = cache.update(i, qk[:, heads:, None], v[:, :, None])
+        a = decode_attention(qk[:, :heads], keys, values, bias, forward.scale)
+        h = residual_linear(h, a, layer.self_attn.o_proj)
+        x = F.rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, eps)
+        gate, up = weights.project(i, 1, x).chunk(2, dim=-1)
+        h = residual_linear(h, F.silu(gate) * up, layer.mlp.down_proj)
+    cache.length += 1
+    return F.rms_norm(h, (h.shape[-1],), base.norm.weight, eps)
