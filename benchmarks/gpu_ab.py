@@ -1,11 +1,14 @@
 """Side-by-side A/B on a GPU for the levers `benchmarks/gpu.py` reports on.
 
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
-  with the CUDA-graph decode step of `graph_step.decode_hidden` (packed q/k/v and gate/up
-  matmuls, a fused attention kernel: the default since lever 25) and with the step of
-  `FusedForward.hidden` (before), alternating twice, at 64, 128 and 512 rows, then the
-  kernels of each at 512 rows (`gpu.decode_step_profile`). (Until lever 25 this part compared
-  sampling inside and after the graph, lever 23; graphs against eager decoding: `gpu.py`.);
+  with the ways of `STEP_WAYS`: the CUDA-graph decode step of `graph_step.decode_hidden`
+  (packed q/k/v and gate/up matmuls, one fused attention kernel: lever 25) with the default
+  sampling, with the attention as two matmuls, with the sampling before lever 26, and the
+  step of `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512
+  rows, then the kernels of each at 512 rows (`gpu.decode_step_profile`). The 11-26 results
+  (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25 alone) predate
+  lever 27, which changed `decode_attention`. (Until lever 25 this part compared sampling
+  inside and after the graph, lever 23; graphs against eager decoding: `gpu.py`.);
 - **chunks**: the 0.5b's training mini-batch at 16k-token micro-batches without logits, with
   chunks of 64M (the default until 11-26), 256M (the GPU default since) and 1G logits, and
   with the real rows' logits, alternating
