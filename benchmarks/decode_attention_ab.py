@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.models import fused
+from rlvr.rollout.graphs import capture
 
 RESULTS = Path(__file__).parent / "results" / "decode_attention_ab.json"
 SHAPES = {"0.5b": (14, 2), "100m": (12, 12)}  # query heads, K/V heads; head_dim 64
@@ -59,20 +60,12 @@ def matmuls(q, k, v, bias, scale, backend):
 
 def graph_ms(fn, calls: int = 20, repeats: int = 5) -> float:
     """Median ms per call of `fn` replayed from a CUDA graph of `calls` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    replay = capture(lambda: [fn() for _ in range(calls)])
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        graph.replay()
+        replay()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / calls * 1e3)
     return statistics.median(times)

@@ -139,23 +139,30 @@ class GraphState:
         return replay()
 
     def _capture(self, run: Callable[[], T]) -> Callable[[], T]:
-        """Capture `run` after one warm-up call on a side stream (as PyTorch recommends)."""
+        """`capture` into the graphs' shared memory pool."""
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = run()
+        return capture(run, self.pool)
 
-        def replay() -> T:
-            graph.replay()
-            return out
 
-        return replay
+def capture(run: Callable[[], T], pool: object = None) -> Callable[[], T]:
+    """Capture `run` after one warm-up call on a side stream (as PyTorch recommends); returns
+    a function that replays it and returns the captured call's result (whose tensors each
+    replay rewrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+
+    def replay() -> T:
+        graph.replay()
+        return out
+
+    return replay
 
 
 class GraphDecoder:
