@@ -78,7 +78,7 @@ def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tens
     probs: [b, vocab], rows need not sum to 1; uniform: [b] in [0, 1). A zero-probability
     token has an empty interval and is never drawn; if rounding puts u·total at or above the
     last cumulative value, it is moved just below it, so the drawn token is the last one whose
-    interval is not empty.
+    interval is not empty. On a GPU the search is `blocked_inverse_cdf`'s (same rules).
     """
     if probs.is_cuda:
         return blocked_inverse_cdf(probs, uniform)
