@@ -47,7 +47,7 @@ from rlvr.models import fused
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
 from rlvr.rollout.hf import HFRolloutEngine
-from rlvr.rollout.sampling import ban_bias
+from rlvr.rollout.sampling import Draw, ban_bias
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.optim import build_optimizer
@@ -281,7 +281,7 @@ def decode_step_profile(model, args, device, steps: int = PROFILE_STEPS) -> dict
                 decoder.length = written + j  # columns past the prompt hold zeros: same cost
                 mask = torch.ones(rows, written + j + 1, dtype=torch.long, device=device)
                 position = torch.full((rows,), written + j, device=device)
-                decoder.next_tokens(token, mask, position, params, torch.rand(rows), ban)
+                decoder.next_tokens(token, mask, position, Draw(params, torch.rand(rows), ban))
 
     run()  # warm-up: first-call set-up (cuBLAS handles, kernel loading) stays out
     return {"rows": rows, "written": written, "steps": steps, **top_operations(run, device)}

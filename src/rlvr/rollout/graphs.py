@@ -34,9 +34,8 @@ import torch
 from torch import nn
 
 from rlvr.models import fused
-from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graph_step import decode_hidden, decode_weights
-from rlvr.rollout.sampling import sample_tokens
+from rlvr.rollout.sampling import Draw, sample_tokens
 
 T = TypeVar("T")
 
@@ -222,26 +221,17 @@ class GraphDecoder:
         logits = self.state.step((batch, span), partial(self._runner, b, batch, span, None))
         return logits[: token.shape[0]]
 
-    def next_tokens(
-        self,
-        token: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position: torch.Tensor,
-        params: SamplingParams,
-        uniform: torch.Tensor | None,
-        ban: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_tokens(self, token, attention_mask, position, draw: Draw) -> tuple[torch.Tensor, ...]:
         """Feed one token per row; the next token of each row and its log-prob, sampled inside
-        the step's graph (`sample_tokens` with `uniform` and `ban`, copied in first). One graph
-        per (batch, span, temperature, top-k, top-p, whether tokens are banned)."""
-        n = token.shape[0]
+        the step's graph (`sample_tokens` with the draw's uniforms and ban, copied in first).
+        One graph per (batch, span, temperature, top-p, top-k, whether tokens are banned)."""
+        n, params, banned = token.shape[0], draw.params, draw.ban is not None
         b, batch, span = self._feed(token, attention_mask, position)
-        if uniform is not None:
-            b.uniform[:n] = uniform
-        if ban is not None and ban is not self.ban:  # once per rollout
-            b.ban.copy_(ban)
-            self.ban = ban
-        banned = ban is not None
+        if draw.uniform is not None:
+            b.uniform[:n] = draw.uniform
+        if banned and draw.ban is not self.ban:  # once per rollout
+            b.ban.copy_(draw.ban)
+            self.ban = draw.ban
         key = (batch, span, params.temperature, params.top_p, params.top_k, banned)
         run = partial(self._runner, b, batch, span, (params, banned))
         tokens, logps = self.state.step(key, run)

@@ -28,7 +28,7 @@ from rlvr.models import fused
 from rlvr.models.hf_cache import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
-from rlvr.rollout.sampling import ban_bias, draw_uniform, sample_tokens
+from rlvr.rollout.sampling import Draw, ban_bias, draw_uniform
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,8 +174,9 @@ class HFRolloutEngine:
         def ban_at(step: int) -> torch.Tensor | None:
             return ban if step < params.min_new_tokens else None
 
-        uniform = draw_uniform(self.generator, rows, params)
-        token, logp = sample_tokens(logits, params, uniform, ban_at(0))
+        token, logp = Draw(params, draw_uniform(self.generator, rows, params), ban_at(0)).sample(
+            logits
+        )
         for step in range(params.max_new_tokens):
             # one device-to-host copy per step: tokens and log-probs together (exact in fp64)
             host_tokens, host_logps = torch.stack([token.double(), logp.double()]).tolist()
@@ -197,10 +198,8 @@ class HFRolloutEngine:
             attention_mask = torch.cat(
                 [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
             )
-            uniform = draw_uniform(self.generator, len(live), params)
-            token, logp = decoder.next_tokens(
-                token, attention_mask, next_position, params, uniform, ban_at(step + 1)
-            )
+            draw = Draw(params, draw_uniform(self.generator, len(live), params), ban_at(step + 1))
+            token, logp = decoder.next_tokens(token, attention_mask, next_position, draw)
             next_position = next_position + 1
         out.prompt_index.extend(offset + r // n for r in range(rows))
         out.completion_ids.extend(tokens)
@@ -211,18 +210,9 @@ class HFRolloutEngine:
 class SampleAfterStep:
     """`next_tokens` for a decoder whose `step` returns logits: the step, then eager sampling."""
 
-    def next_tokens(
-        self,
-        token: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position: torch.Tensor,
-        params: SamplingParams,
-        uniform: torch.Tensor | None,
-        ban: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed one token per row; the next token of each row and its log-prob
-        (`sample_tokens` with `uniform` and `ban`)."""
-        return sample_tokens(self.step(token, attention_mask, position), params, uniform, ban)
+    def next_tokens(self, token, attention_mask, position, draw: Draw) -> tuple[torch.Tensor, ...]:
+        """Feed one token per row; the next token of each row and its log-prob (`draw`)."""
+        return draw.sample(self.step(token, attention_mask, position))
 
 
 class HFDecoder(SampleAfterStep):

@@ -8,6 +8,8 @@ Randomness is one uniform per row per step from the run's generator, drawn on th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +46,21 @@ def ban_bias(vocab: int, banned: torch.Tensor) -> torch.Tensor:
     return torch.zeros(vocab, device=banned.device).index_fill_(0, banned, float("-inf"))
 
 
+@dataclass(frozen=True)
+class Draw:
+    """What one decode step draws with: the sampling settings, one uniform per row
+    (`draw_uniform`; None when greedy) and the additive EOS ban (`ban_bias`; None when EOS
+    is allowed)."""
+
+    params: SamplingParams
+    uniform: torch.Tensor | None
+    ban: torch.Tensor | None = None
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample_tokens` of `logits` with this draw."""
+        return sample_tokens(logits, self.params, self.uniform, self.ban)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -67,9 +84,10 @@ def sample_tokens(
 
 
 def scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits / temperature, without a pass over [b, vocab] at temperature 1 (the same
-    numbers)."""
-    return logits if temperature == 1 else logits / temperature
+    """logits / temperature in fp32, the one temperature division of the rollout and of every
+    trainer log-prob (DESIGN rule 1); at temperature 1 the logits as they are, without a pass
+    over [rows, vocab] (the softmax kernels read bf16 and accumulate in fp32)."""
+    return logits if temperature == 1 else logits.float() / temperature
 
 
 def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout.sampling import scale
+
 CHUNK_ELEMENTS = 1 << 26
 """Logits per chunk of `linear_token_stats` on a CPU: 64M values, 256 MB in fp32, whatever the
 vocabulary. Larger chunks amortise the head gradient's read-modify-write of [vocab, hidden]
@@ -39,12 +41,6 @@ peak memory (`benchmarks/gpu_ab.py --parts chunks`, docs/benchmarks.md)."""
 def default_chunk_elements(device: torch.device) -> int:
     """`GPU_CHUNK_ELEMENTS` on a CUDA device, else `CHUNK_ELEMENTS` (each read at each call)."""
     return GPU_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
-
-
-def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
-    """x / temperature in fp32 (the softmax kernels read bf16 and accumulate in fp32 when the
-    temperature is 1, so no fp32 copy is made then)."""
-    return x if temperature == 1.0 else x.float() / temperature
 
 
 def _logit_grad(
@@ -96,7 +92,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
         for i in range(0, x.shape[0], chunk):
             rows = slice(i, i + chunk)
-            _stats_into(out, entropy, rows, _scaled(x[rows], temperature), tokens)
+            _stats_into(out, entropy, rows, scale(x[rows], temperature), tokens)
         ctx.save_for_backward(x, tokens, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)
@@ -109,7 +105,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_x = torch.empty_like(x)
         for i in range(0, x.shape[0], ctx.chunk):
             rows = slice(i, i + ctx.chunk)
-            z = _scaled(x[rows], t)
+            z = scale(x[rows], t)
             grad_x[rows] = _logit_grad(z, rows, tokens, entropy, g_logp, g_entropy, t)
         return grad_x, None, None, None, None
 
@@ -127,7 +123,7 @@ class _LinearLogprobs(torch.autograd.Function):
         for i in range(0, hidden.shape[0], chunk):
             rows = slice(i, i + chunk)
             logits = F.linear(hidden[rows], weight, bias)
-            _stats_into(out, entropy, rows, _scaled(logits, temperature), tokens)
+            _stats_into(out, entropy, rows, scale(logits, temperature), tokens)
         ctx.save_for_backward(hidden, weight, bias, tokens, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)
@@ -144,7 +140,7 @@ class _LinearLogprobs(torch.autograd.Function):
         for i in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(i, i + ctx.chunk)
             h = hidden[rows]
-            z = _scaled(F.linear(h, weight, bias), t)
+            z = scale(F.linear(h, weight, bias), t)
             dz = _logit_grad(z, rows, tokens, entropy, g_logp, g_entropy, t).to(hidden.dtype)
             if need_hidden:
                 grad_hidden[rows] = dz @ weight
