@@ -207,7 +207,13 @@ def top_operations(fn: Callable[[], object], device: torch.device, top: int = 20
 
 
 def decode_case(
-    model, args, device, bandwidths, cuda_graphs: bool = True, profile: bool = False
+    model,
+    args,
+    device,
+    bandwidths,
+    cuda_graphs: bool = True,
+    profile: bool = False,
+    overlap: bool | None = None,
 ) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -217,7 +223,9 @@ def decode_case(
     ]
     eos = [vocab - 1]
 
-    engine = HFRolloutEngine(model, eos, 0, batch_size=args.batch, cuda_graphs=cuda_graphs)
+    engine = HFRolloutEngine(
+        model, eos, 0, batch_size=args.batch, cuda_graphs=cuda_graphs, overlap=overlap
+    )
 
     def rollout(tokens: int) -> Callable[[], object]:
         params = SamplingParams(n=args.samples, max_new_tokens=tokens, min_new_tokens=tokens)

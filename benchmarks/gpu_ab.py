@@ -3,9 +3,11 @@
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
   with the ways of `STEP_WAYS`: the CUDA-graph decode step of `graph_step.decode_hidden`
   (packed q/k/v and gate/up matmuls, one fused attention kernel: lever 25) with the default
-  sampling, with the attention as two matmuls, with the sampling before lever 26, and the
-  step of `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512
-  rows, then the kernels of each at 512 rows (`gpu.decode_step_profile`). The 11-26 results
+  sampling and overlapped steps, with sequential steps (the host reads each step's tokens
+  before launching the next, as before lever 28), with the attention as two matmuls, with
+  the sampling before lever 26, and the step of `FusedForward.hidden` (before lever 25),
+  alternating twice, at 64, 128 and 512 rows, then the kernels of each at 512 rows
+  (`gpu.decode_step_profile`); `--ways` picks some of them. The 11-26 results
   (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25 alone) predate
   lever 27, which changed `decode_attention`. (Until lever 25 this part compared sampling
   inside and after the graph, lever 23; graphs against eager decoding: `gpu.py`.);
@@ -23,6 +25,7 @@
     python benchmarks/gpu_ab.py                  # both shapes, both parts, bf16, on CUDA
     python benchmarks/gpu_ab.py --parts train    # the training half only
     python benchmarks/gpu_ab.py --shapes 0.5b --parts chunks
+    python benchmarks/gpu_ab.py --parts decode --ways "packed step" "packed step, sequential steps"
     python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
@@ -103,21 +106,34 @@ def sample_tokens_before(logits, params, uniform, ban=None):
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-STEP_WAYS = {  # name: (runner, decode attention, sampling)
-    "packed step": (GraphDecoder._runner, graph_step.decode_attention, sample_tokens),
-    "packed step, matmul attention": (GraphDecoder._runner, matmul_attention, sample_tokens),
+STEP_WAYS = {  # name: (runner, decode attention, sampling, overlapped steps)
+    "packed step": (GraphDecoder._runner, graph_step.decode_attention, sample_tokens, True),
+    "packed step, sequential steps": (
+        GraphDecoder._runner,
+        graph_step.decode_attention,
+        sample_tokens,
+        False,
+    ),
+    "packed step, matmul attention": (
+        GraphDecoder._runner,
+        matmul_attention,
+        sample_tokens,
+        True,
+    ),
     "packed step, sampling before lever 26": (
         GraphDecoder._runner,
         graph_step.decode_attention,
         sample_tokens_before,
+        True,
     ),
-    "layer-ops step": (layer_ops_runner, graph_step.decode_attention, sample_tokens),
+    "layer-ops step": (layer_ops_runner, graph_step.decode_attention, sample_tokens, True),
 }
 
 
-def use_way(way: tuple) -> None:
-    """Make the decode step `STEP_WAYS`' `way`."""
-    GraphDecoder._runner, graph_step.decode_attention, graphs.sample_tokens = way
+def use_way(way: tuple) -> bool:
+    """Make the decode step `STEP_WAYS`' `way`; return whether its steps overlap."""
+    GraphDecoder._runner, graph_step.decode_attention, graphs.sample_tokens, overlap = way
+    return overlap
 
 
 CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
@@ -162,7 +178,16 @@ def main() -> None:
         default=["decode", "train"],
         choices=["decode", "chunks", "train"],
     )
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=list(STEP_WAYS),
+        default=list(STEP_WAYS),
+        metavar="WAY",
+        help="the decode ways to compare (default: all of STEP_WAYS)",
+    )
     args = parser.parse_args()
+    step_ways = {name: STEP_WAYS[name] for name in args.ways}
     cuda = not args.quick
     device = torch.device("cuda" if cuda else "cpu")
     if args.quick:
@@ -191,11 +216,11 @@ def main() -> None:
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=1
             )
-            for name, way in [*STEP_WAYS.items()] * 2:
-                use_way(way)
-                r = gpu.decode_case(model, case, device, bandwidths)
+            for name, way in [*step_ways.items()] * 2:
+                overlap = use_way(way)
+                r = gpu.decode_case(model, case, device, bandwidths, overlap=overlap)
                 record(f"{shape} decode batch {batch} {name}", r, "decode_step_ms")
-        for name, way in STEP_WAYS.items() if "decode" in args.parts else ():
+        for name, way in step_ways.items() if "decode" in args.parts else ():
             use_way(way)
             case = argparse.Namespace(batch=512, samples=8, prompt_len=128, new_tokens=512)
             r = gpu.decode_step_profile(model, case, device)

@@ -12,7 +12,11 @@ revision / working tree. Cases:
   22-token prompts, completions of 8–39 tokens);
 - `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts;
 - `rollout-ragged`: the same with two frequent tokens ending completions, so that rows
-  finish at many steps (`fused_ab.decode_cases`).
+  finish at many steps (`fused_ab.decode_cases`);
+- `host-turn`: the engine's own work between decode steps (reading the tokens, dropping
+  finished rows, drawing the uniforms), with a decoder that computes nothing: 64 prompts × 8
+  samples, up to 256 tokens, each row ending with probability 1/64 per step. On a GPU this
+  is time the GPU waits unless the steps overlap it.
 
 Reported per run: the median of `--passes` passes after two warm-up passes; then each side's
 median over the runs and the median of the paired speed-ups (revision / working tree), also
@@ -94,11 +98,50 @@ def rollout_case(ragged: bool = False):
     return lambda: engine.generate(prompts, params)
 
 
+class IdleDecoder:
+    """A decoder that computes nothing: token 7, or EOS (id 1) with probability 1/64, per row
+    and step, from its own generator; log-probs zero."""
+
+    def __init__(self, *args) -> None:
+        import torch
+
+        self.generator = torch.Generator().manual_seed(0)
+
+    def prefill(self, input_ids, attention_mask, position_ids):
+        import torch
+
+        return torch.zeros(input_ids.shape[0], 8)
+
+    def select(self, rows) -> None:
+        """Nothing to keep."""
+
+    def next_tokens(self, token, attention_mask, position, draw):
+        import torch
+
+        ends = torch.rand(token.shape[0], generator=self.generator) < 1 / 64
+        return torch.where(ends, 1, 7), torch.zeros(token.shape[0])
+
+
+def host_turn_case():
+    """A function running a rollout of 512 rows and up to 256 tokens through `IdleDecoder`."""
+    import torch
+
+    from rlvr.rollout import hf
+    from rlvr.rollout.base import SamplingParams
+
+    hf.HFDecoder = IdleDecoder  # the decoder the engine picks for a model that is not a Llama
+    engine = hf.HFRolloutEngine(torch.nn.Linear(1, 1), [1], 0, generator=torch.Generator())
+    prompts = [[5, 6, 7]] * 64
+    params = SamplingParams(n=8, max_new_tokens=256)
+    return lambda: engine.generate(prompts, params)
+
+
 CASES = {
     "update": update_case,
     "update-ragged": lambda: update_case(ragged=True),
     "rollout": rollout_case,
     "rollout-ragged": lambda: rollout_case(ragged=True),
+    "host-turn": host_turn_case,
 }
 
 

@@ -26,9 +26,15 @@ def eos_heavy(model, tok, push: float = 0.4):
     return model
 
 
-def engine(model, tok, seed: int, state: GraphState | None) -> HFRolloutEngine:
+def engine(
+    model, tok, seed: int, state: GraphState | None, overlap: bool | None = None
+) -> HFRolloutEngine:
     e = HFRolloutEngine(
-        model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(seed)
+        model,
+        [tok.eos_token_id],
+        tok.pad_token_id,
+        generator=torch.Generator().manual_seed(seed),
+        overlap=overlap,
     )
     e.graph_state = state
     return e
@@ -222,6 +228,46 @@ def test_graphs_are_dropped_when_the_parameters_move(tok):
     assert state.buffers_for(forward, 2, 8, like) is not first and not state.graphs
 
 
+@pytest.mark.parametrize("decoder", [FusedDecoder, GraphDecoder])
+def test_overlapped_steps_sample_what_sequential_steps_sample(tok, decoder, monkeypatch):
+    """With `overlap` each step is launched before the host reads the previous step's tokens,
+    so a row that sampled EOS is still in the next step's batch (one step late): the batch
+    sizes lag the sequential engine's by one step, and the samples are the same."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    monkeypatch.setattr(graphs, "SPAN_STEP", 4)
+    batches: list[int] = []
+    steps = decoder.next_tokens
+    monkeypatch.setattr(
+        decoder,
+        "next_tokens",
+        lambda self, token, *a: batches.append(len(token)) or steps(self, token, *a),
+    )
+    model = MODELS["qwen2_gqa"](tok)
+    prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
+    params = SamplingParams(n=6, temperature=0.9, max_new_tokens=100)
+    ends = [tok.eos_token_id, 20, 21, 22, 23]  # frequent: every row stops, at many steps
+    runs, sizes = [], []
+    for overlap in (False, True):
+        e = HFRolloutEngine(
+            model,
+            ends,
+            tok.pad_token_id,
+            generator=torch.Generator().manual_seed(3),
+            overlap=overlap,
+        )
+        e.graph_state = GraphState(capture=False) if decoder is GraphDecoder else None
+        runs.append(e.generate(prompts, params))
+        sizes.append(batches.copy())
+        batches.clear()
+    sequential, overlapped = runs
+    assert overlapped.completion_ids == sequential.completion_ids
+    for a, b in zip(overlapped.logprobs, sequential.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)  # other batch sizes: other rounding
+    assert overlapped.finish_reason == sequential.finish_reason == ["stop"] * 18
+    assert len(set(sizes[0])) > 5  # rows left at many steps
+    assert sizes[1] == [18, *sizes[0]]  # one step late, and one step more after the last EOS
+
+
 def test_the_engine_picks_the_graph_decoder_only_on_a_gpu_or_when_asked(tok, monkeypatch):
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
     made = []
@@ -239,7 +285,8 @@ def test_captured_graphs_sample_what_the_eager_decoder_samples_on_a_gpu(tok, nam
     model = eos_heavy(MODELS[name](tok), tok, 0.25).cuda()
     prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
     params = SamplingParams(n=6, temperature=0.9, top_p=0.95, max_new_tokens=100, min_new_tokens=3)
-    ref = engine(model, tok, 3, None).generate(prompts, params)
+    # eager sequential steps against captured overlapped ones (the default on a GPU)
+    ref = engine(model, tok, 3, None, overlap=False).generate(prompts, params)
     state = GraphState()
     for _ in range(2):  # captured (EOS banned, then allowed), then replayed from the kept graphs
         out = engine(model, tok, 3, state).generate(prompts, params)

@@ -196,6 +196,29 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
             assert len(completion) == 30 and tok.eos_token_id not in completion
 
 
+def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
+    """Step s draws one uniform per row of the rollout from the generator, [rows] in one call,
+    and row r samples with the r-th, whether or not the rows before it are still decoding; the
+    tokens follow from those draws (the inverse CDF over EOS and "7", each 1/2)."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = HFRolloutEngine(
+        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+    )
+    out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=30))
+    generator = torch.Generator().manual_seed(4)
+    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(30)])
+    first, second = sorted([eos, seven])  # the lower id takes the lower half of [0, 1)
+    for row, completion in enumerate(out.completion_ids):
+        expected = []
+        for u in draws[:, row].tolist():
+            expected.append(first if u < 0.5 else second)
+            if expected[-1] == eos:
+                break
+        assert completion == expected
+    assert len({len(c) for c in out.completion_ids}) > 4  # rows stopped at many steps
+
+
 def test_min_new_tokens_bans_eos_until_the_minimum(tiny):
     _, tok = tiny
     # without the ban about half the rows would stop at the first token

@@ -9,7 +9,11 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 - on a CPU the cache's memory is kept from one rollout to the next (`fused.BufferPool`), so a
   rollout does not fault in tens of MB of fresh pages;
 - on a GPU each decode step, the next token's sampling included, is the replay of a captured
-  CUDA graph (`graphs.GraphDecoder`), one launch instead of hundreds;
+  CUDA graph (`graphs.GraphDecoder`), one launch instead of hundreds, and each step is
+  launched before the host reads the previous step's tokens (`overlap`), so the GPU does not
+  wait for the host between steps;
+- the tokens and log-probs stay on the device until the rollout ends: between steps the host
+  reads only which rows sampled EOS;
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
@@ -18,6 +22,8 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -108,6 +114,7 @@ class HFRolloutEngine:
         batch_size: int = 512,
         generator: torch.Generator | None = None,
         cuda_graphs: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         self.model = model
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
@@ -119,6 +126,10 @@ class HFRolloutEngine:
         self.graph_state = GraphState() if cuda_graphs else None
         """Static buffers and CUDA graphs of the decode step, kept across rollouts on a GPU (a
         `GraphState(capture=False)` runs the same static-buffer steps, uncaptured, anywhere)."""
+        self.overlap = overlap
+        """Launch each decode step before reading the previous step's tokens (finished rows
+        leave the batch one step late); None: on a GPU, where the host's turn between steps
+        would otherwise leave the GPU idle, and not on a CPU, where it would only add work."""
         self._lock = threading.Lock()
 
     def sync_weights(self, model: nn.Module) -> None:
@@ -149,7 +160,7 @@ class HFRolloutEngine:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         capacity = input_ids.shape[1] + params.max_new_tokens
         graphs = self.graph_state
-        decoder: HFDecoder | FusedDecoder | GraphDecoder
+        decoder: Decoder
         if not fused.supports(self.model):
             decoder = HFDecoder(self.model, capacity)
         elif graphs is not None and (device.type == "cuda" or not graphs.capture):
@@ -158,53 +169,102 @@ class HFRolloutEngine:
             pool = self.kv_pool if device.type == "cpu" else None
             decoder = FusedDecoder(self.model, capacity, pool)
         logits = decoder.prefill(input_ids, attention_mask, position_ids)
-        n = params.n
-        decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
-        logits = logits.repeat_interleave(n, 0)
-        attention_mask = attention_mask.repeat_interleave(n, 0)
-        next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
+        n, budget = params.n, params.max_new_tokens
         rows = len(prompts) * n
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        logps: list[list[float]] = [[] for _ in range(rows)]
-        finish = ["length"] * rows
-        live = list(range(rows))
-        eos_set = set(self.eos_ids.tolist())
-        ban = ban_bias(logits.shape[-1], self.eos_ids.to(device)) if params.min_new_tokens else None
+        decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
+        eos_ids = self.eos_ids.to(device)
+        ban = ban_bias(logits.shape[-1], eos_ids) if params.min_new_tokens else None
 
-        def ban_at(step: int) -> torch.Tensor | None:
-            return ban if step < params.min_new_tokens else None
+        def draw(step: int, live: torch.Tensor) -> Draw:
+            uniform = draw_uniform(self.generator, rows, params)
+            banned = ban if step < params.min_new_tokens else None
+            return Draw(params, None if uniform is None else uniform[live], banned)
 
-        token, logp = Draw(params, draw_uniform(self.generator, rows, params), ban_at(0)).sample(
-            logits
-        )
-        for step in range(params.max_new_tokens):
-            # one device-to-host copy per step: tokens and log-probs together (exact in fp64)
-            host_tokens, host_logps = torch.stack([token.double(), logp.double()]).tolist()
-            keep = []
-            for i, (row, tok, lp) in enumerate(zip(live, map(int, host_tokens), host_logps)):
-                tokens[row].append(tok)
-                logps[row].append(lp)
-                if tok in eos_set:
-                    finish[row] = "stop"
-                else:
-                    keep.append(i)
-            if step == params.max_new_tokens - 1 or not keep:
+        first = draw(0, torch.arange(rows)).sample(logits.repeat_interleave(n, 0))
+        next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
+        batch = LiveRows.start(attention_mask.repeat_interleave(n, 0), next_position, *first)
+        # sampled tokens and log-probs stay on the device until the rollout ends
+        sampled = torch.zeros(rows, budget, dtype=torch.long, device=device)
+        sampled_logps = torch.zeros(rows, budget, dtype=batch.logp.dtype, device=device)
+        lengths = torch.full((rows,), budget)
+        stopped = torch.zeros(rows, dtype=torch.bool)
+        overlap = device.type == "cuda" if self.overlap is None else self.overlap
+        for step in range(budget):
+            sampled[batch.on_device, step] = batch.token
+            sampled_logps[batch.on_device, step] = batch.logp
+            read_ended = host_copy(torch.isin(batch.token, eos_ids))
+            last = step == budget - 1
+            if overlap and not last:  # step + 1 runs while the host reads step's tokens
+                batch.advance(decoder, draw(step + 1, batch.rows))
+            ended = read_ended()
+            finished = batch.rows[ended]
+            lengths[finished], stopped[finished] = step + 1, True
+            if last or len(finished) == len(batch.rows):
                 break
-            if len(keep) < len(live):
-                kept = torch.tensor(keep, device=device)
-                decoder.select(kept)
-                live, token = [live[i] for i in keep], token[kept]
-                attention_mask, next_position = attention_mask[kept], next_position[kept]
-            attention_mask = torch.cat(
-                [attention_mask, attention_mask.new_ones(len(live), 1)], dim=-1
-            )
-            draw = Draw(params, draw_uniform(self.generator, len(live), params), ban_at(step + 1))
-            token, logp = decoder.next_tokens(token, attention_mask, next_position, draw)
-            next_position = next_position + 1
-        out.prompt_index.extend(offset + r // n for r in range(rows))
-        out.completion_ids.extend(tokens)
-        out.logprobs.extend(logps)
-        out.finish_reason.extend(finish)
+            if len(finished):
+                batch.keep((~ended).nonzero().squeeze(1), decoder)
+            if not overlap:
+                batch.advance(decoder, draw(step + 1, batch.rows))
+        tokens, logps = sampled.cpu(), sampled_logps.cpu()
+        for row, length in enumerate(lengths.tolist()):
+            out.prompt_index.append(offset + row // n)
+            out.completion_ids.append(tokens[row, :length].tolist())
+            out.logprobs.append(logps[row, :length].tolist())
+            out.finish_reason.append("stop" if stopped[row] else "length")
+
+
+def host_copy(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Start copying `x` to the CPU; the returned function waits for the copy and returns it.
+    From a GPU the copy is queued behind the work already launched, and the host can launch
+    more before it waits."""
+    if x.device.type != "cuda":
+        return lambda: x
+    copy = x.to("cpu", non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> torch.Tensor:
+        done.synchronize()
+        return copy
+
+    return wait
+
+
+@dataclass
+class LiveRows:
+    """The rows a rollout is still decoding, in the decoder's batch order: each one's row in
+    the chunk (`rows` on the CPU, `on_device` on the model's device), its attention mask, the
+    position of its next input, its last sampled token and that token's log-prob."""
+
+    rows: torch.Tensor
+    on_device: torch.Tensor
+    attention_mask: torch.Tensor
+    position: torch.Tensor
+    token: torch.Tensor
+    logp: torch.Tensor
+
+    @classmethod
+    def start(cls, attention_mask, position, token, logp) -> LiveRows:
+        """Every row of the chunk, with its prompt's mask and its first sampled token."""
+        every = torch.arange(len(token))
+        return cls(every, every.to(token.device), attention_mask, position, token, logp)
+
+    def advance(self, decoder: Decoder, draw: Draw) -> None:
+        """Feed each row's last token to `decoder` and sample the next one with `draw`."""
+        ones = self.attention_mask.new_ones(len(self.rows), 1)
+        self.attention_mask = torch.cat([self.attention_mask, ones], dim=-1)
+        self.token, self.logp = decoder.next_tokens(
+            self.token, self.attention_mask, self.position, draw
+        )
+        self.position = self.position + 1
+
+    def keep(self, keep: torch.Tensor, decoder: Decoder) -> None:
+        """Keep only the batch rows `keep` (a CPU index), in the decoder's cache too."""
+        kept = keep.to(self.on_device.device)
+        decoder.select(kept)
+        self.rows, self.on_device = self.rows[keep], self.on_device[kept]
+        self.token, self.logp = self.token[kept], self.logp[kept]
+        self.attention_mask, self.position = self.attention_mask[kept], self.position[kept]
 
 
 class SampleAfterStep:
@@ -269,3 +329,7 @@ class FusedDecoder(SampleAfterStep):
     def step(self, token, attention_mask, position) -> torch.Tensor:
         """Feed one token per row; next-token logits [b, vocab]."""
         return self._logits(token[:, None], attention_mask, position[:, None])
+
+
+Decoder = HFDecoder | FusedDecoder | GraphDecoder
+"""What `HFRolloutEngine` decodes with: prefill, select (rows of the cache) and next_tokens."""
