@@ -3,8 +3,9 @@
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
   with the ways of `STEP_WAYS`: the CUDA-graph decode step of `graph_step.decode_hidden`
   (packed q/k/v and gate/up matmuls, one fused attention kernel: lever 25) with the default
-  sampling and overlapped steps, with sequential steps (the host reads each step's tokens
-  before launching the next, as before lever 28), with the attention as two matmuls, with
+  sampling, overlapped steps and Triton kernels, with the element-wise operations in PyTorch
+  (before lever 29), with sequential steps (the host reads each step's tokens before
+  launching the next, as before lever 28), with the attention as two matmuls, with
   the sampling before lever 26, and the step of `FusedForward.hidden` (before lever 25),
   alternating twice, at 64, 128 and 512 rows, then the kernels of each at 512 rows
   (`gpu.decode_step_profile`); `--ways` picks some of them. The 11-26 results
@@ -37,6 +38,8 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,7 +48,7 @@ import transformers
 from lm_head_ab import WAYS
 
 from rlvr.models import fused
-from rlvr.rollout import graph_step, graphs
+from rlvr.rollout import graph_step, graphs, triton_ops
 from rlvr.rollout.graphs import GraphDecoder, SlotKV
 from rlvr.rollout.sampling import below, sample_tokens
 from rlvr.training import logprobs, update
@@ -106,34 +109,37 @@ def sample_tokens_before(logits, params, uniform, ban=None):
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-STEP_WAYS = {  # name: (runner, decode attention, sampling, overlapped steps)
-    "packed step": (GraphDecoder._runner, graph_step.decode_attention, sample_tokens, True),
-    "packed step, sequential steps": (
-        GraphDecoder._runner,
-        graph_step.decode_attention,
-        sample_tokens,
-        False,
-    ),
-    "packed step, matmul attention": (
-        GraphDecoder._runner,
-        matmul_attention,
-        sample_tokens,
-        True,
-    ),
-    "packed step, sampling before lever 26": (
-        GraphDecoder._runner,
-        graph_step.decode_attention,
-        sample_tokens_before,
-        True,
-    ),
-    "layer-ops step": (layer_ops_runner, graph_step.decode_attention, sample_tokens, True),
+@dataclass(frozen=True)
+class StepWay:
+    """One way of running the captured decode step (`STEP_WAYS`)."""
+
+    runner: Callable = GraphDecoder._runner
+    attention: Callable = graph_step.decode_attention
+    sampling: Callable = sample_tokens
+    overlap: bool = True
+    """Whether each step is launched before the host reads the previous one's EOS flags."""
+    kernels: bool = True
+    """Whether the step's rotary/KV write and SiLU·up run as Triton kernels (lever 29)."""
+
+
+STEP_WAYS = {
+    "packed step": StepWay(),
+    "packed step, PyTorch element-wise ops": StepWay(kernels=False),
+    "packed step, sequential steps": StepWay(overlap=False),
+    "packed step, matmul attention": StepWay(attention=matmul_attention),
+    "packed step, sampling before lever 26": StepWay(sampling=sample_tokens_before),
+    "layer-ops step": StepWay(runner=layer_ops_runner),
 }
 
+TRITON_USABLE = triton_ops.usable
 
-def use_way(way: tuple) -> bool:
-    """Make the decode step `STEP_WAYS`' `way`; return whether its steps overlap."""
-    GraphDecoder._runner, graph_step.decode_attention, graphs.sample_tokens, overlap = way
-    return overlap
+
+def use_way(way: StepWay) -> bool:
+    """Make the decode step `way`; return whether its steps overlap."""
+    GraphDecoder._runner, graph_step.decode_attention = way.runner, way.attention
+    graphs.sample_tokens = way.sampling
+    triton_ops.usable = TRITON_USABLE if way.kernels else lambda x: False
+    return way.overlap
 
 
 CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)

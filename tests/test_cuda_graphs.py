@@ -2,6 +2,11 @@
 samples. Its static-buffer steps run uncaptured on a CPU (`GraphState(capture=False)`); the
 capture itself is checked where a GPU is present."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -294,3 +299,16 @@ def test_captured_graphs_sample_what_the_eager_decoder_samples_on_a_gpu(tok, nam
         for a, b in zip(out.logprobs, ref.logprobs):
             assert a == pytest.approx(b, abs=1e-4)
     assert len(state.graphs) > 3
+
+
+def test_the_triton_kernels_under_the_interpreter():
+    """`interpreted_triton.py` (the decode step's Triton kernels against PyTorch, and the step
+    with them against the eager decoder) in a process with `TRITON_INTERPRET=1`, which Triton
+    reads when it is imported."""
+    pytest.importorskip("triton")
+    checks = Path(__file__).with_name("interpreted_triton.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "5 passed" in result.stdout

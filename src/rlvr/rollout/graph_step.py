@@ -15,7 +15,9 @@ levers 25 and 27). Per layer this step runs:
   RoFormer eq. 34 in Llama's half-split layout);
 - attention as one fused scaled-dot-product kernel that reads each K/V head once for its
   group of query heads (`decode_attention`);
-- the residual additions inside the output matmuls (`torch.addmm`).
+- the residual additions inside the output matmuls (`torch.addmm`);
+- where Triton runs (`triton_ops.usable`: a GPU), the rotary embedding with the KV-cache write
+  as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two.
 
 It computes what `FusedForward.hidden` computes for one position, up to rounding (tested
 against the eager decoder's samples).
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlvr.models import fused
+from rlvr.rollout import triton_ops
 
 PACK_MEMORY_SHARE = 0.05
 """Most of the device's memory the packed copies may take (`decode_weights`): on an 80 GB GPU
@@ -121,6 +124,26 @@ def decode_weights(
     return SeparateWeights(forward)
 
 
+class SlotKV:
+    """A cache view for one captured step: writes at the device-side column `where`, reads the
+    first `span` columns of the first `batch` rows of the static buffer."""
+
+    def __init__(self, kv: torch.Tensor, batch: int, span: int, where: torch.Tensor) -> None:
+        self.kv, self.batch, self.span, self.where = kv, batch, span, where
+        self.length = 0
+
+    def buffers(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values [batch, kv_heads, capacity, d], every position."""
+        return self.kv[layer, 0, : self.batch], self.kv[layer, 1, : self.batch]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Write one position per row at `where`; return the first `span` positions."""
+        keys, values = self.buffers(layer)
+        keys.index_copy_(2, self.where, k)
+        values.index_copy_(2, self.where, v)
+        return keys[:, :, : self.span], values[:, :, : self.span]
+
+
 def residual_linear(h: torch.Tensor, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
     """h + module(x) with the addition in the matmul's epilogue."""
     out = torch.addmm(h, x, module.weight.t())
@@ -149,13 +172,29 @@ def decode_attention(
     return out.reshape(b, heads * d)
 
 
+def stored_attention_inputs(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    cache: SlotKV,
+    layer: int,
+    heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`triton_ops.rotate_and_store` of the packed projections `qkv` into `cache`'s `layer`:
+    the rotated queries [b, heads, d] and the first `span` keys and values, this step's
+    written among them."""
+    keys, values = cache.buffers(layer)
+    q = triton_ops.rotate_and_store(qkv, cos, signed_sin, keys, values, cache.where, heads)
+    return q, keys[:, :, : cache.span], values[:, :, : cache.span]
+
+
 def decode_hidden(
     forward: fused.FusedForward,
     weights: PackedWeights | SeparateWeights,
     token: torch.Tensor,
     position: torch.Tensor,
     bias: torch.Tensor,
-    cache: fused.KVStore,
+    cache: SlotKV,
 ) -> torch.Tensor:
     """Final-norm hidden states [b, hidden] after one token per row, token and position [b],
     attending under the additive mask `bias` [b, 1, 1, s] to the keys `cache` returns (the
@@ -166,17 +205,26 @@ def decode_hidden(
     h = base.embed_tokens(token)
     cos, sin = base.rotary_emb(h, position[:, None])
     cos, signed_sin = rotary_pair(cos, sin)  # [b, 1, d]: broadcast over the heads
+    kernels = triton_ops.usable(h)
     for i, layer in enumerate(forward.layers):
         x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, eps)
         qkv = weights.project(i, 0, x)
-        qk = qkv[:, : (heads + kv) * d].view(b, heads + kv, d)
-        qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), signed_sin)
-        v = qkv[:, (heads + kv) * d :].view(b, kv, d)
-        keys, values = cache.update(i, qk[:, heads:, None], v[:, :, None])
-        a = decode_attention(qk[:, :heads], keys, values, bias, forward.scale)
+        if kernels:
+            q, keys, values = stored_attention_inputs(qkv, cos, signed_sin, cache, i, heads)
+        else:
+            qk = qkv[:, : (heads + kv) * d].view(b, heads + kv, d)
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), signed_sin)
+            v = qkv[:, (heads + kv) * d :].view(b, kv, d)
+            q, (keys, values) = qk[:, :heads], cache.update(i, qk[:, heads:, None], v[:, :, None])
+        a = decode_attention(q, keys, values, bias, forward.scale)
         h = residual_linear(h, a, layer.self_attn.o_proj)
         x = F.rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, eps)
-        gate, up = weights.project(i, 1, x).chunk(2, dim=-1)
-        h = residual_linear(h, F.silu(gate) * up, layer.mlp.down_proj)
+        gate_up = weights.project(i, 1, x)
+        if kernels:
+            inner = triton_ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            inner = F.silu(gate) * up
+        h = residual_linear(h, inner, layer.mlp.down_proj)
     cache.length += 1
     return F.rms_norm(h, (h.shape[-1],), base.norm.weight, eps)

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from rlvr.models import fused
-from rlvr.rollout.graph_step import decode_hidden, decode_weights
+from rlvr.rollout.graph_step import SlotKV, decode_hidden, decode_weights
 from rlvr.rollout.sampling import Draw, sample_tokens
 
 T = TypeVar("T")
@@ -57,22 +57,6 @@ def span_bucket(length: int, capacity: int) -> int:
     """Columns a step attends to when `length` are written: rounded up to `SPAN_STEP`, at most
     the buffer's `capacity`."""
     return min(capacity, round_up(length))
-
-
-class SlotKV:
-    """A cache view for one captured step: writes at the device-side column `where`, reads the
-    first `span` columns of the first `batch` rows of the static buffer."""
-
-    def __init__(self, kv: torch.Tensor, batch: int, span: int, where: torch.Tensor) -> None:
-        self.kv, self.batch, self.span, self.where = kv, batch, span, where
-        self.length = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Write one position per row at `where`; return the first `span` positions."""
-        keys, values = self.kv[layer, 0, : self.batch], self.kv[layer, 1, : self.batch]
-        keys.index_copy_(2, self.where, k)
-        values.index_copy_(2, self.where, v)
-        return keys[:, :, : self.span], values[:, :, : self.span]
 
 
 class StaticBuffers:

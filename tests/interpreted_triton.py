@@ -1,0 +1,80 @@
+"""Checks of `rlvr.rollout.triton_ops` under Triton's interpreter, on a CPU in fp32. Run by
+`test_cuda_graphs.test_the_triton_kernels_under_the_interpreter` in a process of its own with
+`TRITON_INTERPRET=1` (set before Triton is imported), not collected by the suite itself."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlvr.models import fused
+from rlvr.models.tiny import build_tiny_tokenizer
+from rlvr.rollout import graph_step, graphs, triton_ops
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.graphs import GraphState
+from rlvr.rollout.hf import HFRolloutEngine
+from test_fused_forward import MODELS
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
+)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (6, 2, 24)])
+def test_rotate_and_store_writes_what_the_rotary_embedding_gives(heads, kv_heads, dim):
+    """Queries out, keys and values at the column `where` of the first b rows, nothing else
+    written (a head size that is not a power of two: the kernel's masked lanes)."""
+    g = torch.Generator().manual_seed(0)
+    b, rows, capacity, column = 5, 8, 10, 7
+    qkv = torch.randn(b, (heads + 2 * kv_heads) * dim, generator=g)
+    cos, sin = torch.randn(b, 1, dim, generator=g), torch.randn(b, 1, dim, generator=g)
+    kv = torch.zeros(2, rows, kv_heads, capacity, dim)
+    keys, values = kv[0, :b], kv[1, :b]
+    q = triton_ops.rotate_and_store(
+        qkv, *graph_step.rotary_pair(cos, sin), keys, values, torch.tensor([column]), heads
+    )
+    split = qkv.view(b, heads + 2 * kv_heads, dim)
+    assert torch.allclose(q, fused.rotate(split[:, :heads], cos, sin), atol=1e-6)
+    rotated_keys = fused.rotate(split[:, heads : heads + kv_heads], cos, sin)
+    assert torch.allclose(kv[0, :b, :, column], rotated_keys, atol=1e-6)
+    assert torch.equal(kv[1, :b, :, column], split[:, heads + kv_heads :])
+    written = torch.zeros_like(kv, dtype=torch.bool)
+    written[:, :b, :, column] = True
+    assert not kv[~written].any()
+
+
+def test_silu_mul_is_silu_of_gate_times_up():
+    gate_up = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(1))
+    expected = F.silu(gate_up[:, :1500]) * gate_up[:, 1500:]
+    assert torch.allclose(triton_ops.silu_mul(gate_up), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(name, monkeypatch):
+    """The static-buffer engine, whose step runs the two kernels here, against the eager
+    fused decoder: the same tokens (rows finishing at many steps, several spans)."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    monkeypatch.setattr(graphs, "SPAN_STEP", 4)
+    calls = []
+    for kernel in ("rotate_and_store", "silu_mul"):
+        run = getattr(triton_ops, kernel)
+        monkeypatch.setattr(triton_ops, kernel, lambda *a, run=run: calls.append(run) or run(*a))
+    tok = build_tiny_tokenizer()
+    model = MODELS[name](tok)
+    prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
+    params = SamplingParams(n=6, temperature=0.9, max_new_tokens=30)
+    ends = [tok.eos_token_id, 20, 21, 22, 23]
+    runs = []
+    for state in (None, GraphState(capture=False)):
+        engine = HFRolloutEngine(
+            model, ends, tok.pad_token_id, generator=torch.Generator().manual_seed(3)
+        )
+        engine.graph_state = state
+        runs.append(engine.generate(prompts, params))
+    eager, kernels = runs
+    assert kernels.completion_ids == eager.completion_ids
+    for a, b in zip(kernels.logprobs, eager.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert len({len(c) for c in eager.completion_ids}) > 3
+    assert len(calls) > 20  # the kernels ran (two per layer and step)
