@@ -3,15 +3,16 @@
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
   with the ways of `STEP_WAYS`: the CUDA-graph decode step of `graph_step.decode_hidden`
   (packed q/k/v and gate/up matmuls, one fused attention kernel: lever 25) with the default
-  sampling, overlapped steps and Triton kernels, with the element-wise operations in PyTorch
-  (before lever 29), with sequential steps (the host reads each step's tokens before
-  launching the next, as before lever 28), with the attention as two matmuls, with
-  the sampling before lever 26, and the step of `FusedForward.hidden` (before lever 25),
-  alternating twice, at 64, 128 and 512 rows, then the kernels of each at 512 rows
-  (`gpu.decode_step_profile`); `--ways` picks some of them. The 11-26 results
-  (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25 alone) predate
-  lever 27, which changed `decode_attention`. (Until lever 25 this part compared sampling
-  inside and after the graph, lever 23; graphs against eager decoding: `gpu.py`.);
+  sampling, overlapped steps and Triton kernels, with the sampling in PyTorch (before lever
+  30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
+  reads each step's tokens before launching the next, as before lever 28), with the
+  attention as two matmuls, with the sampling before lever 26, and the step of
+  `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows, then
+  the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways` picks some of them.
+  The 11-26 results (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25
+  alone) predate lever 27, which changed `decode_attention`. (Until lever 25 this part
+  compared sampling inside and after the graph, lever 23; graphs against eager decoding:
+  `gpu.py`.);
 - **chunks**: the 0.5b's training mini-batch at 16k-token micro-batches without logits, with
   chunks of 64M (the default until 11-26), 256M (the GPU default since) and 1G logits, and
   with the real rows' logits, alternating
@@ -26,7 +27,9 @@
     python benchmarks/gpu_ab.py                  # both shapes, both parts, bf16, on CUDA
     python benchmarks/gpu_ab.py --parts train    # the training half only
     python benchmarks/gpu_ab.py --shapes 0.5b --parts chunks
-    python benchmarks/gpu_ab.py --parts decode --ways "packed step" "packed step, sequential steps"
+    python benchmarks/gpu_ab.py --parts decode --ways "packed step" \
+        "packed step, PyTorch sampling" "packed step, no Triton kernels" \
+        "packed step, sequential steps"              # levers 28-30
     python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
@@ -119,12 +122,23 @@ class StepWay:
     overlap: bool = True
     """Whether each step is launched before the host reads the previous one's EOS flags."""
     kernels: bool = True
-    """Whether the step's rotary/KV write and SiLU·up run as Triton kernels (lever 29)."""
+    """Whether the step runs Triton kernels where it can (levers 29 and 30)."""
+
+
+def sample_tokens_in_pytorch(logits, params, uniform, ban=None):
+    """`sample_tokens` without its Triton kernel (the sampling before lever 30)."""
+    usable = triton_ops.usable
+    triton_ops.usable = lambda x: False
+    try:
+        return sample_tokens(logits, params, uniform, ban)
+    finally:
+        triton_ops.usable = usable
 
 
 STEP_WAYS = {
     "packed step": StepWay(),
-    "packed step, PyTorch element-wise ops": StepWay(kernels=False),
+    "packed step, PyTorch sampling": StepWay(sampling=sample_tokens_in_pytorch),
+    "packed step, no Triton kernels": StepWay(kernels=False),
     "packed step, sequential steps": StepWay(overlap=False),
     "packed step, matmul attention": StepWay(attention=matmul_attention),
     "packed step, sampling before lever 26": StepWay(sampling=sample_tokens_before),

@@ -14,6 +14,7 @@ from rlvr.rollout import graph_step, graphs, triton_ops
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.sampling import ban_bias, below, sample_tokens
 from test_fused_forward import MODELS
 
 pytestmark = pytest.mark.skipif(
@@ -50,31 +51,62 @@ def test_silu_mul_is_silu_of_gate_times_up():
     assert torch.allclose(triton_ops.silu_mul(gate_up), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(name, monkeypatch):
-    """The static-buffer engine, whose step runs the two kernels here, against the eager
-    fused decoder: the same tokens (rows finishing at many steps, several spans)."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("banned", [False, True])
+def test_sample_draws_what_the_pytorch_sampler_draws(temperature, banned, monkeypatch):
+    """Rows of 2,500 logits (blocks of 1,024, the last one partial): the same tokens as
+    `sample_tokens`' PyTorch path and the same log-probs; banned tokens, made the likeliest,
+    are never drawn; a uniform just below 1 draws the last token of nonzero probability."""
+    g = torch.Generator().manual_seed(2)
+    rows, vocab = 48, 2500
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    uniform = torch.rand(rows, generator=g)
+    banned_ids = torch.tensor([5, 17, 2497, 2498, 2499])
+    ban = ban_bias(vocab, banned_ids) if banned else None
+    last = 2496 if banned else vocab - 1
+    logits[-4:, last] = 12.0  # a wide last interval, so that rounding cannot move the draw
+    uniform[-4:] = below(torch.ones(4))
+    if banned:
+        logits[:, banned_ids] = 10.0
+    tokens, logps = triton_ops.sample(logits, temperature, uniform, ban)
+    monkeypatch.setattr(triton_ops, "usable", lambda x: False)
+    expected, expected_logps = sample_tokens(
+        logits, SamplingParams(temperature=temperature), uniform, ban
+    )
+    assert tokens.tolist() == expected.tolist()
+    assert torch.allclose(logps, expected_logps, atol=1e-5)
+    assert (tokens[-4:] == last).all()
+    assert not (banned and torch.isin(tokens, banned_ids).any())
+
+
+def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatch):
+    """The static-buffer engine, whose step runs the three kernels, against the eager
+    fused decoder with PyTorch's operations (a Qwen2 shape: GQA, q/k/v biases): the same
+    tokens, rows finishing at many steps, several spans."""
     monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
     monkeypatch.setattr(graphs, "SPAN_STEP", 4)
-    calls = []
-    for kernel in ("rotate_and_store", "silu_mul"):
-        run = getattr(triton_ops, kernel)
-        monkeypatch.setattr(triton_ops, kernel, lambda *a, run=run: calls.append(run) or run(*a))
+    usable, calls, names = triton_ops.usable, [], ("rotate_and_store", "silu_mul", "sample")
+    for name in names:
+        run = getattr(triton_ops, name)
+        monkeypatch.setattr(
+            triton_ops, name, lambda *a, run=run, name=name: calls.append(name) or run(*a)
+        )
     tok = build_tiny_tokenizer()
-    model = MODELS[name](tok)
+    model = MODELS["qwen2_gqa"](tok)
     prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
     params = SamplingParams(n=6, temperature=0.9, max_new_tokens=30)
     ends = [tok.eos_token_id, 20, 21, 22, 23]
     runs = []
-    for state in (None, GraphState(capture=False)):
+    for state, kernels in ((None, False), (GraphState(capture=False), True)):
+        monkeypatch.setattr(triton_ops, "usable", usable if kernels else lambda x: False)
         engine = HFRolloutEngine(
             model, ends, tok.pad_token_id, generator=torch.Generator().manual_seed(3)
         )
         engine.graph_state = state
         runs.append(engine.generate(prompts, params))
-    eager, kernels = runs
-    assert kernels.completion_ids == eager.completion_ids
-    for a, b in zip(kernels.logprobs, eager.logprobs, strict=True):
+    eager, with_kernels = runs
+    assert with_kernels.completion_ids == eager.completion_ids
+    for a, b in zip(with_kernels.logprobs, eager.logprobs, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
     assert len({len(c) for c in eager.completion_ids}) > 3
-    assert len(calls) > 20  # the kernels ran (two per layer and step)
+    assert set(calls) == set(names)  # each kernel ran (two per layer and one per step)

@@ -67,3 +67,66 @@ def silu_mul_kernel(gate_up, out, in_row, out_row, width, BLOCK: tl.constexpr):
     up = tl.load(gate_up + row * in_row + width + i, mask=inside, other=0.0).to(tl.float32)
     y = gate * tl.sigmoid(gate) * up
     tl.store(out + row * out_row + i, y.to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def sample_kernel(
+    logits,
+    ban,
+    uniform,
+    tokens,
+    logps,
+    row_stride,
+    vocab,
+    temperature,
+    HAS_BAN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per row, two passes over its logits in blocks of `BLOCK`: the normalisers
+    of softmax(logits / T) and softmax(logits / T + ban), per lane then combined; then the
+    first token whose cumulative probability exceeds u·total, and its log-prob."""
+    row = tl.program_id(0)
+    start = logits + row * row_stride
+    lanes = tl.arange(0, BLOCK)
+    lowest = -3.0e38
+    top = tl.full([BLOCK], lowest, tl.float32)  # per lane: max of logits / T
+    total = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp(logits / T - top)
+    top_ok = tl.full([BLOCK], lowest, tl.float32)  # the same with the ban added
+    total_ok = tl.zeros([BLOCK], tl.float32)
+    for begin in range(0, vocab, BLOCK):
+        i = begin + lanes
+        inside = i < vocab
+        x = tl.load(start + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
+        allowed = x
+        if HAS_BAN:
+            allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+        new_top = tl.maximum(top, x)
+        total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
+        top = new_top
+        new_top_ok = tl.maximum(top_ok, allowed)
+        total_ok = total_ok * tl.exp(top_ok - new_top_ok) + tl.exp(allowed - new_top_ok)
+        top_ok = new_top_ok
+    m = tl.max(top, 0)
+    log_total = m + tl.log(tl.sum(total * tl.exp(top - m), 0))
+    m_ok = tl.max(top_ok, 0)
+    target = tl.load(uniform + row) * tl.sum(total_ok * tl.exp(top_ok - m_ok), 0)
+    running = tl.zeros([BLOCK], tl.float32)  # every lane: the cumulative sum so far
+    found = tl.full([BLOCK], -1, tl.int32)  # every lane: the drawn token, -1 until found
+    last = tl.full([BLOCK], 0, tl.int32)  # every lane: the last token of nonzero probability
+    for begin in range(0, vocab, BLOCK):
+        i = begin + lanes
+        inside = i < vocab
+        x = tl.load(start + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
+        allowed = x
+        if HAS_BAN:
+            allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+        p = tl.exp(allowed - m_ok)
+        cdf = running + tl.cumsum(p, 0)
+        first = tl.min(tl.where((cdf > target) & (p > 0), i, vocab), 0)
+        found = tl.where((found < 0) & (first < vocab), first, found)
+        last = tl.maximum(last, tl.max(tl.where(p > 0, i, 0), 0))
+        running = running + tl.sum(p, 0)
+    token = tl.max(tl.where(found < 0, last, found), 0)
+    chosen = tl.load(start + token).to(tl.float32) / temperature
+    tl.store(tokens + row, token.to(tl.int64))
+    tl.store(logps + row, chosen - log_total)

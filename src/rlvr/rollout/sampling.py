@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout import triton_ops
 from rlvr.rollout.base import SamplingParams
 
 
@@ -69,7 +70,11 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row with `uniform` [b] (`draw_uniform`; None when greedy), never one
     that `ban` (`ban_bias`) bans; return (tokens, log-probs under the temperature-scaled
-    logits, before top-k/top-p truncation and the ban)."""
+    logits, before top-k/top-p truncation and the ban). Without top-k and top-p, where
+    Triton runs (a GPU), the same draw is one kernel (`triton_ops.sample`, lever 30)."""
+    plain = params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0
+    if plain and uniform is not None and triton_ops.usable(logits):
+        return triton_ops.sample(logits, params.temperature, uniform.to(logits.device), ban)
     logits = logits.float()
     allowed = logits if ban is None else logits + ban
     if params.temperature <= 0:

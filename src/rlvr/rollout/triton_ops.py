@@ -94,3 +94,32 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up, out, gate_up.stride(0), out.stride(0), width, BLOCK=block
     )
     return out
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float,
+    uniform: torch.Tensor,
+    ban: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampling.sample_tokens` without top-k or top-p, at a temperature > 0, in one kernel
+    that reads each row of `logits` [rows, vocab] twice: the token of each row whose interval
+    of the cumulative probabilities under softmax(logits / T + ban) holds u·total (`uniform`
+    [rows] on the logits' device), and its log-prob under softmax(logits / T)."""
+    rows, vocab = logits.shape
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
+    logps = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    kernels().sample_kernel[(rows,)](
+        logits,
+        logits if ban is None else ban,  # not read without a ban
+        uniform,
+        tokens,
+        logps,
+        logits.stride(0),
+        vocab,
+        float(temperature),
+        HAS_BAN=ban is not None,
+        BLOCK=1024,
+    )
+    return tokens, logps
