@@ -51,12 +51,13 @@ def test_silu_mul_is_silu_of_gate_times_up():
     assert torch.allclose(triton_ops.silu_mul(gate_up), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("temperature", "block"), [(1.0, 1024), (0.7, 1024), (1.0, 4096)])
 @pytest.mark.parametrize("banned", [False, True])
-def test_sample_draws_what_the_pytorch_sampler_draws(temperature, banned, monkeypatch):
-    """Rows of 2,500 logits (blocks of 1,024, the last one partial): the same tokens as
-    `sample_tokens`' PyTorch path and the same log-probs; banned tokens, made the likeliest,
-    are never drawn; a uniform just below 1 draws the last token of nonzero probability."""
+def test_sample_draws_what_the_pytorch_sampler_draws(temperature, block, banned, monkeypatch):
+    """Rows of 2,500 logits (in blocks of 1,024, the last one partial, or in one block of
+    4,096, the default): the same tokens as `sample_tokens`' PyTorch path and the same
+    log-probs; banned tokens, made the likeliest, are never drawn; a uniform just below 1
+    draws the last token of nonzero probability."""
     g = torch.Generator().manual_seed(2)
     rows, vocab = 48, 2500
     logits = torch.randn(rows, vocab, generator=g) * 3
@@ -68,7 +69,7 @@ def test_sample_draws_what_the_pytorch_sampler_draws(temperature, banned, monkey
     uniform[-4:] = below(torch.ones(4))
     if banned:
         logits[:, banned_ids] = 10.0
-    tokens, logps = triton_ops.sample(logits, temperature, uniform, ban)
+    tokens, logps = triton_ops.sample(logits, temperature, uniform, ban, block)
     monkeypatch.setattr(triton_ops, "usable", lambda x: False)
     expected, expected_logps = sample_tokens(
         logits, SamplingParams(temperature=temperature), uniform, ban

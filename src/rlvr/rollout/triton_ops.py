@@ -101,11 +101,14 @@ def sample(
     temperature: float,
     uniform: torch.Tensor,
     ban: torch.Tensor | None,
+    block: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sampling.sample_tokens` without top-k or top-p, at a temperature > 0, in one kernel
-    that reads each row of `logits` [rows, vocab] twice: the token of each row whose interval
-    of the cumulative probabilities under softmax(logits / T + ban) holds u·total (`uniform`
-    [rows] on the logits' device), and its log-prob under softmax(logits / T)."""
+    that reads each row of `logits` [rows, vocab] twice, `block` tokens at a time: the token
+    of each row whose interval of the cumulative probabilities under softmax(logits / T +
+    ban) holds u·total (`uniform` [rows] on the logits' device), and its log-prob under
+    softmax(logits / T). One program per row loops over the vocabulary, so wide blocks (and
+    8 warps) keep few, wide iterations: 38 per pass over a 152k-token row."""
     rows, vocab = logits.shape
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
@@ -120,6 +123,7 @@ def sample(
         vocab,
         float(temperature),
         HAS_BAN=ban is not None,
-        BLOCK=1024,
+        BLOCK=block,
+        num_warps=8,
     )
     return tokens, logps
