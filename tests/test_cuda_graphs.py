@@ -5,6 +5,7 @@ capture itself is checked where a GPU is present."""
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -348,3 +349,29 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         target = GPUTarget("cuda", 90, 32)
         compiled = triton.compile(source, target=target, options={"num_warps": warps})
         assert compiled.asm["cubin"], kernel.__name__
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_steps_do_not_wait_for_the_gpu(tok):
+    """Between decode steps the host waits only for the EOS flags (an event, which PyTorch's
+    sync debug mode does not count): a rollout of 96 steps makes as many synchronising calls
+    as one of 32 (those of its start and end), so each step is queued while the last runs."""
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128).cuda()
+    e = engine(model, tok, 3, GraphState())
+    prompts = [[20, 30, 40], [50, 60]]
+
+    def forced(length: int) -> SamplingParams:
+        return SamplingParams(n=4, max_new_tokens=length, min_new_tokens=length)
+
+    e.generate(prompts, forced(96))  # captures every graph the runs below replay
+    counts = []
+    for length in (32, 96):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                e.generate(prompts, forced(length))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    assert counts[0] == counts[1]

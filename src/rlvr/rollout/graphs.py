@@ -211,8 +211,8 @@ class GraphDecoder:
         One graph per (batch, span, temperature, top-p, top-k, whether tokens are banned)."""
         n, params, banned = token.shape[0], draw.params, draw.ban is not None
         b, batch, span = self._feed(token, attention_mask, position)
-        if draw.uniform is not None:
-            b.uniform[:n] = draw.uniform
+        if draw.uniform is not None:  # from page-locked memory on a GPU (`hf.staged`)
+            b.uniform[:n].copy_(draw.uniform, non_blocking=True)
         if banned and draw.ban is not self.ban:  # once per rollout
             b.ban.copy_(draw.ban)
             self.ban = draw.ban

@@ -178,7 +178,7 @@ class HFRolloutEngine:
         def draw(step: int, live: torch.Tensor) -> Draw:
             uniform = draw_uniform(self.generator, rows, params)
             banned = ban if step < params.min_new_tokens else None
-            return Draw(params, None if uniform is None else uniform[live], banned)
+            return Draw(params, None if uniform is None else staged(uniform[live], device), banned)
 
         first = draw(0, torch.arange(rows)).sample(logits.repeat_interleave(n, 0))
         next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
@@ -211,6 +211,13 @@ class HFRolloutEngine:
             out.completion_ids.append(tokens[row, :length].tolist())
             out.logprobs.append(logps[row, :length].tolist())
             out.finish_reason.append("stop" if stopped[row] else "length")
+
+
+def staged(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`x` (on the CPU) in page-locked memory when it is bound for a GPU: copied from there
+    with `non_blocking=True` it does not make the host wait for the GPU's queued work (a
+    blocking copy to a GPU synchronises the stream, and one from pageable memory may)."""
+    return x.pin_memory() if device.type == "cuda" else x
 
 
 def host_copy(x: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -260,7 +267,8 @@ class LiveRows:
 
     def keep(self, keep: torch.Tensor, decoder: Decoder) -> None:
         """Keep only the batch rows `keep` (a CPU index), in the decoder's cache too."""
-        kept = keep.to(self.on_device.device)
+        device = self.on_device.device
+        kept = staged(keep, device).to(device, non_blocking=True)
         decoder.select(kept)
         self.rows, self.on_device = self.rows[keep], self.on_device[kept]
         self.token, self.logp = self.token[kept], self.logp[kept]

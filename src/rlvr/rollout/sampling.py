@@ -74,7 +74,8 @@ def sample_tokens(
     Triton runs (a GPU), the same draw is one kernel (`triton_ops.sample`, lever 30)."""
     plain = params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0
     if plain and uniform is not None and triton_ops.usable(logits):
-        return triton_ops.sample(logits, params.temperature, uniform.to(logits.device), ban)
+        uniform = uniform.to(logits.device, non_blocking=True)
+        return triton_ops.sample(logits, params.temperature, uniform, ban)
     logits = logits.float()
     allowed = logits if ban is None else logits + ban
     if params.temperature <= 0:
@@ -84,7 +85,7 @@ def sample_tokens(
     scaled, allowed = (scale(x, params.temperature) for x in (logits, allowed))
     logprobs = scaled.log_softmax(-1)
     probs = filter_logits(allowed, params.top_k, params.top_p).softmax(-1)
-    tokens = inverse_cdf_sample(probs, uniform.to(probs.device))
+    tokens = inverse_cdf_sample(probs, uniform.to(probs.device, non_blocking=True))
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
