@@ -51,20 +51,20 @@ def test_silu_mul_is_silu_of_gate_times_up():
     assert torch.allclose(triton_ops.silu_mul(gate_up), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize(("temperature", "block"), [(1.0, 1024), (0.7, 1024), (1.0, 4096)])
+@pytest.mark.parametrize(("temperature", "block"), [(1.0, 512), (0.7, 1024), (1.0, 4096)])
 @pytest.mark.parametrize("banned", [False, True])
 def test_sample_draws_what_the_pytorch_sampler_draws(temperature, block, banned, monkeypatch):
-    """Rows of 2,500 logits (in blocks of 1,024, the last one partial, or in one block of
-    4,096, the default): the same tokens as `sample_tokens`' PyTorch path and the same
-    log-probs; banned tokens, made the likeliest, are never drawn; a uniform just below 1
-    draws the last token of nonzero probability."""
+    """Rows of 2,500 logits in chunks of 512 or 1,024 (the last one partial) or in one chunk
+    of 4,096 (the default): the same tokens as `sample_tokens`' PyTorch path and the same
+    log-probs. Banned tokens, made the likeliest and filling the last chunk, are never drawn;
+    a uniform just below 1 draws the last token of nonzero probability."""
     g = torch.Generator().manual_seed(2)
     rows, vocab = 48, 2500
     logits = torch.randn(rows, vocab, generator=g) * 3
     uniform = torch.rand(rows, generator=g)
-    banned_ids = torch.tensor([5, 17, 2497, 2498, 2499])
+    banned_ids = torch.tensor([5, 17, *range(2048, vocab)])
     ban = ban_bias(vocab, banned_ids) if banned else None
-    last = 2496 if banned else vocab - 1
+    last = 2047 if banned else vocab - 1
     logits[-4:, last] = 12.0  # a wide last interval, so that rounding cannot move the draw
     uniform[-4:] = below(torch.ones(4))
     if banned:

@@ -326,11 +326,19 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
 
     from rlvr.rollout import _triton_kernels as kernels
 
-    pointers = {"where": "*i64", "uniform": "*fp32", "tokens": "*i64", "logps": "*fp32"}
+    pointers = {
+        "where": "*i64",
+        "uniform": "*fp32",
+        "tokens": "*i64",
+        "logps": "*fp32",
+        "stats": "*fp32",
+    }
+    sampling = {"HAS_BAN": True, "BLOCK": 4096}
     constants = {  # kernel: (constexprs, warps), as triton_ops launches them
         kernels.rotate_and_store_kernel: ({"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK": 64}, 4),
         kernels.silu_mul_kernel: ({"BLOCK": 1024}, 4),
-        kernels.sample_kernel: ({"HAS_BAN": True, "BLOCK": 4096}, 8),
+        kernels.sample_chunk_kernel: (sampling, 8),
+        kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
     }
     for kernel, (constexprs, warps) in constants.items():
         signature = {}
@@ -341,7 +349,7 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
                 signature[name] = "fp32"
             elif name in pointers:
                 signature[name] = pointers[name]
-            elif name.endswith(("row", "head", "position", "stride")) or name in ("width", "vocab"):
+            elif name.endswith(("row", "head", "position", "stride", "width", "vocab", "chunks")):
                 signature[name] = "i32"
             else:
                 signature[name] = "*bf16"

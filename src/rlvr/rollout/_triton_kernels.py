@@ -70,63 +70,88 @@ def silu_mul_kernel(gate_up, out, in_row, out_row, width, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def sample_kernel(
+def sample_chunk_kernel(
     logits,
     ban,
+    stats,
+    row_stride,
+    vocab,
+    chunks,
+    temperature,
+    HAS_BAN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, chunk of `BLOCK` tokens): the chunk's max and sum of exp(x − max)
+    for x = logits / T and for x + ban, into `stats` [rows, 4, chunks]."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    i = chunk * BLOCK + tl.arange(0, BLOCK)
+    inside = i < vocab
+    x = tl.load(logits + row * row_stride + i, mask=inside, other=float("-inf"))
+    x = x.to(tl.float32) / temperature
+    allowed = x
+    if HAS_BAN:
+        allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+    top = tl.max(x, 0)
+    top_ok = tl.max(allowed, 0)
+    shift = tl.where(top_ok > float("-inf"), top_ok, 0.0)  # a chunk may be banned whole
+    out = stats + row * 4 * chunks + chunk
+    tl.store(out, top)
+    tl.store(out + chunks, tl.sum(tl.exp(x - top), 0))
+    tl.store(out + 2 * chunks, top_ok)
+    tl.store(out + 3 * chunks, tl.sum(tl.exp(allowed - shift), 0))
+
+
+@triton.jit
+def sample_pick_kernel(
+    logits,
+    ban,
+    stats,
     uniform,
     tokens,
     logps,
     row_stride,
     vocab,
+    chunks,
     temperature,
     HAS_BAN: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
-    """One program per row, two passes over its logits in blocks of `BLOCK`: the normalisers
-    of softmax(logits / T) and softmax(logits / T + ban), per lane then combined; then the
-    first token whose cumulative probability exceeds u·total, and its log-prob."""
+    """One program per row: the normalisers from the chunks' statistics, the chunk that
+    u·total falls in, then the token within it (a cumulative sum over that chunk alone), and
+    the token's log-prob under softmax(logits / T)."""
     row = tl.program_id(0)
-    start = logits + row * row_stride
-    lanes = tl.arange(0, BLOCK)
-    lowest = -3.0e38
-    top = tl.full([BLOCK], lowest, tl.float32)  # per lane: max of logits / T
-    total = tl.zeros([BLOCK], tl.float32)  # per lane: sum of exp(logits / T - top)
-    top_ok = tl.full([BLOCK], lowest, tl.float32)  # the same with the ban added
-    total_ok = tl.zeros([BLOCK], tl.float32)
-    for begin in range(0, vocab, BLOCK):
-        i = begin + lanes
-        inside = i < vocab
-        x = tl.load(start + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
-        allowed = x
-        if HAS_BAN:
-            allowed = x + tl.load(ban + i, mask=inside, other=0.0)
-        new_top = tl.maximum(top, x)
-        total = total * tl.exp(top - new_top) + tl.exp(x - new_top)
-        top = new_top
-        new_top_ok = tl.maximum(top_ok, allowed)
-        total_ok = total_ok * tl.exp(top_ok - new_top_ok) + tl.exp(allowed - new_top_ok)
-        top_ok = new_top_ok
+    c = tl.arange(0, CHUNKS)
+    real = c < chunks
+    start = stats + row * 4 * chunks
+    top = tl.load(start + c, mask=real, other=float("-inf"))
+    total = tl.load(start + chunks + c, mask=real, other=0.0)
+    top_ok = tl.load(start + 2 * chunks + c, mask=real, other=float("-inf"))
+    total_ok = tl.load(start + 3 * chunks + c, mask=real, other=0.0)
     m = tl.max(top, 0)
-    log_total = m + tl.log(tl.sum(total * tl.exp(top - m), 0))
+    log_total = m + tl.log(tl.sum(tl.where(total > 0, total * tl.exp(top - m), 0.0), 0))
     m_ok = tl.max(top_ok, 0)
-    target = tl.load(uniform + row) * tl.sum(total_ok * tl.exp(top_ok - m_ok), 0)
-    running = tl.zeros([BLOCK], tl.float32)  # every lane: the cumulative sum so far
-    found = tl.full([BLOCK], -1, tl.int32)  # every lane: the drawn token, -1 until found
-    last = tl.full([BLOCK], 0, tl.int32)  # every lane: the last token of nonzero probability
-    for begin in range(0, vocab, BLOCK):
-        i = begin + lanes
-        inside = i < vocab
-        x = tl.load(start + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
-        allowed = x
-        if HAS_BAN:
-            allowed = x + tl.load(ban + i, mask=inside, other=0.0)
-        p = tl.exp(allowed - m_ok)
-        cdf = running + tl.cumsum(p, 0)
-        first = tl.min(tl.where((cdf > target) & (p > 0), i, vocab), 0)
-        found = tl.where((found < 0) & (first < vocab), first, found)
-        last = tl.maximum(last, tl.max(tl.where(p > 0, i, 0), 0))
-        running = running + tl.sum(p, 0)
-    token = tl.max(tl.where(found < 0, last, found), 0)
-    chosen = tl.load(start + token).to(tl.float32) / temperature
+    weight = tl.where(total_ok > 0, total_ok * tl.exp(top_ok - m_ok), 0.0)
+    ends = tl.cumsum(weight, 0)
+    target = tl.load(uniform + row) * tl.sum(weight, 0)
+    hit = tl.min(tl.where((ends > target) & (weight > 0), c, CHUNKS), 0)
+    last_chunk = tl.max(tl.where(weight > 0, c, 0), 0)
+    chosen = tl.where(hit < CHUNKS, hit, last_chunk)
+    before = tl.sum(tl.where(c < chosen, weight, 0.0), 0)
+    i = chosen * BLOCK + tl.arange(0, BLOCK)
+    inside = i < vocab
+    row_logits = logits + row * row_stride
+    x = tl.load(row_logits + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
+    allowed = x
+    if HAS_BAN:
+        allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+    p = tl.exp(allowed - m_ok)
+    cdf = tl.cumsum(p, 0)
+    offset = target - before
+    first = tl.min(tl.where((cdf > offset) & (p > 0), i, vocab), 0)
+    last = tl.max(tl.where(p > 0, i, 0), 0)
+    token = tl.where(first < vocab, first, last)
+    x_token = tl.load(row_logits + token).to(tl.float32) / temperature
     tl.store(tokens + row, token.to(tl.int64))
-    tl.store(logps + row, chosen - log_total)
+    tl.store(logps + row, x_token - log_total)

@@ -71,7 +71,7 @@ def sample_tokens(
     """Draw one token per row with `uniform` [b] (`draw_uniform`; None when greedy), never one
     that `ban` (`ban_bias`) bans; return (tokens, log-probs under the temperature-scaled
     logits, before top-k/top-p truncation and the ban). Without top-k and top-p, where
-    Triton runs (a GPU), the same draw is one kernel (`triton_ops.sample`, lever 30)."""
+    Triton runs (a GPU), the same draw is two kernels (`triton_ops.sample`, lever 30)."""
     plain = params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0
     if plain and uniform is not None and triton_ops.usable(logits):
         uniform = uniform.to(logits.device, non_blocking=True)

@@ -1,5 +1,5 @@
-"""Two Triton kernels for the captured decode step (`graph_step.decode_hidden`) on a GPU, each
-doing in one kernel what took PyTorch several:
+"""Triton kernels for the decode step on a GPU (`graph_step.decode_hidden`, `sampling`), each
+doing in one or two kernels what took PyTorch several:
 
 - `rotate_and_store`: the rotary embedding of each row's query and key heads (RoFormer, Su et
   al. 2021, eq. 34, in Llama's half-split layout: x·cos + rotate_half(x)·sin) read from the
@@ -7,11 +7,13 @@ doing in one kernel what took PyTorch several:
   written into the KV cache at the step's column; in PyTorch a multiply, a roll, an `addcmul`,
   two `index_copy` and a copy;
 - `silu_mul`: silu(gate)·up of the SwiGLU MLP (Shazeer 2020, eq. 6) from the packed gate/up
-  projection; in PyTorch a SiLU and a multiply.
+  projection; in PyTorch a SiLU and a multiply;
+- `sample`: the next token by inverse-CDF sampling and its log-prob, without top-k or top-p
+  (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab].
 
 Inside a CUDA graph a kernel costs no launch but still runs for microseconds however little
 it does, and these element-wise kernels were about a third of the step's kernels
-(`docs/benchmarks.md`, lever 29). The arithmetic is in fp32 and each output is rounded once
+(`docs/benchmarks.md`, levers 29 and 30). The arithmetic is in fp32 and each output is rounded once
 to the tensors' dtype (PyTorch rounds each intermediate as well).
 
 Used where `usable` says: Triton is installed (it comes with PyTorch's CUDA builds) and the
@@ -103,27 +105,38 @@ def sample(
     ban: torch.Tensor | None,
     block: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sampling.sample_tokens` without top-k or top-p, at a temperature > 0, in one kernel
-    that reads each row of `logits` [rows, vocab] twice, `block` tokens at a time: the token
-    of each row whose interval of the cumulative probabilities under softmax(logits / T +
-    ban) holds u·total (`uniform` [rows] on the logits' device), and its log-prob under
-    softmax(logits / T). One program per row loops over the vocabulary, so wide blocks (and
-    8 warps) keep few, wide iterations: 38 per pass over a 152k-token row."""
+    """`sampling.sample_tokens` without top-k or top-p, at a temperature > 0, in two kernels
+    over `logits` [rows, vocab]: per (row, chunk of `block` tokens) the chunk's max and sum of
+    exponentials, with and without the ban; then per row the normalisers, the chunk that
+    u·total falls in (`uniform` [rows] on the logits' device; the cumulative probabilities
+    are under softmax(logits / T + ban)), the token within it from a cumulative sum over that
+    chunk alone, and the token's log-prob under softmax(logits / T). The logits are read once,
+    plus one chunk per row, and every (row, chunk) is a program of its own, so few rows still
+    keep the GPU busy (`blocked_inverse_cdf` in two kernels)."""
     rows, vocab = logits.shape
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    chunks = -(-vocab // block)
+    stats = torch.empty(rows, 4, chunks, dtype=torch.float32, device=logits.device)
     tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
     logps = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    kernels().sample_kernel[(rows,)](
+    banned = logits if ban is None else ban  # not read without a ban
+    common = dict(HAS_BAN=ban is not None, BLOCK=block, num_warps=8)
+    k = kernels()
+    k.sample_chunk_kernel[(rows, chunks)](
+        logits, banned, stats, logits.stride(0), vocab, chunks, float(temperature), **common
+    )
+    k.sample_pick_kernel[(rows,)](
         logits,
-        logits if ban is None else ban,  # not read without a ban
+        banned,
+        stats,
         uniform,
         tokens,
         logps,
         logits.stride(0),
         vocab,
+        chunks,
         float(temperature),
-        HAS_BAN=ban is not None,
-        BLOCK=block,
-        num_warps=8,
+        CHUNKS=max(2, 1 << (chunks - 1).bit_length()),
+        **common,
     )
     return tokens, logps
