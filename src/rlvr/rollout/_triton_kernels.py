@@ -31,7 +31,7 @@ def rotate_and_store_kernel(
 ):
     """One program per (row, head of q, k and v): rotate a query or key head and store
     it, or store a value head."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     head = tl.program_id(1)
     i = tl.arange(0, BLOCK)
     inside = i < DIM
@@ -60,7 +60,7 @@ def rotate_and_store_kernel(
 @triton.jit
 def silu_mul_kernel(gate_up, out, in_row, out_row, width, BLOCK: tl.constexpr):
     """One program per (row, block of `BLOCK` columns): silu(gate)·up."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = i < width
     gate = tl.load(gate_up + row * in_row + i, mask=inside, other=0.0).to(tl.float32)
@@ -83,7 +83,7 @@ def sample_chunk_kernel(
 ):
     """One program per (row, chunk of `BLOCK` tokens): the chunk's max and sum of exp(x − max)
     for x = logits / T and for x + ban, into `stats` [rows, 4, chunks]."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     chunk = tl.program_id(1)
     i = chunk * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
@@ -121,7 +121,7 @@ def sample_pick_kernel(
     """One program per row: the normalisers from the chunks' statistics, the chunk that
     u·total falls in, then the token within it (a cumulative sum over that chunk alone), and
     the token's log-prob under softmax(logits / T)."""
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     c = tl.arange(0, CHUNKS)
     real = c < chunks
     start = stats + row * 4 * chunks
