@@ -70,6 +70,16 @@ def silu_mul_kernel(gate_up, out, in_row, out_row, width, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def scaled(row_logits, ban, i, inside, temperature, HAS_BAN: tl.constexpr):
+    """The logits `i` of a row divided by T in fp32 (-inf outside the row), and the same plus
+    the ban."""
+    x = tl.load(row_logits + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
+    if HAS_BAN:
+        return x, x + tl.load(ban + i, mask=inside, other=0.0)
+    return x, x
+
+
+@triton.jit
 def sample_chunk_kernel(
     logits,
     ban,
@@ -87,11 +97,7 @@ def sample_chunk_kernel(
     chunk = tl.program_id(1)
     i = chunk * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
-    x = tl.load(logits + row * row_stride + i, mask=inside, other=float("-inf"))
-    x = x.to(tl.float32) / temperature
-    allowed = x
-    if HAS_BAN:
-        allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+    x, allowed = scaled(logits + row * row_stride, ban, i, inside, temperature, HAS_BAN)
     top = tl.max(x, 0)
     top_ok = tl.max(allowed, 0)
     shift = tl.where(top_ok > float("-inf"), top_ok, 0.0)  # a chunk may be banned whole
@@ -142,10 +148,7 @@ def sample_pick_kernel(
     i = chosen * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
     row_logits = logits + row * row_stride
-    x = tl.load(row_logits + i, mask=inside, other=float("-inf")).to(tl.float32) / temperature
-    allowed = x
-    if HAS_BAN:
-        allowed = x + tl.load(ban + i, mask=inside, other=0.0)
+    _, allowed = scaled(row_logits, ban, i, inside, temperature, HAS_BAN)
     p = tl.exp(allowed - m_ok)
     cdf = tl.cumsum(p, 0)
     offset = target - before
