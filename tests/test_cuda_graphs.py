@@ -315,6 +315,21 @@ def test_the_triton_kernels_under_the_interpreter():
     assert "10 passed" in result.stdout
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_kernels_on_a_gpu(dtype):
+    """`interpreted_triton`'s checks of the three kernels, compiled and run on a GPU."""
+    pytest.importorskip("triton")
+    import interpreted_triton as checks
+
+    for heads, kv_heads, dim in [(4, 4, 16), (6, 2, 24), (14, 2, 64)]:
+        checks.check_rotate_and_store(heads, kv_heads, dim, "cuda", dtype)
+    checks.check_silu_mul("cuda", dtype)
+    for temperature, block in [(1.0, 512), (0.7, 1024), (1.0, 4096)]:
+        for banned in (False, True):
+            checks.check_sample(temperature, block, banned, "cuda", dtype)
+
+
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_the_triton_kernels_compile_for_a_hopper_gpu():
     """Each kernel of `_triton_kernels` compiles to a cubin for sm_90 (H100/H200) with bf16
