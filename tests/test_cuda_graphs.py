@@ -302,6 +302,10 @@ def test_captured_graphs_sample_what_the_eager_decoder_samples_on_a_gpu(tok, nam
     assert len(state.graphs) > 3
 
 
+ON_A_GPU = "on a GPU the kernels run compiled (test_the_triton_kernels_on_a_gpu)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
 def test_the_triton_kernels_under_the_interpreter():
     """`interpreted_triton.py` (the decode step's Triton kernels against PyTorch, and the step
     with them against the eager decoder) in a process with `TRITON_INTERPRET=1`, which Triton
@@ -330,6 +334,7 @@ def test_the_triton_kernels_on_a_gpu(dtype):
             checks.check_sample(temperature, block, banned, "cuda", dtype)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_the_triton_kernels_compile_for_a_hopper_gpu():
     """Each kernel of `_triton_kernels` compiles to a cubin for sm_90 (H100/H200) with bf16
