@@ -18,6 +18,11 @@
   with the real rows' logits, alternating
   twice (a chunk's LM-head gradient is added into an fp32 [vocab, hidden] sum: 1.4 GB of
   memory traffic per chunk at the 0.5b's shape);
+- **attention**: one GRPO mini-batch (`gpu.train_case`, the default way of scoring) with the
+  completions' attention by the Triton kernels of `gpu_kernels` (lever 31: only the real
+  positions, a prompt's keys read in place, the causal half) and by PyTorch's SDPA over the
+  padded layout with an additive mask (before lever 31), alternating twice, at 16k- and
+  32k-token micro-batches, with the peak memory;
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -30,6 +35,7 @@
     python benchmarks/gpu_ab.py --parts decode --ways "packed step" \
         "packed step, PyTorch sampling" "packed step, no Triton kernels" \
         "packed step, sequential steps"              # levers 28-30
+    python benchmarks/gpu_ab.py --parts attention   # lever 31
     python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
@@ -50,7 +56,7 @@ import torch.nn.functional as F
 import transformers
 from lm_head_ab import WAYS
 
-from rlvr.models import fused
+from rlvr.models import fused, gpu_kernels
 from rlvr.rollout import graph_step, graphs, triton_ops
 from rlvr.rollout.graphs import GraphDecoder, SlotKV
 from rlvr.rollout.sampling import below, sample_tokens
@@ -164,6 +170,13 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 }
 
 
+ATTENTION_WAYS = {  # name: whether the Triton kernels may run
+    "packed attention": True,
+    "SDPA over the padded layout": False,
+}
+PACKED_USABLE = gpu_kernels.usable
+
+
 def train_run(model, device: torch.device, micro_batch_tokens: int) -> dict:
     """`gpu.train_case` on 16 prompts × 8 ragged completions of 512–1024 tokens (2 × 4 of at
     most 16 on the CPU), with the peak memory on CUDA; {"oom": True} when memory runs out."""
@@ -196,7 +209,7 @@ def main() -> None:
         "--parts",
         nargs="+",
         default=["decode", "train"],
-        choices=["decode", "chunks", "train"],
+        choices=["decode", "chunks", "attention", "train"],
     )
     parser.add_argument(
         "--ways",
@@ -253,6 +266,12 @@ def main() -> None:
                 f"{shape} chunks {name}", train_run(model, device, 16384 if cuda else 64), "step_s"
             )
         logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS = default_chunks
+        for tokens in ((16384, 32768) if cuda else (64,)) if "attention" in args.parts else ():
+            for name, packed in [*ATTENTION_WAYS.items()] * 2:
+                gpu_kernels.usable = PACKED_USABLE if packed else lambda x: False
+                run = train_run(model, device, tokens)
+                record(f"{shape} attention mb {tokens} {name}", run, "step_s")
+        gpu_kernels.usable = PACKED_USABLE
         for tokens in ((16384, 32768) if cuda else (64,)) if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

@@ -10,14 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.models import fused
+from rlvr.models import fused, gpu_kernels
+from rlvr.models.cpu_kernels import AttentionLayout
 from rlvr.models.tiny import build_tiny_tokenizer
 from rlvr.rollout import graph_step, graphs, triton_ops
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.sampling import ban_bias, below, sample_tokens
-from test_fused_forward import MODELS
+from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
@@ -91,6 +92,108 @@ def check_sample(temperature: float, block: int, banned: bool, device: str, dtyp
     torch.testing.assert_close(logps, expected_logps, rtol=0, atol=1e-5)
     assert (tokens[-4:] == last).all()
     assert not (banned and torch.isin(tokens, banned_ids.to(device)).any())
+
+
+def packed_attention_reference(q, k, v, pk, pv, layout: AttentionLayout, scale: float):
+    """`gpu_kernels.attention` in PyTorch: each row's keys laid out as its prefix's and then its
+    own (zeros where not computed), the layout's visibility as an additive mask,
+    `fused.attention`, and the outputs of the computed positions gathered back."""
+    b, t = layout.rows.shape
+    computed = layout.rows >= 0
+    per_token = layout.rows[computed]  # the per-token row of each computed (b, i), in order
+    where = computed.reshape(-1).nonzero().squeeze(-1)
+    row_prefix = torch.searchsorted(layout.starts, torch.arange(b), right=True) - 1
+
+    def laid_out(x: torch.Tensor) -> torch.Tensor:
+        """[b, heads, t, dim] from per-token x, zeros where not computed."""
+        full = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, where, x[per_token])
+        return full.view(b, t, *x.shape[1:]).transpose(1, 2)
+
+    keys, values = (
+        torch.cat([pre[row_prefix], laid_out(x)], dim=2) for pre, x in ((pk, k), (pv, v))
+    )
+    position = torch.arange(t)
+    own = (layout.own_mask.bool() & computed)[:, None, :] & (position[None, :] <= position[:, None])
+    own |= torch.eye(t, dtype=torch.bool)
+    prefix = layout.prefix_mask.bool()[row_prefix][:, None, :].expand(b, t, -1)
+    bias = fused.additive_bias(torch.cat([prefix, own], dim=2), q.dtype)
+    out = fused.attention(laid_out(q), keys, values, bias, scale).transpose(1, 2)
+    return q.new_empty(q.shape).index_copy(0, per_token, out.reshape(b * t, *q.shape[1:])[where])
+
+
+def packed_attention_case(heads: int, kv_heads: int, dim: int, t: int, sp: int):
+    """Two prefixes of three and two rows, t positions per row: row 0 all computed (with an own
+    key hidden from the queries after it), row 1 its first two thirds, row 2 none, row 3 one
+    block of 64, row 4 a few; the per-token rows in a shuffled order. The prefixes' keys are a
+    transposed view, as `fused.ConcatKV` keeps a prompt's; the first has 10 padded keys, the
+    second a hidden one in the middle."""
+    g = torch.Generator().manual_seed(4)
+    lengths = [t, 2 * t // 3, 0, min(64, t), 5]
+    computed = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+    n = int(computed.sum())
+    rows = torch.full((5, t), -1, dtype=torch.long)
+    rows[computed] = torch.randperm(n, generator=g)
+    own_mask = torch.ones(5, t, dtype=torch.long)
+    own_mask[0, 3] = 0
+    prefix_mask = torch.ones(2, sp, dtype=torch.long)
+    prefix_mask[0, :10] = 0
+    prefix_mask[1, sp // 2] = 0
+    layout = AttentionLayout(rows, own_mask, prefix_mask, torch.tensor([0, 3, 5]))
+    q = torch.randn(n, heads, dim, generator=g)
+    k, v = (torch.randn(n, kv_heads, dim, generator=g) for _ in range(2))
+    pk, pv = (torch.randn(2, sp, kv_heads, dim, generator=g).transpose(1, 2) for _ in range(2))
+    return (q, k, v, pk, pv), layout
+
+
+def check_packed_attention(heads, kv_heads, dim, t, sp, device: str, dtype) -> None:
+    """`gpu_kernels.attention`'s outputs and the gradients of q, k, v and the prefixes' keys and
+    values against `packed_attention_reference` in fp32 on the CPU."""
+    inputs, layout = packed_attention_case(heads, kv_heads, dim, t, sp)
+    scale = dim**-0.5
+    exact = [x.clone().requires_grad_() for x in inputs]
+    expected = packed_attention_reference(*exact, layout, scale)
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5))
+    expected.backward(grad)
+    placed = [x.detach().to(device, dtype).requires_grad_() for x in inputs]
+    on_device = AttentionLayout(*(x.to(device) for x in (
+        layout.rows, layout.own_mask, layout.prefix_mask, layout.starts)))  # fmt: skip
+    out = gpu_kernels.attention(*placed, on_device, scale)
+    out.backward(grad.to(device, dtype))
+    tolerance = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.float().cpu(), expected.detach(), **tolerance)
+    for name, x, reference in zip(["q", "k", "v", "pk", "pv"], placed, exact, strict=True):
+        torch.testing.assert_close(x.grad.float().cpu(), reference.grad, **tolerance, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "t", "sp"), [(4, 4, 16, 9, 12), (6, 2, 24, 150, 70)]
+)
+def test_packed_attention_matches_the_masked_padded_attention(heads, kv_heads, dim, t, sp):
+    check_packed_attention(heads, kv_heads, dim, t, sp, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_padding_free_forward_with_packed_attention_equals_the_transformers_one(
+    monkeypatch, name
+):
+    """The update's shared-prefix forward (Llama, and Qwen2 with GQA), its completions through
+    `fused.PackedOps`: the log-probs and every parameter's gradient of the `transformers`
+    forward (`test_fused_forward`'s check, with the C kernels off)."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    calls = []
+    run = fused.PackedOps.attention_kernel
+    monkeypatch.setattr(
+        fused.PackedOps, "attention_kernel", staticmethod(lambda *a: calls.append(1) or run(*a))
+    )
+    tok = build_tiny_tokenizer()
+    model = MODELS[name](tok)
+    mb = ragged_batch(tok)
+    expected_lp, expected_grads = logprobs_and_grads(model, mb, enabled=False)
+    lp, grads = logprobs_and_grads(model, mb, enabled=True)
+    torch.testing.assert_close(lp, expected_lp, rtol=0, atol=1e-5)
+    for param_name, expected in expected_grads.items():
+        torch.testing.assert_close(grads[param_name], expected, rtol=0, atol=1e-5, msg=param_name)
+    assert len(calls) == model.config.num_hidden_layers  # the completions' pass, every layer
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (6, 2, 24)])

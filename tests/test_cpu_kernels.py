@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr.models import cpu_kernels, fused
+from rlvr.models import cpu_kernels, fused, gpu_kernels
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -419,8 +419,10 @@ def test_kernel_attention_refuses_bad_inputs_with_what_is_wrong():
     ops = fused.KernelOps(key_mask, 5, flat)
     _attend(ops, q, k, v, pk, pv, select)
     layout = ops.layout
-    with pytest.raises(ValueError, match="attention: rows point past q"):
+    with pytest.raises(ValueError, match="cpu_kernels: attention: rows point past q"):
         cpu_kernels.attention(q[:-1], k[:-1], v[:-1], pk, pv, layout, 1.0)
+    with pytest.raises(ValueError, match="gpu_kernels: attention: rows point past q"):
+        gpu_kernels.attention(q[:-1], k[:-1], v[:-1], pk, pv, layout, 1.0)  # checked first
     with pytest.raises(ValueError, match="query heads not a multiple"):
         cpu_kernels.attention(q[:, :3], k, v, pk, pv, layout, 1.0)
     with pytest.raises(ValueError, match="prefix keys and values layout"):

@@ -17,7 +17,8 @@ from rlvr.rollout import graph_step, graphs, hf
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
 from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
-from test_fused_forward import MODELS
+from rlvr.training.batching import to_device
+from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +317,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "10 passed" in result.stdout
+    assert "14 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -332,18 +333,47 @@ def test_the_triton_kernels_on_a_gpu(dtype):
     for temperature, block in [(1.0, 512), (0.7, 1024), (1.0, 4096)]:
         for banned in (False, True):
             checks.check_sample(temperature, block, banned, "cuda", dtype)
+    for heads, kv_heads, dim, t, sp in [
+        (4, 4, 16, 9, 12),
+        (6, 2, 24, 150, 70),
+        (14, 2, 64, 300, 130),
+    ]:
+        checks.check_packed_attention(heads, kv_heads, dim, t, sp, "cuda", dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["llama", "qwen2_gqa"])
+def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(tok, name):
+    """On a GPU the update's completions go through `fused.PackedOps`, and the log-probs and
+    gradients (fp32) are the `transformers` forward's."""
+    pytest.importorskip("triton")
+    model = MODELS[name](tok).cuda()
+    mb = to_device(ragged_batch(tok), torch.device("cuda"))
+    calls = []
+    run = fused.PackedOps.attention_kernel
+    fused.PackedOps.attention_kernel = staticmethod(lambda *a: calls.append(1) or run(*a))
+    try:
+        expected_lp, expected_grads = logprobs_and_grads(model, mb, enabled=False)
+        lp, grads = logprobs_and_grads(model, mb, enabled=True)
+    finally:
+        fused.PackedOps.attention_kernel = staticmethod(run)
+    torch.testing.assert_close(lp, expected_lp, rtol=0, atol=1e-4)
+    for param_name, expected in expected_grads.items():
+        torch.testing.assert_close(grads[param_name], expected, rtol=1e-3, atol=1e-4)
+    assert len(calls) == model.config.num_hidden_layers
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_the_triton_kernels_compile_for_a_hopper_gpu():
-    """Each kernel of `_triton_kernels` compiles to a cubin for sm_90 (H100/H200) with bf16
-    tensors, with the ptxas that ships with Triton: no GPU needed. The interpreter runs the
-    kernels as NumPy code; this checks that they also lower to the GPU's."""
+    """Each kernel of `_triton_kernels` and `models._gpu_kernels` compiles to a cubin for sm_90
+    (H100/H200) with bf16 tensors, with the ptxas that ships with Triton: no GPU needed. The
+    interpreter runs the kernels as NumPy code; this checks that they also lower to the GPU's."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from rlvr.models import _gpu_kernels as training
     from rlvr.rollout import _triton_kernels as kernels
 
     pointers = {
@@ -352,24 +382,34 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         "tokens": "*i64",
         "logps": "*fp32",
         "stats": "*fp32",
+        **dict.fromkeys(["rows", "row_prefix", "count"], "*i64"),
+        **dict.fromkeys(["own_mask", "prefix_mask"], "*u8"),
+        **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv"], "*fp32"),
+        **dict.fromkeys(["temperature", "scale"], "fp32"),
+        **dict.fromkeys(["t", "sp", "PREFIX_BLOCKS"], "i32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
-    constants = {  # kernel: (constexprs, warps), as triton_ops launches them
+    attention = {  # the 0.5B's 14 query heads of 64 over 2 key/value heads, in bf16
+        "GROUP": 7, "DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 64, "PRECISION": "tf32"
+    }  # fmt: skip
+    constants = {  # kernel: (constexprs, warps), as triton_ops and gpu_kernels launch them
         kernels.rotate_and_store_kernel: ({"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK": 64}, 4),
         kernels.silu_mul_kernel: ({"BLOCK": 1024}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
+        training.attention_forward_kernel: (attention, 4),
+        training.attention_dq_kernel: (attention, 4),
+        training.attention_dkv_kernel: (attention, 4),
     }
+    integers = ("row", "head", "position", "stride", "width", "vocab", "chunks", "prefix", "pos")
     for kernel, (constexprs, warps) in constants.items():
         signature = {}
         for name in kernel.arg_names:
             if name in constexprs:
                 signature[name] = "constexpr"
-            elif name == "temperature":
-                signature[name] = "fp32"
             elif name in pointers:
                 signature[name] = pointers[name]
-            elif name.endswith(("row", "head", "position", "stride", "width", "vocab", "chunks")):
+            elif name.endswith(integers):
                 signature[name] = "i32"
             else:
                 signature[name] = "*bf16"

@@ -83,7 +83,7 @@ def logprobs_and_grads(model: nn.Module, mb, enabled: bool):
     model.zero_grad()
     lp = token_logprobs(forward_logits_shared_prefix(model, mb), mb.completion_ids, 0.7)
     lp = lp * mb.response_mask
-    (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+    (lp * torch.linspace(-1, 1, lp.numel(), device=lp.device).view_as(lp)).sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     return lp.detach(), grads
 

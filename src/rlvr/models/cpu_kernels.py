@@ -402,20 +402,37 @@ def attention(
     dense. Returns [n, q_heads, dim].
     """
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    check_attention(q, k, v, prefix_k, prefix_v, layout, "cpu_kernels")
+    return _Attention.apply(q, k, v, prefix_k, prefix_v, layout, scale)
+
+
+def check_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    layout: AttentionLayout,
+    module: str,
+) -> None:
+    """Raise ValueError, naming `module` and what is wrong, unless the arguments fit
+    `attention`'s (and `gpu_kernels.attention`'s) shapes and layout."""
     n, q_heads, dim = q.shape
     prefixes, kv_heads, sp, _ = prefix_k.shape
-    _check(k.shape == v.shape == (n, kv_heads, dim), "attention: q, k, v shapes differ")
-    _check(q_heads % kv_heads == 0, "attention: query heads not a multiple of kv heads")
-    _check(prefix_v.shape == prefix_k.shape and prefix_k.shape[3] == dim, "attention: prefix shape")
-    _check(
-        prefix_k.stride() == prefix_v.stride() and prefix_k.stride(3) == 1,
-        "attention: prefix keys and values layout",
-    )
-    _check(
-        layout.prefix_mask.shape == (prefixes, sp), "attention: prefix_mask is not [prefixes, sp]"
-    )
-    _check(layout.queries <= n, "attention: rows point past q")
-    return _Attention.apply(q, k, v, prefix_k, prefix_v, layout, scale)
+    problems = [
+        (k.shape == v.shape == (n, kv_heads, dim), "q, k, v shapes differ"),
+        (q_heads % kv_heads == 0, "query heads not a multiple of kv heads"),
+        (prefix_v.shape == prefix_k.shape and prefix_k.shape[3] == dim, "prefix shape"),
+        (
+            prefix_k.stride() == prefix_v.stride() and prefix_k.stride(3) == 1,
+            "prefix keys and values layout",
+        ),
+        (layout.prefix_mask.shape == (prefixes, sp), "prefix_mask is not [prefixes, sp]"),
+        (layout.queries <= n, "rows point past q"),
+    ]
+    for fine, what in problems:
+        if not fine:
+            raise ValueError(f"{module}: attention: {what}")
 
 
 def _check(condition: bool, what: str) -> None:

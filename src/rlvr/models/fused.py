@@ -4,7 +4,9 @@ engine and the policy update in place of the `transformers` module stack.
 It computes the same function as the Hugging Face model from the same parameters (tested to
 fp32 rounding, gradients included), with less work:
 - padding-free training: given the real positions of a padded batch, only those tokens go
-  through the matmuls and norms; attention alone sees the padded layout;
+  through the matmuls and norms; attention alone sees the padded layout, except in the C
+  kernels (CPU, fp32) and the Triton kernels (GPU, `gpu_kernels`), which read the real
+  positions where they are;
 - attention for one query position (a decode step) is two batched matmuls with the grouped
   query heads folded into the query axis (no repeated K/V, and not the CPU flash-attention
   kernel, which is slow for one query); longer queries use the fused SDPA kernel;
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.models import cpu_kernels
+from rlvr.models import cpu_kernels, gpu_kernels
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 ENABLE_ATTR = "rlvr_fused_forward"
@@ -452,11 +454,25 @@ class KernelOps(TorchOps):
         own_mask, prefix_mask = self.key_mask[:, sp:], self.key_mask[firsts, :sp]
         return cpu_kernels.AttentionLayout(self.rows, own_mask, prefix_mask, starts)
 
+    attention_kernel = staticmethod(cpu_kernels.attention)
+
     def attend(self, q: torch.Tensor, *kv: torch.Tensor, scale: float) -> torch.Tensor:
         """`TorchOps.attend` by the kernel; `kv` as `cached` returns it."""
         heads, d = q.shape[-2:]
-        out = cpu_kernels.attention(q.reshape(-1, heads, d), *kv, self.layout, scale)
+        out = self.attention_kernel(q.reshape(-1, heads, d), *kv, self.layout, scale)
         return out.view(*q.shape[:-2], heads * d)
+
+
+class PackedOps(KernelOps):
+    """`KernelOps`' layout on a GPU: the attention by the Triton kernels of `gpu_kernels`
+    (`gpu_kernels.attention`, same arguments as `cpu_kernels.attention`), which read only the
+    computed positions, a shared prompt's keys in place and the key blocks each query block
+    sees; RMSNorm, the rotary embedding and SiLU·up by PyTorch, as in `TorchOps`."""
+
+    rms_norm = staticmethod(TorchOps.rms_norm)
+    rotate = staticmethod(TorchOps.rotate)
+    silu_mul = staticmethod(TorchOps.silu_mul)
+    attention_kernel = staticmethod(gpu_kernels.attention)
 
 
 def layer_ops(
@@ -464,12 +480,16 @@ def layer_ops(
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
     `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
-    SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`). `flat`:
-    the positions computed in the [b·t] layout (`real_positions`), None for all."""
+    SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`), and the
+    attention of a padding-free forward by Triton kernels where `gpu_kernels.usable` (on a GPU:
+    `PackedOps`). `flat`: the positions computed in the [b·t] layout (`real_positions`), None
+    for all."""
     if t == 1 and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
     if cpu_kernels.trainable(h):
         return KernelOps(key_mask, t, flat)
+    if flat is not None and gpu_kernels.usable(h):
+        return PackedOps(key_mask, t, flat)
     return TorchOps(mask_bias(key_mask, t, h.dtype), flat)
 
 

@@ -24,22 +24,15 @@ The kernels themselves are in `_triton_kernels`, imported at first use.
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import importlib
 from functools import cache
 from types import ModuleType
 
 import torch
 
-INSTALLED = importlib.util.find_spec("triton") is not None
-"""Whether Triton is installed (without importing it: a CPU-only install has no use for it)."""
+from rlvr.models.gpu_kernels import usable
 
-
-def usable(x: torch.Tensor) -> bool:
-    """Whether the kernels run for tensors like `x`: on a GPU with Triton installed, or on a
-    CPU under Triton's interpreter (`TRITON_INTERPRET=1`, which must be set before Triton is
-    first imported)."""
-    return INSTALLED and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+__all__ = ["kernels", "rotate_and_store", "sample", "silu_mul", "usable"]
 
 
 @cache

@@ -1,0 +1,257 @@
+"""The Triton kernels of `rlvr.models.gpu_kernels` (imported on first use, so that importing
+rlvr does not import Triton).
+
+The layout is `cpu_kernels.AttentionLayout`'s: row b of the batch has the sp keys of its prefix
+p = row_prefix[b] and then its own t positions; position i of row b is per-token row
+rows[b, i] of q, k, v (or -1: not computed, hidden). Query i of row b sees prefix key j where
+prefix_mask[p, j] != 0 and its own key i' <= i where own_mask[b, i'] != 0 and rows[b, i'] >= 0;
+its own key always. `count[b]` is one past row b's last computed position.
+"""
+
+import triton
+import triton.language as tl
+
+NEGATIVE = tl.constexpr(-1.0e30)
+"""The score of a hidden key: exp(NEGATIVE - max) is 0, and NEGATIVE - NEGATIVE is not NaN."""
+
+
+@triton.jit
+def _per_token(x, idx, live, x_row, x_head, head, d, in_dim):
+    """Head `head` of per-token rows idx of x (zeros where not live)."""
+    at = idx[:, None] * x_row + head * x_head + d[None, :]
+    return tl.load(x + at, mask=live[:, None] & in_dim[None, :], other=0.0)
+
+
+@triton.jit
+def _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim):
+    """Row b's positions i: their per-token rows (-1 outside), whether computed, their queries."""
+    idx = tl.load(rows + b * rows_row + i, mask=i < t, other=-1)
+    live = idx >= 0
+    return idx, live, _per_token(q, idx, live, q_row, q_head, head, d, in_dim)
+
+
+@triton.jit
+def _prefix_keys(
+    pk, pv, prefix_mask, p, head, j, sp, pk_prefix, pk_head, pk_pos, mask_row, d, in_dim
+):
+    """Prefix p's keys and values j of key/value head `head`, and whether each is visible."""
+    inside = j < sp
+    at = p * pk_prefix + head * pk_head + j[:, None] * pk_pos + d[None, :]
+    load = inside[:, None] & in_dim[None, :]
+    keys = tl.load(pk + at, mask=load, other=0.0)
+    values = tl.load(pv + at, mask=load, other=0.0)
+    seen = tl.load(prefix_mask + p * mask_row + j, mask=inside, other=0) != 0
+    return keys, values, seen
+
+
+@triton.jit
+def _own_keys(k, v, rows, own_mask, b, j, t, rows_row, own_row, k_row, k_head, head, d, in_dim):
+    """Row b's own keys and values j of key/value head `head`, their per-token rows (-1 where not
+    computed) and whether each is visible to the queries after it."""
+    inside = (j >= 0) & (j < t)
+    kidx = tl.load(rows + b * rows_row + j, mask=inside, other=-1)
+    exists = kidx >= 0
+    at = kidx[:, None] * k_row + head * k_head + d[None, :]
+    load = exists[:, None] & in_dim[None, :]
+    keys = tl.load(k + at, mask=load, other=0.0)
+    values = tl.load(v + at, mask=load, other=0.0)
+    seen = (tl.load(own_mask + b * own_row + j, mask=inside, other=0) != 0) & exists
+    return kidx, keys, values, seen
+
+
+@triton.jit
+def _key_block(
+    block, PREFIX_BLOCKS, b, kv_head, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix,
+    t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row, mask_row, d, in_dim,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Key block `block` of row b (key/value head `kv_head`): blocks [0, PREFIX_BLOCKS) are its
+    prefix's keys, the next its own positions. Returns the own positions jo (negative in a
+    prefix block, whose keys every query sees: jo <= i), their per-token rows (-1 where none),
+    the keys, the values and whether each key is visible to the queries after it. A prefix
+    block loads no own keys and an own block no prefix keys (masked loads move nothing)."""
+    prefix = block < PREFIX_BLOCKS
+    jp = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    jo = jp - PREFIX_BLOCKS * BLOCK_N
+    prefix_keys, prefix_values, prefix_seen = _prefix_keys(
+        pk, pv, prefix_mask, tl.load(row_prefix + b), kv_head, jp, tl.where(prefix, sp, 0),
+        pk_prefix, pk_head, pk_pos, mask_row, d, in_dim,
+    )  # fmt: skip
+    kidx, own_keys, own_values, own_seen = _own_keys(
+        k, v, rows, own_mask, b, jo, tl.where(prefix, 0, t), rows_row, own_row, k_row, k_head,
+        kv_head, d, in_dim,
+    )  # fmt: skip
+    keys = tl.where(prefix, prefix_keys, own_keys)
+    values = tl.where(prefix, prefix_values, own_values)
+    return jo, kidx, keys, values, tl.where(prefix, prefix_seen, own_seen)
+
+
+@triton.jit
+def _visible(i, live, jo, seen):
+    """[queries i, keys jo] of `_key_block`: causal over the visible keys, and each query's own
+    key; nothing for the queries not computed."""
+    own = (seen[None, :] & (jo[None, :] <= i[:, None])) | (jo[None, :] == i[:, None])
+    return own & live[:, None]
+
+
+@triton.jit
+def _blocks_seen(start, b, count, t, sp, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """How many key blocks (prefix blocks first) the query block from `start` of row b reads:
+    the prefix's and the own ones up to its last position; none when it has no computed one."""
+    own = tl.cdiv(tl.minimum(start + BLOCK_M, t), BLOCK_N)
+    return tl.where(start < tl.load(count + b), tl.cdiv(sp, BLOCK_N) + own, 0)
+
+
+@triton.jit
+def _online_block(queries, keys, values, visible, m, total, acc, scale, PRECISION: tl.constexpr):
+    """One key block of the online softmax (FlashAttention, Dao et al. 2022, Algorithm 1): the
+    running max m, the sum of exponentials `total` and the unnormalised output `acc`."""
+    s = tl.dot(queries, tl.trans(keys), input_precision=PRECISION) * scale
+    s = tl.where(visible, s, NEGATIVE)
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
+    alpha = tl.exp(m - m_new)
+    total = total * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision=PRECISION)
+    return m_new, total, acc
+
+
+@triton.jit
+def attention_forward_kernel(
+    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, out, lse,
+    t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+    mask_row, out_row, out_head, lse_row, scale, PREFIX_BLOCKS,
+    GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per (row b, block of BLOCK_M positions, query head): the outputs and the
+    log-sum-exp of the block's computed queries, over the prefix's keys, then over the row's
+    own keys up to the block's last position (the blocks above the diagonal are skipped)."""
+    b = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * BLOCK_M
+    head = tl.program_id(2)
+    d = tl.arange(0, BLOCK_D)
+    in_dim = d < DIM
+    i = start + tl.arange(0, BLOCK_M)
+    idx, live, queries = _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim)
+    m = tl.full([BLOCK_M], NEGATIVE, tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for block in range(0, _blocks_seen(start, b, count, t, sp, BLOCK_M, BLOCK_N)):
+        jo, _kidx, keys, values, seen = _key_block(
+            block, PREFIX_BLOCKS, b, head // GROUP, k, v, pk, pv, rows, own_mask, prefix_mask,
+            row_prefix, t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+            mask_row, d, in_dim, BLOCK_N,
+        )  # fmt: skip
+        visible = _visible(i, live, jo, seen)
+        m, total, acc = _online_block(
+            queries, keys, values, visible, m, total, acc, scale, PRECISION
+        )
+    total = tl.where(live, total, 1.0)
+    at = idx[:, None] * out_row + head * out_head + d[None, :]
+    result = (acc / total[:, None]).to(out.dtype.element_ty)
+    tl.store(out + at, result, mask=live[:, None] & in_dim[None, :])
+    tl.store(lse + idx * lse_row + head, m + tl.log(total), mask=live)
+
+
+@triton.jit
+def _score_grads(queries, keys, values, visible, lse, delta, dout, scale, PRECISION: tl.constexpr):
+    """The block's probabilities P = exp(scale q·kᵀ - lse) on the visible keys and the scores'
+    gradient dS = P (dP - delta), dP = dout·vᵀ (FlashAttention-2, Dao 2023, Algorithm 2)."""
+    s = tl.dot(queries, tl.trans(keys), input_precision=PRECISION) * scale
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    dp = tl.dot(dout, tl.trans(values), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def attention_dq_kernel(
+    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, dq,
+    t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+    mask_row, lse_row, scale, PREFIX_BLOCKS,
+    GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The queries' gradient, one program per (row b, block of positions, query head), over
+    the key blocks the forward read: dq = scale Σ dS·k. dout and dq are laid out like q, lse
+    and delta (Σ dout·out per query) like the forward's lse."""
+    b = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * BLOCK_M
+    head = tl.program_id(2)
+    d = tl.arange(0, BLOCK_D)
+    in_dim = d < DIM
+    i = start + tl.arange(0, BLOCK_M)
+    idx, live, queries = _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim)
+    grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
+    row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
+    row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for block in range(0, _blocks_seen(start, b, count, t, sp, BLOCK_M, BLOCK_N)):
+        jo, _kidx, keys, values, seen = _key_block(
+            block, PREFIX_BLOCKS, b, head // GROUP, k, v, pk, pv, rows, own_mask, prefix_mask,
+            row_prefix, t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+            mask_row, d, in_dim, BLOCK_N,
+        )  # fmt: skip
+        visible = _visible(i, live, jo, seen)
+        _probs, ds = _score_grads(
+            queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
+        )
+        acc += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION)
+    at = idx[:, None] * q_row + head * q_head + d[None, :]
+    tl.store(dq + at, (acc * scale).to(dq.dtype.element_ty), mask=live[:, None] & in_dim[None, :])
+
+
+@triton.jit
+def attention_dkv_kernel(
+    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout,
+    dk, dv, part_dpk, part_dpv,
+    t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+    mask_row, lse_row, part_row, part_head, scale, PREFIX_BLOCKS,
+    GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The keys' and values' gradients, one program per (row b, key block, key/value head):
+    dv = Σ Pᵀ·dout and dk = scale Σ dSᵀ·q over the GROUP query heads of the key/value head and
+    the row's queries that see the block (from the block's first position on, for an own
+    block). A prefix block's gradients from row b go to part_dpk, part_dpv [batch, kv_heads,
+    sp, dim] (fp32; the caller sums the rows of each prefix); an own block's to dk, dv, laid
+    out like k."""
+    b = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    d = tl.arange(0, BLOCK_D)
+    in_dim = d < DIM
+    jo, kidx, keys, values, seen = _key_block(
+        block, PREFIX_BLOCKS, b, kv_head, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix,
+        t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row, mask_row, d,
+        in_dim, BLOCK_N,
+    )  # fmt: skip
+    dkeys = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dvalues = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    first = tl.maximum((block - PREFIX_BLOCKS) * BLOCK_N, 0)
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        for i0 in range(first, tl.load(count + b), BLOCK_M):
+            i = i0 + tl.arange(0, BLOCK_M)
+            idx, live, queries = _query_block(
+                q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim
+            )
+            grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
+            row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
+            row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
+            p, ds = _score_grads(
+                queries, keys, values, _visible(i, live, jo, seen), row_lse, row_delta, grads,
+                scale, PRECISION,
+            )  # fmt: skip
+            dvalues += tl.dot(tl.trans(p.to(grads.dtype)), grads, input_precision=PRECISION)
+            dkeys += tl.dot(tl.trans(ds.to(queries.dtype)), queries, input_precision=PRECISION)
+    dkeys = dkeys * scale
+    jp = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    at = b * part_row + kv_head * part_head + jp[:, None] * DIM + d[None, :]
+    store = (jp < tl.where(block < PREFIX_BLOCKS, sp, 0))[:, None] & in_dim[None, :]
+    tl.store(part_dpk + at, dkeys, mask=store)
+    tl.store(part_dpv + at, dvalues, mask=store)
+    at = kidx[:, None] * k_row + kv_head * k_head + d[None, :]
+    store = (kidx >= 0)[:, None] & in_dim[None, :]
+    tl.store(dk + at, dkeys.to(dk.dtype.element_ty), mask=store)
+    tl.store(dv + at, dvalues.to(dv.dtype.element_ty), mask=store)
