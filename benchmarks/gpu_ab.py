@@ -18,11 +18,14 @@
   with the real rows' logits, alternating
   twice (a chunk's LM-head gradient is added into an fp32 [vocab, hidden] sum: 1.4 GB of
   memory traffic per chunk at the 0.5b's shape);
-- **attention**: one GRPO mini-batch (`gpu.train_case`, the default way of scoring) with the
-  completions' attention by the Triton kernels of `gpu_kernels` (lever 31: only the real
-  positions, a prompt's keys read in place, the causal half) and by PyTorch's SDPA over the
-  padded layout with an additive mask (before lever 31), alternating twice, at 16k- and
-  32k-token micro-batches, with the peak memory;
+- **kernels**: one GRPO mini-batch (`gpu.train_case`, the default way of scoring) with the
+  Triton kernels of `gpu_kernels` for the completions' attention (lever 31: only the real
+  positions, a prompt's keys read in place, the causal half) and for the token statistics
+  (lever 32: one pass over the logits forward, one backward) and for the rotary embedding and
+  SiLU·up (lever 33), without the statistics (before lever 32), with the attention alone
+  (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with an
+  additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
+  with the peak memory;
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -35,7 +38,7 @@
     python benchmarks/gpu_ab.py --parts decode --ways "packed step" \
         "packed step, PyTorch sampling" "packed step, no Triton kernels" \
         "packed step, sequential steps"              # levers 28-30
-    python benchmarks/gpu_ab.py --parts attention   # lever 31
+    python benchmarks/gpu_ab.py --parts kernels     # levers 31-33
     python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
@@ -50,6 +53,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -170,11 +174,27 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 }
 
 
-ATTENTION_WAYS = {  # name: whether the Triton kernels may run
-    "packed attention": True,
-    "SDPA over the padded layout": False,
+TRAIN_KERNEL_WAYS = {  # name: (Triton attention, rotary and SwiGLU, token statistics)
+    "Triton attention, element-wise and statistics": (True, True, True),
+    "Triton attention and element-wise, PyTorch statistics": (True, True, False),
+    "Triton attention, PyTorch element-wise and statistics": (True, False, False),
+    "PyTorch attention, element-wise and statistics": (False, False, False),
 }
-PACKED_USABLE = gpu_kernels.usable
+TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
+KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
+"""Stands in for `gpu_kernels` where a way turns its kernels off: both users ask `usable`
+first."""
+
+
+def use_train_kernels(attention: bool, elementwise: bool, statistics: bool) -> None:
+    """Let `fused.layer_ops` pick `PackedOps` (the Triton attention) with or without its
+    Triton rotary embedding and SiLU·up, and `logprobs` the Triton token statistics, or not."""
+    fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF
+    rotate, silu_mul = (
+        TRITON_ELEMENTWISE if elementwise else (fused.rotate, fused.TorchOps.silu_mul)
+    )
+    fused.PackedOps.rotate, fused.PackedOps.silu_mul = staticmethod(rotate), staticmethod(silu_mul)
+    logprobs.gpu_kernels = gpu_kernels if statistics else KERNELS_OFF
 
 
 def train_run(model, device: torch.device, micro_batch_tokens: int) -> dict:
@@ -209,7 +229,7 @@ def main() -> None:
         "--parts",
         nargs="+",
         default=["decode", "train"],
-        choices=["decode", "chunks", "attention", "train"],
+        choices=["decode", "chunks", "kernels", "train"],
     )
     parser.add_argument(
         "--ways",
@@ -266,12 +286,12 @@ def main() -> None:
                 f"{shape} chunks {name}", train_run(model, device, 16384 if cuda else 64), "step_s"
             )
         logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS = default_chunks
-        for tokens in ((16384, 32768) if cuda else (64,)) if "attention" in args.parts else ():
-            for name, packed in [*ATTENTION_WAYS.items()] * 2:
-                gpu_kernels.usable = PACKED_USABLE if packed else lambda x: False
+        for tokens in ((16384, 32768) if cuda else (64,)) if "kernels" in args.parts else ():
+            for name, way in [*TRAIN_KERNEL_WAYS.items()] * 2:
+                use_train_kernels(*way)
                 run = train_run(model, device, tokens)
-                record(f"{shape} attention mb {tokens} {name}", run, "step_s")
-        gpu_kernels.usable = PACKED_USABLE
+                record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
+        use_train_kernels(True, True, True)
         for tokens in ((16384, 32768) if cuda else (64,)) if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

@@ -18,6 +18,7 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.sampling import ban_bias, below, sample_tokens
+from rlvr.training import logprobs
 from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
 
 pytestmark = pytest.mark.skipif(
@@ -194,6 +195,116 @@ def test_the_padding_free_forward_with_packed_attention_equals_the_transformers_
     for param_name, expected in expected_grads.items():
         torch.testing.assert_close(grads[param_name], expected, rtol=0, atol=1e-5, msg=param_name)
     assert len(calls) == model.config.num_hidden_layers  # the completions' pass, every layer
+
+
+def check_token_stats(temperature: float, uses: str, device: str, dtype) -> None:
+    """`logprobs.token_logprobs_and_entropy` (chunks of 16 rows) and `linear_token_stats` (an LM
+    head with a bias), run by `gpu_kernels.token_stats` and `logit_grad` on 37 rows of 5,000
+    logits (two blocks, the second partial): the log-probs, the entropies and the gradients
+    of a loss that `uses` the log-probs, the entropies or both, against autograd through
+    log_softmax in fp32."""
+    g = torch.Generator().manual_seed(6)
+    rows, vocab, width = 37, 5000, 24
+    hidden = torch.randn(rows, width, generator=g)
+    head = torch.nn.Linear(width, vocab)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, width, generator=g) * 0.6)
+        head.bias.copy_(torch.randn(vocab, generator=g))
+    tokens = torch.randint(0, vocab, (rows,), generator=g)
+    weights = torch.randn(2, rows, generator=g)
+
+    def loss(logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        terms = {"logp": [logp], "entropy": [entropy], "both": [logp, entropy]}[uses]
+        return sum((x * w.to(x.device)).sum() for x, w in zip(terms, weights, strict=False))
+
+    exact = [x.detach().clone().requires_grad_() for x in (hidden, head.weight, head.bias)]
+    z = F.linear(*exact).div(temperature)
+    all_logp = z.log_softmax(-1)
+    expected_logp = all_logp.gather(-1, tokens[:, None]).squeeze(-1)
+    expected_entropy = -(all_logp.exp() * all_logp).sum(-1)
+    loss(expected_logp, expected_entropy).backward()
+    tolerance = dict(rtol=0, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+    placed_head = torch.nn.Linear(width, vocab, device=device, dtype=dtype)
+    with torch.no_grad():
+        placed_head.weight.copy_(head.weight)
+        placed_head.bias.copy_(head.bias)
+    placed_hidden = hidden.to(device, dtype).requires_grad_()
+    logp, entropy = logprobs.linear_token_stats(
+        placed_hidden, placed_head, tokens.to(device), temperature, chunk_elements=16 * vocab
+    )
+    loss(logp, entropy).backward()
+    for actual, expected in ((logp, expected_logp), (entropy, expected_entropy)):
+        torch.testing.assert_close(actual.cpu(), expected.detach(), rtol=0, atol=1e-4)
+    pairs = zip((placed_hidden, placed_head.weight, placed_head.bias), exact, strict=True)
+    for actual, expected in pairs:
+        torch.testing.assert_close(actual.grad.float().cpu(), expected.grad, **tolerance)
+
+    logits = F.linear(*exact).detach()
+    exact_logits = logits.clone().requires_grad_()
+    z = exact_logits.div(temperature).log_softmax(-1)
+    loss(z.gather(-1, tokens[:, None]).squeeze(-1), -(z.exp() * z).sum(-1)).backward()
+    placed_logits = logits.to(device, dtype).requires_grad_()
+    logp, entropy = logprobs.token_logprobs_and_entropy(
+        placed_logits, tokens.to(device), temperature, chunk_size=16
+    )
+    loss(logp, entropy).backward()
+    torch.testing.assert_close(logp.cpu(), expected_logp.detach(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(placed_logits.grad.float().cpu(), exact_logits.grad, **tolerance)
+
+
+def check_rotary_and_swiglu(device: str, dtype) -> None:
+    """`gpu_kernels.rotary` (three heads of 24 per token, one angle per token) and `swiglu`
+    (1,500 columns: two blocks, the second partial) against PyTorch's autograd through
+    `fused.rotate` and silu(gate)·up from the same (rounded) inputs: values and the inputs'
+    gradients."""
+    g = torch.Generator().manual_seed(7)
+
+    def inputs(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype).float()
+
+    x, cos, sin, gate, up = (
+        inputs(11, 3, 24),
+        inputs(11, 1, 24),
+        inputs(11, 1, 24),
+        inputs(7, 1500),
+        inputs(7, 1500),
+    )
+    cases = [
+        (gpu_kernels.rotary, lambda x: fused.rotate(x, cos, sin), [x], [cos, sin]),
+        (gpu_kernels.swiglu, lambda a, b: F.silu(a) * b, [gate, up], []),
+    ]
+    for kernel, reference, differentiable, constants in cases:
+        exact = [t.clone().requires_grad_() for t in differentiable]
+        expected = reference(*exact)
+        grad = inputs(*expected.shape)
+        expected.backward(grad)
+        placed = [t.to(device, dtype).requires_grad_() for t in differentiable]
+        out = kernel(*placed, *(t.to(device, dtype) for t in constants))
+        out.backward(grad.to(device, dtype))
+        close(out.cpu(), expected.detach().to(dtype))
+        for actual, reference_input in zip(placed, exact, strict=True):
+            close(actual.grad.cpu(), reference_input.grad.to(dtype))
+
+
+def test_rotary_and_swiglu_kernels_match_pytorch_forward_and_backward():
+    check_rotary_and_swiglu("cpu", torch.float32)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("uses", ["logp", "entropy", "both"])
+def test_token_stats_kernels_give_the_log_probs_entropies_and_gradients(
+    monkeypatch, temperature, uses
+):
+    calls = []
+    for name in ("token_stats", "logit_grad"):
+        run = getattr(gpu_kernels, name)
+        monkeypatch.setattr(
+            gpu_kernels, name, lambda *a, run=run, name=name: calls.append(name) or run(*a)
+        )
+    check_token_stats(temperature, uses, "cpu", torch.float32)
+    assert calls.count("token_stats") == 2 * 3  # two functions, three chunks each
+    assert calls.count("logit_grad") == 2 * 3
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (6, 2, 24)])

@@ -317,13 +317,15 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "14 passed" in result.stdout
+    assert "21 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_triton_kernels_on_a_gpu(dtype):
-    """`interpreted_triton`'s checks of the three kernels, compiled and run on a GPU."""
+    """`interpreted_triton`'s checks of the decode step's kernels and of the update's (the
+    packed attention, the token statistics, the rotary embedding and SiLU·up), compiled and
+    run on a GPU."""
     pytest.importorskip("triton")
     import interpreted_triton as checks
 
@@ -339,6 +341,10 @@ def test_the_triton_kernels_on_a_gpu(dtype):
         (14, 2, 64, 300, 130),
     ]:
         checks.check_packed_attention(heads, kv_heads, dim, t, sp, "cuda", dtype)
+    for temperature in (1.0, 0.7):
+        for uses in ("logp", "entropy", "both"):
+            checks.check_token_stats(temperature, uses, "cuda", dtype)
+    checks.check_rotary_and_swiglu("cuda", dtype)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -384,9 +390,10 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         "stats": "*fp32",
         **dict.fromkeys(["rows", "row_prefix", "count"], "*i64"),
         **dict.fromkeys(["own_mask", "prefix_mask"], "*u8"),
-        **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv"], "*fp32"),
-        **dict.fromkeys(["temperature", "scale"], "fp32"),
-        **dict.fromkeys(["t", "sp", "PREFIX_BLOCKS"], "i32"),
+        **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv", "logp", "entropy"], "*fp32"),
+        **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
+        **dict.fromkeys(["temperature", "scale", "inverse_t"], "fp32"),
+        **dict.fromkeys(["t", "sp", "n", "PREFIX_BLOCKS"], "i32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
     attention = {  # the 0.5B's 14 query heads of 64 over 2 key/value heads, in bf16
@@ -400,9 +407,15 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         training.attention_forward_kernel: (attention, 4),
         training.attention_dq_kernel: (attention, 4),
         training.attention_dkv_kernel: (attention, 4),
+        training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),
+        training.logit_grad_kernel: ({"HAS_LOGP": True, "HAS_ENTROPY": True, "BLOCK": 4096}, 8),
     }
+    jobs = list(constants.items())
+    for backward in (False, True):  # each way of the two kernels with a backward flag
+        jobs.append((training.rotary_kernel, ({"BACKWARD": backward, "DIM": 64, "BLOCK": 64}, 4)))
+        jobs.append((training.swiglu_kernel, ({"BACKWARD": backward, "BLOCK": 1024}, 4)))
     integers = ("row", "head", "position", "stride", "width", "vocab", "chunks", "prefix", "pos")
-    for kernel, (constexprs, warps) in constants.items():
+    for kernel, (constexprs, warps) in jobs:
         signature = {}
         for name in kernel.arg_names:
             if name in constexprs:

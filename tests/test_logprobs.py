@@ -74,8 +74,9 @@ def test_only_a_chunk_of_logits_exists_and_backward_keeps_no_logits(monkeypatch)
     (lp.sum() + entropy.sum()).backward()
     assert forward_logits == [4 * VOCAB, 4 * VOCAB, 2 * VOCAB]  # chunks of 4 rows
     assert made[3:] == forward_logits  # backward makes them again, a chunk at a time
-    # hidden, weight, tokens, entropies: nothing of the [rows, vocab] shape
-    assert sorted(saved) == sorted([N * D, VOCAB * D, N, N])
+    # hidden, weight, tokens, entropies and the log-sum-exps, empty on a CPU (the GPU kernels
+    # keep them): nothing of the [rows, vocab] shape
+    assert sorted(saved) == sorted([N * D, VOCAB * D, N, N, 0])
 
 
 def test_bf16_gradients_are_close_to_fp32_and_keep_the_dtype():
@@ -137,3 +138,20 @@ def test_the_default_chunk_is_larger_on_a_gpu_and_read_at_each_call(monkeypatch)
     monkeypatch.setattr(logprobs_module.F, "linear", recording_linear)
     linear_token_stats(torch.randn(N, D), head, torch.randint(0, VOCAB, (N,)))
     assert made == [3, 3, 3, 1]  # CPU tensors: CHUNK_ELEMENTS as patched, 3 rows a chunk
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_head_gradient_sums_bf16_products_in_fp32_on_a_gpu():
+    """On a GPU a bf16 chunk's head gradient goes into the fp32 sum by one matmul that writes
+    fp32 (`fp32_output_matmul`), so the sum is as exact as the fp32 product of the bf16
+    operands, closer than adding a bf16-rounded product."""
+    device = torch.device("cuda")
+    assert logprobs_module.fp32_output_matmul(device, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(512, 256, generator=g).to(torch.bfloat16) for _ in range(2))
+    total = torch.randn(256, 256, generator=g)
+    exact = total + a.float().T @ b.float()
+    summed = logprobs_module._add_product(total.to(device), a.to(device).T, b.to(device))
+    rounded = total + (a.float().T @ b.float()).to(torch.bfloat16).float()
+    error, rounding = (summed.cpu() - exact).abs().max(), (rounded - exact).abs().max()
+    assert summed.dtype == torch.float32 and error < rounding / 4

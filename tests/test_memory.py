@@ -69,9 +69,11 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     default, kept = minor_faults("default"), minor_faults("keep")
     assert kept["kept"] is True
     # By default the update's freed activations come back as fresh pages: 130k-300k faults
-    # over eight updates here, against 4k-13k with the thresholds raised.
-    assert default["faults"] > 60_000
+    # over eight updates here, against 4k-14k with the thresholds raised (once, in a full
+    # suite run, 59k by default: the machine's state moves the absolute counts, so the
+    # default is compared with the kept run's, 12-42 times as many in six runs)
     assert kept["faults"] < 30_000
+    assert default["faults"] > 4 * kept["faults"]
 
 
 def test_without_glibc_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -255,3 +255,114 @@ def attention_dkv_kernel(
     store = (kidx >= 0)[:, None] & in_dim[None, :]
     tl.store(dk + at, dkeys.to(dk.dtype.element_ty), mask=store)
     tl.store(dv + at, dvalues.to(dv.dtype.element_ty), mask=store)
+
+
+@triton.jit
+def token_stats_kernel(
+    logits, tokens, logp, entropy, lse, vocab, logits_row, inverse_t,
+    WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per row of logits x: with z = x / T, its log-sum-exp L, log p[y] = z[y] - L
+    for its token y and (WITH_ENTROPY) H = L - Σ p·z, in one pass over the row: each lane keeps
+    a running max, Σ exp(z - max) and Σ exp(z - max)·z, rescaled when its max grows (the online
+    softmax of Milakov & Gimelshein 2018), and the lanes are combined at the end."""
+    row = tl.program_id(0).to(tl.int64)
+    start = logits + row * logits_row
+    high = tl.full([BLOCK], NEGATIVE, tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    weighted = tl.zeros([BLOCK], tl.float32)
+    for first in range(0, vocab, BLOCK):
+        cols = first + tl.arange(0, BLOCK)
+        inside = cols < vocab
+        z = tl.load(start + cols, mask=inside, other=0.0).to(tl.float32) * inverse_t
+        z = tl.where(inside, z, NEGATIVE)
+        new_high = tl.maximum(high, z)
+        shrink = tl.exp(high - new_high)
+        e = tl.where(inside, tl.exp(z - new_high), 0.0)
+        total = total * shrink + e
+        if WITH_ENTROPY:
+            weighted = weighted * shrink + e * z
+        high = new_high
+    top = tl.max(high, 0)
+    lanes = tl.exp(high - top)
+    summed = tl.sum(total * lanes, 0)
+    log_total = top + tl.log(summed)
+    token = tl.load(tokens + row)
+    chosen = tl.load(start + token).to(tl.float32) * inverse_t
+    tl.store(logp + row, chosen - log_total)
+    tl.store(lse + row, log_total)
+    if WITH_ENTROPY:
+        tl.store(entropy + row, log_total - tl.sum(weighted * lanes, 0) / summed)
+
+
+@triton.jit
+def logit_grad_kernel(
+    logits, tokens, lse, entropy, g_logp, g_entropy, out, vocab, logits_row, out_row, inverse_t,
+    HAS_LOGP: tl.constexpr, HAS_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, block of the vocabulary): d loss / dx of the block, from the row's
+    log-sum-exp L, entropy H, token y and upstream gradients g (log-prob) and g_H (entropy):
+    (g·(onehot(y) - p) - g_H·p·(log p + H)) / T with p = exp(z - L), read once, written once."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < vocab
+    z = tl.load(logits + row * logits_row + cols, mask=inside, other=0.0).to(tl.float32)
+    log_p = z * inverse_t - tl.load(lse + row)
+    p = tl.exp(log_p)
+    grad = tl.zeros([BLOCK], tl.float32)
+    if HAS_LOGP:
+        g = tl.load(g_logp + row)
+        grad = tl.where(cols == tl.load(tokens + row), g, 0.0) - g * p
+    if HAS_ENTROPY:
+        grad -= tl.load(g_entropy + row) * p * (log_p + tl.load(entropy + row))
+    out_at = out + row * out_row + cols
+    tl.store(out_at, (grad * inverse_t).to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def rotary_kernel(
+    x, cos, sin, out, x_row, x_head, cos_row, sin_row, out_row, out_head,
+    BACKWARD: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per (token, head): the rotary embedding y = x·cos + rotate_half(x)·sin
+    (RoFormer, Su et al. 2021, eq. 34; rotate_half(x1, x2) = (-x2, x1)), or (BACKWARD) its
+    gradient from the output's g: g·cos - rotate_half(g·sin), rotate_half being a signed
+    permutation whose transpose is its negative."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    inside = i < DIM
+    half = DIM // 2
+    partner = tl.where(i < half, i + half, i - half)
+    start = x + row * x_row + head * x_head
+    value = tl.load(start + i, mask=inside, other=0.0).to(tl.float32)
+    other = tl.load(start + partner, mask=inside, other=0.0).to(tl.float32)
+    c = tl.load(cos + row * cos_row + i, mask=inside, other=0.0).to(tl.float32)
+    s = tl.load(sin + row * sin_row + i, mask=inside, other=0.0).to(tl.float32)
+    if BACKWARD:
+        s_other = tl.load(sin + row * sin_row + partner, mask=inside, other=0.0).to(tl.float32)
+        y = value * c + tl.where(i < half, other * s_other, -other * s_other)
+    else:
+        y = value * c + tl.where(i < half, -other, other) * s
+    tl.store(out + row * out_row + head * out_head + i, y.to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def swiglu_kernel(
+    gate, up, grad, out, d_gate, d_up, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr
+):
+    """silu(gate)·up element-wise (the SwiGLU MLP's inner product, Shazeer 2020, eq. 6), or
+    (BACKWARD) from the output's gradient g: d gate = g·up·σ(gate)·(1 + gate·(1 - σ(gate))) and
+    d up = g·silu(gate), recomputing σ(gate) instead of keeping silu(gate) for backward."""
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < n
+    a = tl.load(gate + at, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(up + at, mask=inside, other=0.0).to(tl.float32)
+    sigmoid = 1.0 / (1.0 + tl.exp(-a))
+    if BACKWARD:
+        g = tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
+        d_a = g * b * sigmoid * (1.0 + a * (1.0 - sigmoid))
+        tl.store(d_gate + at, d_a.to(d_gate.dtype.element_ty), mask=inside)
+        tl.store(d_up + at, (g * a * sigmoid).to(d_up.dtype.element_ty), mask=inside)
+    else:
+        tl.store(out + at, (a * sigmoid * b).to(out.dtype.element_ty), mask=inside)

@@ -464,14 +464,14 @@ class KernelOps(TorchOps):
 
 
 class PackedOps(KernelOps):
-    """`KernelOps`' layout on a GPU: the attention by the Triton kernels of `gpu_kernels`
-    (`gpu_kernels.attention`, same arguments as `cpu_kernels.attention`), which read only the
+    """`KernelOps` on a GPU, by the Triton kernels of `gpu_kernels`: the attention
+    (`gpu_kernels.attention`, same arguments as `cpu_kernels.attention`), which reads only the
     computed positions, a shared prompt's keys in place and the key blocks each query block
-    sees; RMSNorm, the rotary embedding and SiLU·up by PyTorch, as in `TorchOps`."""
+    sees; the rotary embedding and SiLU·up, one kernel each way. RMSNorm by PyTorch."""
 
     rms_norm = staticmethod(TorchOps.rms_norm)
-    rotate = staticmethod(TorchOps.rotate)
-    silu_mul = staticmethod(TorchOps.silu_mul)
+    rotate = staticmethod(gpu_kernels.rotary)
+    silu_mul = staticmethod(gpu_kernels.swiglu)
     attention_kernel = staticmethod(gpu_kernels.attention)
 
 

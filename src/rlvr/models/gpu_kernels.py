@@ -1,21 +1,28 @@
-"""Triton kernels for the padding-free training forward on a GPU: the attention of
-`cpu_kernels.attention`'s layout (each row's prefix, read in place by all the rows that share
-it, then the row's own positions, causal), forward and backward, in the recomputation scheme of
-FlashAttention (Dao et al. 2022, Algorithms 1–2; FlashAttention-2, Dao 2023, Algorithm 2).
+"""Triton kernels for the update on a GPU.
 
-PyTorch's scaled-dot-product attention, which the GPU otherwise runs (`fused.TorchOps`),
-needs the padded [rows, heads, positions, dim] layout and an additive mask: the queries and
-keys are scattered into it and the outputs gathered back, each sample gets its own copy of its
-prompt's keys (and their gradient is summed back), and every (query, key) pair of the padded
-rectangle is computed, masked or not. Here only the computed positions are read, in place;
-only the key blocks a query block sees are computed (half of a causal rectangle, none of the
-padding); a prompt's keys are read once per sample, never copied.
+The token statistics (`token_stats`, `logit_grad`): the log-prob of each row's token and its
+entropy under softmax(logits / T) in one pass over the logits, and their gradient with respect
+to the logits in one more, where PyTorch made about a dozen fp32 passes over each chunk of
+[tokens, vocab] logits (`training.logprobs`).
 
-Used where `usable` says (`fused.layer_ops`, for the padding-free completion forward of the
-update and of the log-prob passes): Triton is installed (it comes with PyTorch's CUDA builds)
-and the tensors are on a GPU, or `TRITON_INTERPRET=1` was set before Triton was imported,
-which runs the kernels on a CPU in Triton's interpreter (how the CPU tests check them, in
-fp32). The kernels themselves are in `_gpu_kernels`, imported at first use.
+The attention of `cpu_kernels.attention`'s layout (each row's prefix, read in place by all the
+rows that share it, then the row's own positions, causal), forward and backward, in the
+recomputation scheme of FlashAttention (Dao et al. 2022, Algorithms 1–2; FlashAttention-2,
+Dao 2023, Algorithm 2). PyTorch's scaled-dot-product attention, which the GPU otherwise runs
+(`fused.TorchOps`), needs the padded [rows, heads, positions, dim] layout and an additive
+mask: the queries and keys are scattered into it and the outputs gathered back, each sample
+gets its own copy of its prompt's keys (and their gradient is summed back), and every (query,
+key) pair of the padded rectangle is computed, masked or not. Here only the computed
+positions are read, in place; only the key blocks a query block sees are computed (half of a
+causal rectangle, none of the padding); a prompt's keys are read once per sample, never
+copied.
+
+Used where `usable` says (`fused.layer_ops` for the padding-free completion forward of the
+update and of the log-prob passes, `training.logprobs` for the statistics): Triton is
+installed (it comes with PyTorch's CUDA builds) and the tensors are on a GPU, or
+`TRITON_INTERPRET=1` was set before Triton was imported, which runs the kernels on a CPU in
+Triton's interpreter (how the CPU tests check them, in fp32). The kernels themselves are in
+`_gpu_kernels`, imported at first use.
 """
 
 from __future__ import annotations
@@ -99,6 +106,80 @@ class _Launch:
         return (self.batch, -(-self.t // BLOCK), self.q_heads)
 
 
+def _rotary_pass(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
+) -> torch.Tensor:
+    """The rotary kernel over x [n, heads, dim] with cos, sin [n, dim]: forward or backward."""
+    heads, dim = x.shape[-2:]
+    out = torch.empty_like(x)
+    kernels().rotary_kernel[(x.shape[0], heads)](
+        x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0),
+        out.stride(1), BACKWARD=backward, DIM=dim, BLOCK=max(16, 1 << (dim - 1).bit_length()),
+    )  # fmt: skip
+    return out
+
+
+class _Rotary(torch.autograd.Function):
+    """`rotary`, forward and backward each one kernel; keeps only cos and sin."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotary_pass(x, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotary_pass(grad.contiguous(), cos, sin, backward=True), None, None
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`fused.rotate(x, cos, sin)` for per-token x [n, heads, dim] and cos, sin [n, 1, dim]
+    (one angle per token, shared by its heads), differentiable in x: one kernel each way,
+    where PyTorch runs five forward and more backward."""
+    x = x.contiguous()
+    dim = x.shape[-1]
+    cos, sin = cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous()
+    return _Rotary.apply(x, cos, sin)
+
+
+ELEMENTS_BLOCK = 1024
+"""Elements per program of `swiglu`."""
+
+
+class _SwiGLU(torch.autograd.Function):
+    """`swiglu`, forward and backward each one kernel; keeps gate and up, not silu(gate)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        out = torch.empty_like(gate)
+        n = gate.numel()
+        kernels().swiglu_kernel[(-(-n // ELEMENTS_BLOCK),)](
+            gate, up, gate, out, out, out, n, BACKWARD=False, BLOCK=ELEMENTS_BLOCK
+        )
+        ctx.save_for_backward(gate, up)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        n = gate.numel()
+        kernels().swiglu_kernel[(-(-n // ELEMENTS_BLOCK),)](
+            gate, up, grad.contiguous(), d_gate, d_gate, d_up, n, BACKWARD=True,
+            BLOCK=ELEMENTS_BLOCK,
+        )  # fmt: skip
+        return d_gate, d_up
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate)·up (`fused.TorchOps.silu_mul`), differentiable: one kernel each way, where
+    PyTorch runs two forward and three backward and keeps silu(gate) as well."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gpu_kernels.swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)}")
+    return _SwiGLU.apply(gate.contiguous(), up.contiguous())
+
+
 class _PackedAttention(torch.autograd.Function):
     """`attention`, forward in one kernel, backward in two (queries; keys and values)."""
 
@@ -159,3 +240,54 @@ def attention(
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     check_attention(q, k, v, prefix_k, prefix_v, layout, "gpu_kernels")
     return _PackedAttention.apply(q, k, v, prefix_k, prefix_v, layout, scale)
+
+
+VOCAB_BLOCK = 4096
+"""Logits per block of the token-statistics kernels."""
+
+
+def token_stats(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    logp: torch.Tensor,
+    entropy: torch.Tensor | None,
+    lse: torch.Tensor,
+) -> None:
+    """Write, for each row of logits [rows, vocab] (any float dtype, last axis dense) with
+    z = logits / T: log p[token] = z[token] - logsumexp(z) into logp [rows], logsumexp(z) into
+    lse [rows] and, unless None, the entropy -Σ p·log p into entropy [rows] (all fp32),
+    reading the logits once (`training.logprobs`' statistics in one kernel)."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    rows, vocab = logits.shape
+    kernels().token_stats_kernel[(rows,)](
+        logits, tokens, logp, logp if entropy is None else entropy, lse, vocab,
+        logits.stride(0), 1.0 / temperature, WITH_ENTROPY=entropy is not None,
+        BLOCK=VOCAB_BLOCK, num_warps=8,
+    )  # fmt: skip
+
+
+def logit_grad(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor | None,
+    g_logp: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    temperature: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """d loss / d logits [rows, vocab] in `dtype` from `token_stats`' lse (and entropy) and the
+    upstream gradients of the log-probs and entropies (None when unused), each element read
+    and written once (`training.logprobs._logit_grad` in one kernel)."""
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    rows, vocab = logits.shape
+    out = torch.empty(rows, vocab, dtype=dtype, device=logits.device)
+    k = kernels()
+    k.logit_grad_kernel[(rows, -(-vocab // VOCAB_BLOCK))](
+        logits, tokens, lse, lse if entropy is None else entropy,
+        lse if g_logp is None else g_logp, lse if g_entropy is None else g_entropy, out, vocab,
+        logits.stride(0), out.stride(0), 1.0 / temperature, HAS_LOGP=g_logp is not None,
+        HAS_ENTROPY=g_entropy is not None, BLOCK=VOCAB_BLOCK, num_warps=8,
+    )  # fmt: skip
+    return out
