@@ -7,8 +7,9 @@
   30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
   reads each step's tokens before launching the next, as before lever 28), with the
   attention as two matmuls, with the sampling before lever 26, and the step of
-  `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows, then
-  the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways` picks some of them.
+  `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
+  (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
+  picks some of them.
   The 11-26 results (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25
   alone) predate lever 27, which changed `decode_attention`. (Until lever 25 this part
   compared sampling inside and after the graph, lever 23; graphs against eager decoding:
@@ -239,6 +240,13 @@ def main() -> None:
         metavar="WAY",
         help="the decode ways to compare (default: all of STEP_WAYS)",
     )
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        type=int,
+        default=[64, 128, 512],
+        help="the decode part's rows per rollout (default: 64 128 512)",
+    )
     args = parser.parse_args()
     step_ways = {name: STEP_WAYS[name] for name in args.ways}
     cuda = not args.quick
@@ -265,7 +273,7 @@ def main() -> None:
 
     for shape in args.shapes:
         model = gpu.build(shape, device, torch.bfloat16 if cuda else torch.float32)
-        for batch in (64, 128, 512) if "decode" in args.parts else ():
+        for batch in args.batches if "decode" in args.parts else ():
             case = argparse.Namespace(
                 batch=batch, samples=8, prompt_len=128, new_tokens=512, repeats=1
             )
