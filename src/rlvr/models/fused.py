@@ -481,9 +481,9 @@ def layer_ops(
     """The C kernels for a decode step (one position per row, no padding-free layout) where
     `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
     SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`), and the
-    attention of a padding-free forward by Triton kernels where `gpu_kernels.usable` (on a GPU:
-    `PackedOps`). `flat`: the positions computed in the [b·t] layout (`real_positions`), None
-    for all."""
+    attention, the rotary embedding and SiLU·up of a padding-free forward by Triton kernels
+    where `gpu_kernels.usable` (on a GPU: `PackedOps`). `flat`: the positions computed in the
+    [b·t] layout (`real_positions`), None for all."""
     if t == 1 and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
     if cpu_kernels.trainable(h):

@@ -31,7 +31,6 @@ import importlib.util
 import os
 from functools import cache
 from types import ModuleType
-from typing import Any
 
 import torch
 
@@ -61,7 +60,9 @@ class _Launch:
     """What the three attention kernels share: the grid's shape, the layout's tensors and every
     stride, and the block sizes."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, pk: torch.Tensor, layout: Any) -> None:
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, pk: torch.Tensor, layout: AttentionLayout
+    ) -> None:
         batch, t = layout.rows.shape
         q_heads, dim = q.shape[1:]
         self.t, self.sp, self.kv_heads = t, pk.shape[2], k.shape[1]
