@@ -356,8 +356,9 @@ class AttentionLayout:
     prefix (shared by the rows starts[p] .. starts[p+1] - 1 of prefix p) and then its own t
     positions, of which those with rows[b, i] >= 0 are computed, at that row of the per-token
     tensors. A query sees its prefix's keys where prefix_mask [prefixes, sp] is 1, and its row's
-    own earlier keys where own_mask [batch, t] is 1 (and always its own). All on the CPU; checked
-    once here, not at each layer's call."""
+    own earlier keys where own_mask [batch, t] is 1 (and always its own). On the device of the
+    attention's tensors (the CPU here, a GPU for `gpu_kernels.attention`); checked, and its
+    derived tensors made, once here, not at each layer's call."""
 
     def __init__(
         self,
@@ -381,6 +382,12 @@ class AttentionLayout:
             "attention: starts must run from 0 to batch, one more entry than prefixes",
         )
         self.queries = int(self.rows.max()) + 1 if self.rows.numel() else 0
+        device = self.rows.device
+        batch_rows = torch.arange(batch, device=device)
+        # [batch]: each row's prefix, and one past its last computed position
+        self.row_prefix = torch.searchsorted(self.starts, batch_rows, right=True) - 1
+        computed = torch.arange(1, t + 1, device=device) * (self.rows >= 0)
+        self.count = computed.amax(1) if t else torch.zeros_like(batch_rows)
 
 
 def attention(

@@ -68,19 +68,13 @@ class _Launch:
         self.t, self.sp, self.kv_heads = t, pk.shape[2], k.shape[1]
         self.batch, self.q_heads = batch, q_heads
         self.prefix_blocks = -(-self.sp // BLOCK)
-        device = q.device
-        self.rows = layout.rows.to(device)
-        counted = torch.arange(1, t + 1, device=device) * (self.rows >= 0)
-        self.count = counted.amax(1) if t else torch.zeros(batch, dtype=torch.long, device=device)
-        starts = layout.starts.to(device)
-        positions = torch.arange(batch, device=device)
-        self.row_prefix = torch.searchsorted(starts, positions, right=True) - 1
+        self.row_prefix = layout.row_prefix
         self.tensors = (
-            self.rows,
-            layout.own_mask.to(device),
-            layout.prefix_mask.to(device),
-            self.row_prefix,
-            self.count,
+            layout.rows,
+            layout.own_mask,
+            layout.prefix_mask,
+            layout.row_prefix,
+            layout.count,
         )
         self.strides = (
             t,
@@ -90,9 +84,9 @@ class _Launch:
             k.stride(0),
             k.stride(1),
             *pk.stride()[:3],
-            self.rows.stride(0),
-            self.tensors[1].stride(0),
-            self.tensors[2].stride(0),
+            layout.rows.stride(0),
+            layout.own_mask.stride(0),
+            layout.prefix_mask.stride(0),
         )
         self.constants = dict(
             GROUP=q_heads // self.kv_heads,
