@@ -95,6 +95,20 @@ def check_sample(temperature: float, block: int, banned: bool, device: str, dtyp
     assert not (banned and torch.isin(tokens, banned_ids.to(device)).any())
 
 
+def test_rlvr_gpu_kernels_0_turns_every_triton_kernel_off(monkeypatch):
+    """With `RLVR_GPU_KERNELS=0` neither the update nor the decode step uses a Triton kernel:
+    the padding-free forward gets PyTorch's operations, and so do the token statistics."""
+    x = torch.zeros(2, 3)
+    key_mask, flat = torch.ones(2, 5, dtype=torch.long), torch.tensor([0, 1, 3])
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    assert gpu_kernels.usable(x) and triton_ops.usable(x)
+    assert type(fused.layer_ops(x, key_mask, 2, flat)) is fused.PackedOps
+    monkeypatch.setenv("RLVR_GPU_KERNELS", "0")
+    assert not gpu_kernels.usable(x) and not triton_ops.usable(x)
+    assert type(fused.layer_ops(x, key_mask, 2, flat)) is fused.TorchOps
+    assert logprobs._outputs(x, True)[2].numel() == 0  # no log-sum-exps: the PyTorch path
+
+
 def packed_attention_reference(q, k, v, pk, pv, layout: AttentionLayout, scale: float):
     """`gpu_kernels.attention` in PyTorch: each row's keys laid out as its prefix's and then its
     own (zeros where not computed), the layout's visibility as an additive mask,

@@ -21,7 +21,8 @@ Used where `usable` says (`fused.layer_ops` for the padding-free completion forw
 update and of the log-prob passes, `training.logprobs` for the statistics): Triton is
 installed (it comes with PyTorch's CUDA builds) and the tensors are on a GPU, or
 `TRITON_INTERPRET=1` was set before Triton was imported, which runs the kernels on a CPU in
-Triton's interpreter (how the CPU tests check them, in fp32). The kernels themselves are in
+Triton's interpreter (how the CPU tests check them, in fp32); `RLVR_GPU_KERNELS=0` turns them
+off, with the decode step's (`rollout.triton_ops`). The kernels themselves are in
 `_gpu_kernels`, imported at first use.
 """
 
@@ -43,11 +44,17 @@ BLOCK = 64
 """Queries and keys per block of the attention kernels."""
 
 
+DISABLE_ENV = "RLVR_GPU_KERNELS"
+"""Set to 0 to keep every Triton kernel (the update's and the decode step's) off."""
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether the kernels run for tensors like `x`: on a GPU with Triton installed, or on a
     CPU under Triton's interpreter (`TRITON_INTERPRET=1`, which must be set before Triton is
-    first imported)."""
-    return INSTALLED and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    first imported); never with `RLVR_GPU_KERNELS=0`."""
+    if not INSTALLED or os.environ.get(DISABLE_ENV) == "0":
+        return False
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @cache
