@@ -31,7 +31,8 @@
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
   (Until 11-25 this half compared the chunked log-prob function with autograd through
-  `logsumexp`; those results are in `docs/benchmarks.md`.)
+  `logsumexp`; those results are in `docs/benchmarks.md`.) `--micro-batch-tokens` sets the
+  budgets of these two parts (levers 32 and 33 keep less for backward, so 64k may now fit).
 
     python benchmarks/gpu_ab.py                  # both shapes, both parts, bf16, on CUDA
     python benchmarks/gpu_ab.py --parts train    # the training half only
@@ -247,6 +248,13 @@ def main() -> None:
         default=[64, 128, 512],
         help="the decode part's rows per rollout (default: 64 128 512)",
     )
+    parser.add_argument(
+        "--micro-batch-tokens",
+        nargs="+",
+        type=int,
+        default=[16384, 32768],
+        help="the kernels and train parts' micro-batch token budgets (default: 16384 32768)",
+    )
     args = parser.parse_args()
     step_ways = {name: STEP_WAYS[name] for name in args.ways}
     cuda = not args.quick
@@ -294,13 +302,14 @@ def main() -> None:
                 f"{shape} chunks {name}", train_run(model, device, 16384 if cuda else 64), "step_s"
             )
         logprobs.CHUNK_ELEMENTS, logprobs.GPU_CHUNK_ELEMENTS = default_chunks
-        for tokens in ((16384, 32768) if cuda else (64,)) if "kernels" in args.parts else ():
+        budgets = args.micro_batch_tokens if cuda else [64]
+        for tokens in budgets if "kernels" in args.parts else ():
             for name, way in [*TRAIN_KERNEL_WAYS.items()] * 2:
                 use_train_kernels(*way)
                 run = train_run(model, device, tokens)
                 record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
         use_train_kernels(True, True, True)
-        for tokens in ((16384, 32768) if cuda else (64,)) if "train" in args.parts else ():
+        for tokens in budgets if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way
                 record(
