@@ -457,3 +457,22 @@ def test_decode_steps_do_not_wait_for_the_gpu(tok):
         counts.append(sum("synchroniz" in str(w.message) for w in caught))
     assert counts[0] > 0  # the debug mode does see the start's and the end's copies
     assert counts[0] == counts[1]
+
+
+def test_the_triton_kernels_need_an_ampere_or_later_gpu(monkeypatch):
+    """`gpu_kernels.usable` (which the decode step's `triton_ops.usable` is) takes a CUDA
+    tensor only on compute capability 8.0 or later, where the attention kernels' shared memory
+    fits, and nothing with `RLVR_GPU_KERNELS=0`."""
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    from rlvr.models import gpu_kernels
+
+    on_gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))
+    monkeypatch.delenv("RLVR_GPU_KERNELS", raising=False)
+    for capability, usable in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
+        monkeypatch.setattr(gpu_kernels, "_capability", lambda index, c=capability: c)
+        assert gpu_kernels.usable(on_gpu) is usable
+    monkeypatch.setenv("RLVR_GPU_KERNELS", "0")
+    assert gpu_kernels.usable(on_gpu) is False
+    assert not gpu_kernels.usable(torch.zeros(1))  # a CPU tensor outside the interpreter

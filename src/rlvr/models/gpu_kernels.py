@@ -49,12 +49,21 @@ DISABLE_ENV = "RLVR_GPU_KERNELS"
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether the kernels run for tensors like `x`: on a GPU with Triton installed, or on a
-    CPU under Triton's interpreter (`TRITON_INTERPRET=1`, which must be set before Triton is
-    first imported); never with `RLVR_GPU_KERNELS=0`."""
+    """Whether the kernels run for tensors like `x`: on an NVIDIA GPU of compute capability 8.0
+    or later (Ampere, Hopper, ...: the attention kernels' blocks take up to 140 KB of shared
+    memory at a head size of 256) with Triton installed, or on a CPU under Triton's interpreter
+    (`TRITON_INTERPRET=1`, which must be set before Triton is first imported); never with
+    `RLVR_GPU_KERNELS=0`."""
     if not INSTALLED or os.environ.get(DISABLE_ENV) == "0":
         return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if x.is_cuda:
+        return _capability(x.device.index) >= (8, 0)
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 @cache
