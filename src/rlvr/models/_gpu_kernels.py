@@ -1,11 +1,13 @@
 """The Triton kernels of `rlvr.models.gpu_kernels` (imported on first use, so that importing
-rlvr does not import Triton).
+rlvr does not import Triton): the attention's forward and its two backward kernels, the token
+statistics and their logit gradient, the rotary embedding and SiLU·up (each with a flag for
+its backward).
 
-The layout is `cpu_kernels.AttentionLayout`'s: row b of the batch has the sp keys of its prefix
-p = row_prefix[b] and then its own t positions; position i of row b is per-token row
-rows[b, i] of q, k, v (or -1: not computed, hidden). Query i of row b sees prefix key j where
-prefix_mask[p, j] != 0 and its own key i' <= i where own_mask[b, i'] != 0 and rows[b, i'] >= 0;
-its own key always. `count[b]` is one past row b's last computed position.
+The attention's layout is `cpu_kernels.AttentionLayout`'s: row b of the batch has the sp keys
+of its prefix p = row_prefix[b] and then its own t positions; position i of row b is per-token
+row rows[b, i] of q, k, v (or -1: not computed, hidden). Query i of row b sees prefix key j
+where prefix_mask[p, j] != 0 and its own key i' <= i where own_mask[b, i'] != 0 and
+rows[b, i'] >= 0; its own key always. `count[b]` is one past row b's last computed position.
 """
 
 import triton
