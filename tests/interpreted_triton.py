@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from batches import token_batch
+from rlvr.config import resolve_config
 from rlvr.models import fused, gpu_kernels
 from rlvr.models.cpu_kernels import AttentionLayout
 from rlvr.models.tiny import build_tiny_tokenizer
@@ -18,7 +20,8 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.sampling import ban_bias, below, sample_tokens
-from rlvr.training import logprobs
+from rlvr.training import logprobs, update
+from rlvr.training.update import LossSettings
 from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
 
 pytestmark = pytest.mark.skipif(
@@ -319,6 +322,49 @@ def test_token_stats_kernels_give_the_log_probs_entropies_and_gradients(
     check_token_stats(temperature, uses, "cpu", torch.float32)
     assert calls.count("token_stats") == 2 * 3  # two functions, three chunks each
     assert calls.count("logit_grad") == 2 * 3
+
+
+def check_grpo_update(monkeypatch, device: str, atol: float) -> None:
+    """One GRPO mini-batch (`minibatch_backward`: shared-prefix micro-batches of at most 40
+    tokens, the log-probs and entropies without logits, the clipped loss with an entropy
+    bonus at T = 0.8) on the Qwen2-GQA test model (fp32), with the update's Triton kernels and
+    with PyTorch's operations: the same statistics and parameter gradients."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    tok = build_tiny_tokenizer()
+    model = MODELS["qwen2_gqa"](tok).to(device)
+    g = torch.Generator().manual_seed(8)
+    prompts, completions = [], []
+    for length in (5, 9, 3):
+        prompt = torch.randint(10, 90, (length,), generator=g).tolist()
+        for _ in range(4):
+            size = int(torch.randint(1, 12, (1,), generator=g))
+            prompts.append(prompt)
+            completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
+    signs = torch.randint(0, 2, (12,), generator=g).float() * 2 - 1
+    batch = token_batch(prompts, completions, torch.arange(12) // 4, signs)
+    algo = resolve_config(preset="grpo").algorithm
+    settings = LossSettings(algo, 0.8, 12, 40, tok.pad_token_id, entropy_coef=0.01)
+    usable, calls = gpu_kernels.usable, []
+    stats_kernel = gpu_kernels.token_stats
+    monkeypatch.setattr(
+        gpu_kernels, "token_stats", lambda *a: calls.append("stats") or stats_kernel(*a)
+    )
+    runs = []
+    for kernels in (True, False):
+        monkeypatch.setattr(gpu_kernels, "usable", usable if kernels else lambda x: False)
+        model.zero_grad(set_to_none=True)
+        stats = update.minibatch_backward(model, batch, list(range(12)), settings)
+        runs.append((stats, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (stats, grads), (expected_stats, expected_grads) = runs
+    assert stats == pytest.approx(expected_stats, rel=10 * atol, abs=atol)
+    for name, expected in expected_grads.items():
+        torch.testing.assert_close(grads[name], expected, rtol=0, atol=atol, msg=name)
+    assert calls and max(x.abs().max() for x in expected_grads.values()) > 1e-3
+    assert len(update.micro_batches(batch, list(range(12)), 40, model)) > 1
+
+
+def test_a_grpo_update_with_the_kernels_gives_the_pytorch_gradients(monkeypatch):
+    check_grpo_update(monkeypatch, "cpu", 1e-5)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (6, 2, 24)])

@@ -317,7 +317,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "22 passed" in result.stdout
+    assert "23 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -345,6 +345,15 @@ def test_the_triton_kernels_on_a_gpu(dtype):
         for uses in ("logp", "entropy", "both"):
             checks.check_token_stats(temperature, uses, "cuda", dtype)
     checks.check_rotary_and_swiglu("cuda", dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_grpo_update_on_a_gpu_with_the_kernels_gives_the_pytorch_gradients(monkeypatch):
+    """`interpreted_triton.check_grpo_update` with the compiled kernels, in fp32."""
+    pytest.importorskip("triton")
+    import interpreted_triton as checks
+
+    checks.check_grpo_update(monkeypatch, "cuda", 1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
