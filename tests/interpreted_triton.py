@@ -308,6 +308,16 @@ def test_rotary_and_swiglu_kernels_match_pytorch_forward_and_backward():
     check_rotary_and_swiglu("cpu", torch.float32)
 
 
+def test_token_stats_give_nan_for_a_token_outside_the_vocabulary():
+    """A token id past the vocabulary (or negative) reads no logit: its log-prob is NaN, which
+    the loss shows, where an unchecked read would give a plausible wrong number."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(9))
+    logp, lse = torch.empty(3), torch.empty(3)
+    gpu_kernels.token_stats(logits, torch.tensor([1, 50, -1]), 1.0, logp, None, lse)
+    torch.testing.assert_close(logp[0], logits.log_softmax(-1)[0, 1])
+    assert logp[1:].isnan().all()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("uses", ["logp", "entropy", "both"])
 def test_token_stats_kernels_give_the_log_probs_entropies_and_gradients(
