@@ -308,14 +308,16 @@ def test_rotary_and_swiglu_kernels_match_pytorch_forward_and_backward():
     check_rotary_and_swiglu("cpu", torch.float32)
 
 
-def test_token_stats_give_nan_for_a_token_outside_the_vocabulary():
-    """A token id past the vocabulary (or negative) reads no logit: its log-prob is NaN, which
-    the loss shows, where an unchecked read would give a plausible wrong number."""
+def test_token_stats_refuse_a_token_outside_the_vocabulary():
+    """A token id past the vocabulary, or negative, is a clear error naming the range, before
+    any kernel runs (an unchecked read would give a plausible wrong log-prob)."""
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(9))
     logp, lse = torch.empty(3), torch.empty(3)
-    gpu_kernels.token_stats(logits, torch.tensor([1, 50, -1]), 1.0, logp, None, lse)
-    torch.testing.assert_close(logp[0], logits.log_softmax(-1)[0, 1])
-    assert logp[1:].isnan().all()
+    for tokens, shown in (([1, 50, 2], "from 1 to 50"), ([-1, 3, 2], "from -1 to 3")):
+        with pytest.raises(ValueError, match=f"token ids {shown}, outside the vocabulary of 50"):
+            gpu_kernels.token_stats(logits, torch.tensor(tokens), 1.0, logp, None, lse)
+    gpu_kernels.token_stats(logits, torch.tensor([1, 49, 0]), 1.0, logp, None, lse)
+    torch.testing.assert_close(logp, logits.log_softmax(-1)[[0, 1, 2], [1, 49, 0]])
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -290,7 +290,7 @@ def token_stats_kernel(
     summed = tl.sum(total * lanes, 0)
     log_total = top + tl.log(summed)
     token = tl.load(tokens + row)
-    known = (token >= 0) & (token < vocab)  # else NaN, as no token of the vocabulary
+    known = (token >= 0) & (token < vocab)  # checked by the caller; never read outside
     chosen = tl.load(start + token, mask=known, other=float("nan")).to(tl.float32) * inverse_t
     tl.store(logp + row, chosen - log_total)
     tl.store(lse + row, log_total)

@@ -268,9 +268,16 @@ def token_stats(
     """Write, for each row of logits [rows, vocab] (any float dtype, last axis dense) with
     z = logits / T: log p[token] = z[token] - logsumexp(z) into logp [rows], logsumexp(z) into
     lse [rows] and, unless None, the entropy -Σ p·log p into entropy [rows] (all fp32),
-    reading the logits once (`training.logprobs`' statistics in one kernel)."""
+    reading the logits once (`training.logprobs`' statistics in one kernel). Raises ValueError
+    when a token id is outside the vocabulary (one read of the ids' range to the host)."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, vocab = logits.shape
+    low, high = (int(x) for x in torch.aminmax(tokens)) if rows else (0, 0)
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"gpu_kernels.token_stats: token ids from {low} to {high}, outside the "
+            f"vocabulary of {vocab} logits"
+        )
     kernels().token_stats_kernel[(rows,)](
         logits, tokens, logp, logp if entropy is None else entropy, lse, vocab,
         logits.stride(0), 1.0 / temperature, WITH_ENTROPY=entropy is not None,
