@@ -485,3 +485,10 @@ def test_the_triton_kernels_need_an_ampere_or_later_gpu(monkeypatch):
     monkeypatch.setenv("RLVR_GPU_KERNELS", "0")
     assert gpu_kernels.usable(on_gpu) is False
     assert not gpu_kernels.usable(torch.zeros(1))  # a CPU tensor outside the interpreter
+
+
+def test_swiglu_refuses_gate_and_up_of_different_shapes():
+    from rlvr.models import gpu_kernels
+
+    with pytest.raises(ValueError, match=r"gate \(2, 3\) and up \(2, 4\)"):
+        gpu_kernels.swiglu(torch.zeros(2, 3), torch.zeros(2, 4))
