@@ -14,9 +14,16 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters."""
+    """AdamW over the trainable parameters: PyTorch's fused kernel when they are all on a GPU
+    (one kernel for every parameter instead of its `foreach` chain of a dozen passes), its
+    default elsewhere. On a CPU the fused kernel is 5× faster too, but rounds differently
+    from the default, and the demo's cold-start SFT amplifies that (`docs/benchmarks.md`,
+    "Fused AdamW"), so the CPU keeps the default."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(
+        params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None
+    )
 
 
 def lr_multiplier(

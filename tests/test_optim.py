@@ -1,0 +1,40 @@
+"""`build_optimizer`: which AdamW implementation runs where."""
+
+import pytest
+import torch
+
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training.optim import build_optimizer
+
+
+def test_the_cpu_keeps_pytorchs_default_adamw():
+    """On a CPU the fused kernel would round differently from the default loop, which the
+    demo's cold-start SFT amplifies (docs/benchmarks.md, "Fused AdamW"): the default stays,
+    and only the trainable parameters are optimised."""
+    model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=1)
+    model.lm_head.weight.requires_grad_(False)  # tied to the embedding: both frozen
+    optimizer = build_optimizer(model, 1e-3)
+    assert not optimizer.defaults["fused"]
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == trainable
+    assert id(model.lm_head.weight) not in trainable
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_uses_the_fused_adamw_and_it_steps_like_the_default():
+    """On a GPU one fused kernel steps every parameter; after 10 steps the parameters are the
+    default implementation's to rounding."""
+    tok = build_tiny_tokenizer()
+    models = [build_tiny_model(tok, hidden_size=32, num_layers=1).cuda() for _ in range(2)]
+    fused = build_optimizer(models[0], 1e-3)
+    default = torch.optim.AdamW(models[1].parameters(), lr=1e-3, weight_decay=0.0)
+    assert fused.defaults["fused"] is True
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+            p.grad = torch.randn(p.shape, generator=g).cuda()
+            q.grad = p.grad.clone()
+        fused.step()
+        default.step()
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
