@@ -22,7 +22,7 @@ from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.sampling import ban_bias, below, sample_tokens
 from rlvr.training import logprobs, update
 from rlvr.training.update import LossSettings
-from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
+from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch, ragged_samples
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
@@ -345,13 +345,7 @@ def check_grpo_update(monkeypatch, device: str, atol: float) -> None:
     tok = build_tiny_tokenizer()
     model = MODELS["qwen2_gqa"](tok).to(device)
     g = torch.Generator().manual_seed(8)
-    prompts, completions = [], []
-    for length in (5, 9, 3):
-        prompt = torch.randint(10, 90, (length,), generator=g).tolist()
-        for _ in range(4):
-            size = int(torch.randint(1, 12, (1,), generator=g))
-            prompts.append(prompt)
-            completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
+    prompts, completions = ragged_samples(g)
     signs = torch.randint(0, 2, (12,), generator=g).float() * 2 - 1
     batch = token_batch(prompts, completions, torch.arange(12) // 4, signs)
     algo = resolve_config(preset="grpo").algorithm

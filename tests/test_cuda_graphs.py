@@ -413,14 +413,13 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         kernels.silu_mul_kernel: ({"BLOCK": 1024}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
-        training.attention_forward_kernel: (attention, 4),
-        training.attention_dq_kernel: (attention, 4),
         training.attention_dkv_kernel: (attention, 4),
         training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),
         training.logit_grad_kernel: ({"HAS_LOGP": True, "HAS_ENTROPY": True, "BLOCK": 4096}, 8),
     }
     jobs = list(constants.items())
-    for backward in (False, True):  # each way of the two kernels with a backward flag
+    for backward in (False, True):  # each way of the kernels with a backward flag
+        jobs.append((training.attention_queries_kernel, ({**attention, "BACKWARD": backward}, 4)))
         jobs.append((training.rotary_kernel, ({"BACKWARD": backward, "DIM": 64, "BLOCK": 64}, 4)))
         jobs.append((training.swiglu_kernel, ({"BACKWARD": backward, "BLOCK": 1024}, 4)))
     integers = ("row", "head", "position", "stride", "width", "vocab", "chunks", "prefix", "pos")

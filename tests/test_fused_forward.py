@@ -65,9 +65,9 @@ def llama(tok) -> nn.Module:
 MODELS = {"llama": llama, "qwen2_gqa": qwen2_gqa}
 
 
-def ragged_batch(tok, seed: int = 0):
-    """Three prompts (lengths 5, 9, 3) with four completions each of 1..11 tokens."""
-    g = torch.Generator().manual_seed(seed)
+def ragged_samples(g: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
+    """Three prompts (lengths 5, 9, 3) with four completions each of 1..11 tokens: the 12
+    samples' prompt and completion ids."""
     prompts, completions = [], []
     for length in (5, 9, 3):
         prompt = torch.randint(10, 90, (length,), generator=g).tolist()
@@ -75,6 +75,12 @@ def ragged_batch(tok, seed: int = 0):
             size = int(torch.randint(1, 12, (1,), generator=g))
             prompts.append(prompt)
             completions.append(torch.randint(10, 90, (size,), generator=g).tolist())
+    return prompts, completions
+
+
+def ragged_batch(tok, seed: int = 0):
+    """`ragged_samples` collated into one shared-prefix micro-batch."""
+    prompts, completions = ragged_samples(torch.Generator().manual_seed(seed))
     return collate_shared_prefix(prompts, completions, list(range(12)), tok.pad_token_id)
 
 

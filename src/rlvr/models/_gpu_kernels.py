@@ -119,44 +119,6 @@ def _online_block(queries, keys, values, visible, m, total, acc, scale, PRECISIO
 
 
 @triton.jit
-def attention_forward_kernel(
-    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, out, lse,
-    t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
-    mask_row, out_row, out_head, lse_row, scale, PREFIX_BLOCKS,
-    GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One program per (row b, block of BLOCK_M positions, query head): the outputs and the
-    log-sum-exp of the block's computed queries, over the prefix's keys, then over the row's
-    own keys up to the block's last position (the blocks above the diagonal are skipped)."""
-    b = tl.program_id(0).to(tl.int64)
-    start = tl.program_id(1) * BLOCK_M
-    head = tl.program_id(2)
-    d = tl.arange(0, BLOCK_D)
-    in_dim = d < DIM
-    i = start + tl.arange(0, BLOCK_M)
-    idx, live, queries = _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim)
-    m = tl.full([BLOCK_M], NEGATIVE, tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for block in range(0, _blocks_seen(start, b, count, t, sp, BLOCK_M, BLOCK_N)):
-        jo, _kidx, keys, values, seen = _key_block(
-            block, PREFIX_BLOCKS, b, head // GROUP, k, v, pk, pv, rows, own_mask, prefix_mask,
-            row_prefix, t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
-            mask_row, d, in_dim, BLOCK_N,
-        )  # fmt: skip
-        visible = _visible(i, live, jo, seen)
-        m, total, acc = _online_block(
-            queries, keys, values, visible, m, total, acc, scale, PRECISION
-        )
-    total = tl.where(live, total, 1.0)
-    at = idx[:, None] * out_row + head * out_head + d[None, :]
-    result = (acc / total[:, None]).to(out.dtype.element_ty)
-    tl.store(out + at, result, mask=live[:, None] & in_dim[None, :])
-    tl.store(lse + idx * lse_row + head, m + tl.log(total), mask=live)
-
-
-@triton.jit
 def _score_grads(queries, keys, values, visible, lse, delta, dout, scale, PRECISION: tl.constexpr):
     """The block's probabilities P = exp(scale q·kᵀ - lse) on the visible keys and the scores'
     gradient dS = P (dP - delta), dP = dout·vᵀ (FlashAttention-2, Dao 2023, Algorithm 2)."""
@@ -167,16 +129,20 @@ def _score_grads(queries, keys, values, visible, lse, delta, dout, scale, PRECIS
 
 
 @triton.jit
-def attention_dq_kernel(
-    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, dq,
+def attention_queries_kernel(
+    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, out,
     t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
     mask_row, lse_row, scale, PREFIX_BLOCKS,
-    GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BACKWARD: tl.constexpr, GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The queries' gradient, one program per (row b, block of positions, query head), over
-    the key blocks the forward read: dq = scale Σ dS·k. dout and dq are laid out like q, lse
-    and delta (Σ dout·out per query) like the forward's lse."""
+    """One program per (row b, block of BLOCK_M positions, query head), over the key blocks
+    the block's computed queries see: the prefix's, then the row's own up to the block's last
+    position (the blocks above the diagonal are skipped). Forward: the outputs into `out` and
+    the log-sum-exps into `lse` (the online softmax, FlashAttention Algorithm 1). BACKWARD:
+    the queries' gradient dq = scale Σ dS·k into `out`, from the outputs' gradient dout and
+    the forward's lse, with delta = Σ dout·out per query (FlashAttention-2, Algorithm 2).
+    out and dout are laid out like q, delta like lse."""
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_M
     head = tl.program_id(2)
@@ -184,10 +150,13 @@ def attention_dq_kernel(
     in_dim = d < DIM
     i = start + tl.arange(0, BLOCK_M)
     idx, live, queries = _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim)
-    grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
-    row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
-    row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
+    m = tl.full([BLOCK_M], NEGATIVE, tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if BACKWARD:
+        grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
+        row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
+        row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
     for block in range(0, _blocks_seen(start, b, count, t, sp, BLOCK_M, BLOCK_N)):
         jo, _kidx, keys, values, seen = _key_block(
             block, PREFIX_BLOCKS, b, head // GROUP, k, v, pk, pv, rows, own_mask, prefix_mask,
@@ -195,12 +164,23 @@ def attention_dq_kernel(
             mask_row, d, in_dim, BLOCK_N,
         )  # fmt: skip
         visible = _visible(i, live, jo, seen)
-        _probs, ds = _score_grads(
-            queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
-        )
-        acc += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION)
+        if BACKWARD:
+            _probs, ds = _score_grads(
+                queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
+            )
+            acc += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION)
+        else:
+            m, total, acc = _online_block(
+                queries, keys, values, visible, m, total, acc, scale, PRECISION
+            )
     at = idx[:, None] * q_row + head * q_head + d[None, :]
-    tl.store(dq + at, (acc * scale).to(dq.dtype.element_ty), mask=live[:, None] & in_dim[None, :])
+    store = live[:, None] & in_dim[None, :]
+    if BACKWARD:
+        tl.store(out + at, (acc * scale).to(out.dtype.element_ty), mask=store)
+    else:
+        total = tl.where(live, total, 1.0)
+        tl.store(out + at, (acc / total[:, None]).to(out.dtype.element_ty), mask=store)
+        tl.store(lse + idx * lse_row + head, m + tl.log(total), mask=live)
 
 
 @triton.jit

@@ -192,16 +192,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 class _PackedAttention(torch.autograd.Function):
-    """`attention`, forward in one kernel, backward in two (queries; keys and values)."""
+    """`attention`: the queries' kernel forward; backward, the same kernel for the queries'
+    gradient and one for the keys' and values'."""
 
     @staticmethod
     def forward(ctx, q, k, v, pk, pv, layout, scale):
         launch = _Launch(q, k, pk, layout)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        kernels().attention_forward_kernel[launch.query_grid()](
-            q, k, v, pk, pv, *launch.tensors, out, lse, *launch.strides, out.stride(0),
-            out.stride(1), lse.stride(0), scale, launch.prefix_blocks, **launch.constants,
+        kernels().attention_queries_kernel[launch.query_grid()](
+            q, k, v, pk, pv, *launch.tensors, lse, lse, q, out, *launch.strides, lse.stride(0),
+            scale, launch.prefix_blocks, BACKWARD=False, **launch.constants,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, pk, pv, out, lse)
         ctx.launch, ctx.scale = launch, scale
@@ -218,9 +219,9 @@ class _PackedAttention(torch.autograd.Function):
         parts = torch.zeros(2, launch.batch, launch.kv_heads, launch.sp, q.shape[2],
                             dtype=torch.float32, device=q.device)  # fmt: skip
         common = (*launch.tensors, lse, delta, grad)
-        kernels().attention_dq_kernel[launch.query_grid()](
+        kernels().attention_queries_kernel[launch.query_grid()](
             q, k, v, pk, pv, *common, dq, *launch.strides, lse.stride(0), scale,
-            launch.prefix_blocks, **launch.constants,
+            launch.prefix_blocks, BACKWARD=True, **launch.constants,
         )  # fmt: skip
         grid = (launch.batch, launch.prefix_blocks + -(-launch.t // BLOCK), launch.kv_heads)
         kernels().attention_dkv_kernel[grid](
