@@ -5,7 +5,8 @@ plus backward of
 - **attention**: one layer's attention of the completions of a shared-prefix micro-batch (4
   prompts of 128 tokens, 8 samples each, completions of 512–1024 tokens), `fused.PackedOps`
   (`gpu_kernels.attention`, the prompt's keys read in place) against `fused.TorchOps` (the
-  padded layout, each sample's copy of its prompt's keys, SDPA under an additive mask);
+  padded layout, each sample's copy of its prompt's keys, SDPA under an additive mask), also
+  as useful TFLOP/s (the visible (query, key) pairs only);
 - **token statistics**: the log-probs and entropies of one 256M-logit chunk (1,700 rows of
   151,936), `gpu_kernels.token_stats` and `logit_grad` against `logprobs`' PyTorch path;
 - **rotary**: the queries' rotary embedding of 32k tokens, `gpu_kernels.rotary` against
@@ -49,7 +50,11 @@ SHAPE = dict(heads=14, kv_heads=2, dim=64, hidden=896, mlp=4864, vocab=151936)
 QUICK = dict(heads=4, kv_heads=2, dim=16, hidden=32, mlp=96, vocab=300)
 
 
-def attention_case(s: dict, quick: bool, device: torch.device, dtype: torch.dtype) -> Case:
+def attention_case(
+    s: dict, quick: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[Case, float]:
+    """The attention's ways, and its useful FLOPs forward and backward: 12 · dim · heads per
+    (query, visible key) pair (QKᵀ and PV forward, twice that backward; `gpu.py`'s count)."""
     from rlvr.models import fused
 
     g = torch.Generator().manual_seed(0)
@@ -86,7 +91,9 @@ def attention_case(s: dict, quick: bool, device: torch.device, dtype: torch.dtyp
 
         return once
 
-    return {name: run(ops) for name, ops in ways.items()}
+    seen_prompt = prompt_mask.sum(1)[prompt_index.cpu()]
+    pairs = float((lengths * seen_prompt + lengths * (lengths + 1) // 2).sum())
+    return {name: run(ops) for name, ops in ways.items()}, 12.0 * d * heads * pairs
 
 
 def statistics_case(s: dict, quick: bool, device: torch.device, dtype: torch.dtype) -> Case:
@@ -165,8 +172,9 @@ def main() -> None:
     device = torch.device("cpu" if args.quick else "cuda")
     dtype = torch.float32 if args.quick else torch.bfloat16
     shape = QUICK if args.quick else SHAPE
+    attention, attention_flops = attention_case(shape, args.quick, device, dtype)
     pieces = {
-        "attention": attention_case(shape, args.quick, device, dtype),
+        "attention": attention,
         "token statistics": statistics_case(shape, args.quick, device, dtype),
         **elementwise_cases(shape, args.quick, device, dtype),
         "head gradient": head_gradient_case(shape, args.quick, device, dtype),
@@ -177,6 +185,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "shape": shape,
+        "attention_useful_flops": attention_flops,
         "results": {},
     }
     path = (
@@ -188,7 +197,8 @@ def main() -> None:
         for name, fn in [*ways.items()] * 2:
             ms = 1e3 * gpu.timed(fn, device, repeats)
             report["results"].setdefault(piece, {}).setdefault(name, []).append(ms)
-            print(f"{piece}, {name}: {ms:.3f} ms", flush=True)
+            rate = f" ({attention_flops / ms / 1e9:.0f} TFLOP/s)" if piece == "attention" else ""
+            print(f"{piece}, {name}: {ms:.3f} ms{rate}", flush=True)
             path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path}")
 
