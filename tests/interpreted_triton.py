@@ -109,7 +109,8 @@ def test_rlvr_gpu_kernels_0_turns_every_triton_kernel_off(monkeypatch):
     monkeypatch.setenv("RLVR_GPU_KERNELS", "0")
     assert not gpu_kernels.usable(x) and not triton_ops.usable(x)
     assert type(fused.layer_ops(x, key_mask, 2, flat)) is fused.TorchOps
-    assert logprobs._outputs(x, True)[2].numel() == 0  # no log-sum-exps: the PyTorch path
+    tokens = torch.zeros(2, dtype=torch.long)
+    assert logprobs._outputs(x, tokens, 3, True)[2].numel() == 0  # no log-sum-exps: PyTorch's
 
 
 def packed_attention_reference(q, k, v, pk, pv, layout: AttentionLayout, scale: float):
@@ -308,15 +309,19 @@ def test_rotary_and_swiglu_kernels_match_pytorch_forward_and_backward():
     check_rotary_and_swiglu("cpu", torch.float32)
 
 
-def test_token_stats_refuse_a_token_outside_the_vocabulary():
+def test_the_token_statistics_refuse_a_token_outside_the_vocabulary():
     """A token id past the vocabulary, or negative, is a clear error naming the range, before
-    any kernel runs (an unchecked read would give a plausible wrong log-prob)."""
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(9))
-    logp, lse = torch.empty(3), torch.empty(3)
+    any kernel runs (an unchecked read would give a plausible wrong log-prob), from both of
+    `logprobs`' functions."""
+    g = torch.Generator().manual_seed(9)
+    logits, hidden = torch.randn(3, 50, generator=g), torch.randn(3, 8, generator=g)
+    head = torch.nn.Linear(8, 50)
     for tokens, shown in (([1, 50, 2], "from 1 to 50"), ([-1, 3, 2], "from -1 to 3")):
         with pytest.raises(ValueError, match=f"token ids {shown}, outside the vocabulary of 50"):
-            gpu_kernels.token_stats(logits, torch.tensor(tokens), 1.0, logp, None, lse)
-    gpu_kernels.token_stats(logits, torch.tensor([1, 49, 0]), 1.0, logp, None, lse)
+            logprobs.token_logprobs_and_entropy(logits, torch.tensor(tokens))
+        with pytest.raises(ValueError, match=f"token ids {shown}, outside the vocabulary of 50"):
+            logprobs.linear_token_stats(hidden, head, torch.tensor(tokens))
+    logp, _ = logprobs.token_logprobs_and_entropy(logits, torch.tensor([1, 49, 0]))
     torch.testing.assert_close(logp, logits.log_softmax(-1)[[0, 1, 2], [1, 49, 0]])
 
 

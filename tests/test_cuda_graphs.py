@@ -402,7 +402,7 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv", "logp", "entropy"], "*fp32"),
         **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
         **dict.fromkeys(["temperature", "scale", "inverse_t"], "fp32"),
-        **dict.fromkeys(["t", "sp", "n", "PREFIX_BLOCKS"], "i32"),
+        **dict.fromkeys(["t", "sp", "PREFIX_BLOCKS"], "i32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
     attention = {  # the 0.5B's 14 query heads of 64 over 2 key/value heads, in bf16
@@ -410,7 +410,6 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
     }  # fmt: skip
     constants = {  # kernel: (constexprs, warps), as triton_ops and gpu_kernels launch them
         kernels.rotate_and_store_kernel: ({"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK": 64}, 4),
-        kernels.silu_mul_kernel: ({"BLOCK": 1024}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
         training.attention_dkv_kernel: (attention, 4),

@@ -332,16 +332,22 @@ def rotary_kernel(
 
 @triton.jit
 def swiglu_kernel(
-    gate, up, grad, out, d_gate, d_up, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr
-):
-    """silu(gate)·up element-wise (the SwiGLU MLP's inner product, Shazeer 2020, eq. 6), or
-    (BACKWARD) from the output's gradient g: d gate = g·up·σ(gate)·(1 + gate·(1 - σ(gate))) and
-    d up = g·silu(gate), recomputing σ(gate) instead of keeping silu(gate) for backward."""
-    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = at < n
-    a = tl.load(gate + at, mask=inside, other=0.0).to(tl.float32)
-    b = tl.load(up + at, mask=inside, other=0.0).to(tl.float32)
+    gate, up, grad, out, d_gate, d_up, width, gate_row, up_row,
+    BACKWARD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, block of BLOCK columns): silu(gate)·up (the SwiGLU MLP's inner
+    product, Shazeer 2020, eq. 6), or (BACKWARD) from the output's gradient g: d gate =
+    g·up·σ(gate)·(1 + gate·(1 - σ(gate))) and d up = g·silu(gate), recomputing σ(gate)
+    instead of keeping silu(gate) for backward. gate and up rows are `gate_row` and `up_row`
+    apart (the two halves of a packed gate/up projection, or tensors of their own); grad,
+    out, d_gate and d_up are dense [rows, width]."""
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < width
+    a = tl.load(gate + row * gate_row + i, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(up + row * up_row + i, mask=inside, other=0.0).to(tl.float32)
     sigmoid = 1.0 / (1.0 + tl.exp(-a))
+    at = row * width + i
     if BACKWARD:
         g = tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
         d_a = g * b * sigmoid * (1.0 + a * (1.0 - sigmoid))

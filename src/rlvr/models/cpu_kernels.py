@@ -26,7 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -357,8 +357,8 @@ class AttentionLayout:
     positions, of which those with rows[b, i] >= 0 are computed, at that row of the per-token
     tensors. A query sees its prefix's keys where prefix_mask [prefixes, sp] is 1, and its row's
     own earlier keys where own_mask [batch, t] is 1 (and always its own). On the device of the
-    attention's tensors (the CPU here, a GPU for `gpu_kernels.attention`); checked, and its
-    derived tensors made, once here, not at each layer's call."""
+    attention's tensors (the CPU here, a GPU for `gpu_kernels.attention`); checked once here,
+    and its derived tensors made at their first use, not at each layer's call."""
 
     def __init__(
         self,
@@ -382,12 +382,19 @@ class AttentionLayout:
             "attention: starts must run from 0 to batch, one more entry than prefixes",
         )
         self.queries = int(self.rows.max()) + 1 if self.rows.numel() else 0
-        device = self.rows.device
-        batch_rows = torch.arange(batch, device=device)
-        # [batch]: each row's prefix, and one past its last computed position
-        self.row_prefix = torch.searchsorted(self.starts, batch_rows, right=True) - 1
-        computed = torch.arange(1, t + 1, device=device) * (self.rows >= 0)
-        self.count = computed.amax(1) if t else torch.zeros_like(batch_rows)
+
+    @cached_property
+    def row_prefix(self) -> torch.Tensor:
+        """[batch] the prefix of each row (made once, for `gpu_kernels.attention`)."""
+        batch_rows = torch.arange(self.rows.shape[0], device=self.rows.device)
+        return torch.searchsorted(self.starts, batch_rows, right=True) - 1
+
+    @cached_property
+    def count(self) -> torch.Tensor:
+        """[batch] one past each row's last computed position (made once)."""
+        batch, t = self.rows.shape
+        computed = torch.arange(1, t + 1, device=self.rows.device) * (self.rows >= 0)
+        return computed.amax(1) if t else self.rows.new_zeros(batch)
 
 
 def attention(

@@ -72,8 +72,13 @@ def kernels() -> ModuleType:
     return importlib.import_module("rlvr.models._gpu_kernels")
 
 
+def _block(dim: int) -> int:
+    """The power of two, at least 16 (`tl.dot`'s least), that holds `dim` lanes."""
+    return max(16, 1 << (dim - 1).bit_length())
+
+
 class _Launch:
-    """What the three attention kernels share: the grid's shape, the layout's tensors and every
+    """What the two attention kernels share: the grid's shape, the layout's tensors and every
     stride, and the block sizes."""
 
     def __init__(
@@ -84,7 +89,7 @@ class _Launch:
         self.t, self.sp, self.kv_heads = t, pk.shape[2], k.shape[1]
         self.batch, self.q_heads = batch, q_heads
         self.prefix_blocks = -(-self.sp // BLOCK)
-        self.row_prefix = layout.row_prefix
+        self.row_prefix = layout.row_prefix  # where backward sums the prefixes' gradients
         self.tensors = (
             layout.rows,
             layout.own_mask,
@@ -107,7 +112,7 @@ class _Launch:
         self.constants = dict(
             GROUP=q_heads // self.kv_heads,
             DIM=dim,
-            BLOCK_D=max(16, 1 << (dim - 1).bit_length()),
+            BLOCK_D=_block(dim),
             BLOCK_M=BLOCK,
             BLOCK_N=BLOCK,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -125,7 +130,7 @@ def _rotary_pass(
     out = torch.empty_like(x)
     kernels().rotary_kernel[(x.shape[0], heads)](
         x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0),
-        out.stride(1), BACKWARD=backward, DIM=dim, BLOCK=max(16, 1 << (dim - 1).bit_length()),
+        out.stride(1), BACKWARD=backward, DIM=dim, BLOCK=_block(dim),
     )  # fmt: skip
     return out
 
@@ -155,7 +160,21 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 ELEMENTS_BLOCK = 1024
-"""Elements per program of `swiglu`."""
+"""Columns per program of `swiglu`."""
+
+
+def _swiglu_pass(
+    gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
+    """The SwiGLU kernel over gate, up [rows, width] (unit column stride): silu(gate)·up, or
+    with `grad` the gradients of gate and up (dense)."""
+    rows, width = gate.shape
+    outs = [torch.empty(rows, width, dtype=gate.dtype, device=gate.device) for _ in range(2)]
+    kernels().swiglu_kernel[(rows, -(-width // ELEMENTS_BLOCK))](
+        gate, up, outs[0] if grad is None else grad, outs[0], *outs, width, gate.stride(0),
+        up.stride(0), BACKWARD=grad is not None, BLOCK=ELEMENTS_BLOCK,
+    )  # fmt: skip
+    return (outs[0],) if grad is None else tuple(outs)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -163,32 +182,26 @@ class _SwiGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up):
-        out = torch.empty_like(gate)
-        n = gate.numel()
-        kernels().swiglu_kernel[(-(-n // ELEMENTS_BLOCK),)](
-            gate, up, gate, out, out, out, n, BACKWARD=False, BLOCK=ELEMENTS_BLOCK
-        )
         ctx.save_for_backward(gate, up)
-        return out
+        return _swiglu_pass(gate, up, None)[0]
 
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-        n = gate.numel()
-        kernels().swiglu_kernel[(-(-n // ELEMENTS_BLOCK),)](
-            gate, up, grad.contiguous(), d_gate, d_gate, d_up, n, BACKWARD=True,
-            BLOCK=ELEMENTS_BLOCK,
-        )  # fmt: skip
-        return d_gate, d_up
+        return _swiglu_pass(gate, up, grad.contiguous())
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate)·up (`fused.TorchOps.silu_mul`), differentiable: one kernel each way, where
-    PyTorch runs two forward and three backward and keeps silu(gate) as well."""
+    """silu(gate)·up (`fused.TorchOps.silu_mul`) over the last axis, differentiable: one kernel
+    each way, where PyTorch runs two forward and three backward and keeps silu(gate) as well.
+    Rows are read in place wherever the columns are dense (the two halves of a packed gate/up
+    projection, `triton_ops.silu_mul`); the result is dense."""
     if gate.shape != up.shape:
         raise ValueError(f"gpu_kernels.swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)}")
-    return _SwiGLU.apply(gate.contiguous(), up.contiguous())
+    width = gate.shape[-1]
+    rows = [x.reshape(-1, width) for x in (gate, up)]  # a view wherever it can be
+    rows = [x if x.stride(-1) == 1 else x.contiguous() for x in rows]
+    return _SwiGLU.apply(*rows).view(gate.shape)
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -269,21 +282,26 @@ def token_stats(
     """Write, for each row of logits [rows, vocab] (any float dtype, last axis dense) with
     z = logits / T: log p[token] = z[token] - logsumexp(z) into logp [rows], logsumexp(z) into
     lse [rows] and, unless None, the entropy -Σ p·log p into entropy [rows] (all fp32),
-    reading the logits once (`training.logprobs`' statistics in one kernel). Raises ValueError
-    when a token id is outside the vocabulary (one read of the ids' range to the host)."""
+    reading the logits once (`training.logprobs`' statistics in one kernel). The token ids
+    must be in the vocabulary (`check_token_ids`); one that is not reads no logit."""
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     rows, vocab = logits.shape
-    low, high = (int(x) for x in torch.aminmax(tokens)) if rows else (0, 0)
-    if low < 0 or high >= vocab:
-        raise ValueError(
-            f"gpu_kernels.token_stats: token ids from {low} to {high}, outside the "
-            f"vocabulary of {vocab} logits"
-        )
     kernels().token_stats_kernel[(rows,)](
         logits, tokens, logp, logp if entropy is None else entropy, lse, vocab,
         logits.stride(0), 1.0 / temperature, WITH_ENTROPY=entropy is not None,
         BLOCK=VOCAB_BLOCK, num_warps=8,
     )  # fmt: skip
+
+
+def check_token_ids(tokens: torch.Tensor, vocab: int) -> None:
+    """Raise ValueError, naming the range, when a token id is outside [0, vocab): one read of
+    the ids' smallest and largest to the host, once per call of `training.logprobs`' autograd
+    functions rather than per chunk, since it waits for the GPU."""
+    low, high = (int(x) for x in torch.aminmax(tokens)) if tokens.numel() else (0, 0)
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"gpu_kernels: token ids from {low} to {high}, outside the vocabulary of {vocab} logits"
+        )
 
 
 def logit_grad(

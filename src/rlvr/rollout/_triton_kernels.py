@@ -58,18 +58,6 @@ def rotate_and_store_kernel(
 
 
 @triton.jit
-def silu_mul_kernel(gate_up, out, in_row, out_row, width, BLOCK: tl.constexpr):
-    """One program per (row, block of `BLOCK` columns): silu(gate)·up."""
-    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
-    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = i < width
-    gate = tl.load(gate_up + row * in_row + i, mask=inside, other=0.0).to(tl.float32)
-    up = tl.load(gate_up + row * in_row + width + i, mask=inside, other=0.0).to(tl.float32)
-    y = gate * tl.sigmoid(gate) * up
-    tl.store(out + row * out_row + i, y.to(out.dtype.element_ty), mask=inside)
-
-
-@triton.jit
 def scaled(row_logits, ban, i, inside, temperature, HAS_BAN: tl.constexpr):
     """The logits `i` of a row divided by T in fp32 (-inf outside the row), and the same plus
     the ban."""

@@ -7,7 +7,8 @@ doing in one or two kernels what took PyTorch several:
   written into the KV cache at the step's column; in PyTorch a multiply, a roll, an `addcmul`,
   two `index_copy` and a copy;
 - `silu_mul`: silu(gate)·up of the SwiGLU MLP (Shazeer 2020, eq. 6) from the packed gate/up
-  projection; in PyTorch a SiLU and a multiply;
+  projection, by the update's kernel (`gpu_kernels.swiglu`); in PyTorch a SiLU and a
+  multiply;
 - `sample`: the next token by inverse-CDF sampling and its log-prob, without top-k or top-p
   (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab].
 
@@ -30,9 +31,11 @@ from types import ModuleType
 
 import torch
 
-from rlvr.models.gpu_kernels import usable
+from rlvr.models import gpu_kernels
 
-__all__ = ["kernels", "rotate_and_store", "sample", "silu_mul", "usable"]
+usable = gpu_kernels.usable
+"""Whether the kernels run for tensors like a given one (`gpu_kernels.usable`, which the
+update's kernels share)."""
 
 
 @cache
@@ -81,14 +84,9 @@ def rotate_and_store(
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate)·up [b, width] from `gate_up` [b, 2·width] (gate, then up)."""
-    b, width = gate_up.shape[0], gate_up.shape[1] // 2
-    out = gate_up.new_empty(b, width)
-    block = 1024
-    kernels().silu_mul_kernel[(b, -(-width // block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), width, BLOCK=block
-    )
-    return out
+    """silu(gate)·up [b, width] from `gate_up` [b, 2·width] (gate, then up), both halves read
+    in place by the update's SwiGLU kernel (`gpu_kernels.swiglu`)."""
+    return gpu_kernels.swiglu(*gate_up.chunk(2, dim=-1))
 
 
 def sample(

@@ -111,13 +111,19 @@ def _stats_into(
         entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)
 
 
-def _outputs(x: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, ...]:
+def _outputs(
+    x: torch.Tensor, tokens: torch.Tensor, vocab: int, with_entropy: bool
+) -> tuple[torch.Tensor, ...]:
     """The fp32 log-probs [n], entropies ([n], or empty without `with_entropy`) and, where the
     Triton kernels run (`gpu_kernels.usable`: on a GPU), log-sum-exps [n] (else empty) of the
-    n rows of x."""
+    n rows of x. The kernels' path checks the token ids here, once (PyTorch's gather checks
+    them on the other)."""
     out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
-    return out, entropy, torch.empty_like(out) if gpu_kernels.usable(x) else out.new_empty(0)
+    if not gpu_kernels.usable(x):
+        return out, entropy, out.new_empty(0)
+    gpu_kernels.check_token_ids(tokens, vocab)
+    return out, entropy, torch.empty_like(out)
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
@@ -131,7 +137,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, tokens, temperature, chunk, with_entropy):
-        out, entropy, lse = _outputs(x, with_entropy)
+        out, entropy, lse = _outputs(x, tokens, x.shape[-1], with_entropy)
         for i in range(0, x.shape[0], chunk):
             rows = slice(i, i + chunk)
             _stats_into(out, entropy, lse, rows, x[rows], tokens, temperature)
@@ -193,7 +199,7 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature, chunk, with_entropy):
-        out, entropy, lse = _outputs(hidden, with_entropy)
+        out, entropy, lse = _outputs(hidden, tokens, weight.shape[0], with_entropy)
         for i in range(0, hidden.shape[0], chunk):
             rows = slice(i, i + chunk)
             logits = F.linear(hidden[rows], weight, bias)
