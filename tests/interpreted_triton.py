@@ -37,6 +37,18 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
         torch.testing.assert_close(actual.float(), expected.float(), rtol=8e-3, atol=1e-2)
 
 
+def close_gradient(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """A gradient of fp32 autograd's to 1e-4 in fp32; in bf16 to 3 % in norm, since element by
+    element bf16 logits move single entries of a sum over the vocabulary by more than any
+    fixed tolerance (PyTorch's own bf16 path is 0.9–1.4 % off in norm in
+    `check_token_stats`, and an entry 0.15 off at T = 0.7)."""
+    if actual.dtype == torch.float32:
+        torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=1e-4)
+    else:
+        error = float((actual.float().cpu() - expected).norm() / expected.norm())
+        assert error < 3e-2, f"{error:.4f} of the gradient's norm off"
+
+
 def check_rotate_and_store(heads: int, kv_heads: int, dim: int, device: str, dtype) -> None:
     """Queries out, keys and values at the column `where` of the first b rows, nothing else
     written (a head size that is not a power of two: the kernel's masked lanes)."""
@@ -253,10 +265,10 @@ def check_token_stats(temperature: float, uses: str, device: str, dtype) -> None
     )
     loss(logp, entropy).backward()
     for actual, expected in ((logp, expected_logp), (entropy, expected_entropy)):
-        torch.testing.assert_close(actual.cpu(), expected.detach(), rtol=0, atol=1e-4)
+        torch.testing.assert_close(actual.float().cpu(), expected.detach(), **tolerance)
     pairs = zip((placed_hidden, placed_head.weight, placed_head.bias), exact, strict=True)
     for actual, expected in pairs:
-        torch.testing.assert_close(actual.grad.float().cpu(), expected.grad, **tolerance)
+        close_gradient(actual.grad, expected.grad)
 
     logits = F.linear(*exact).detach()
     exact_logits = logits.clone().requires_grad_()
@@ -267,8 +279,8 @@ def check_token_stats(temperature: float, uses: str, device: str, dtype) -> None
         placed_logits, tokens.to(device), temperature, chunk_size=16
     )
     loss(logp, entropy).backward()
-    torch.testing.assert_close(logp.cpu(), expected_logp.detach(), rtol=0, atol=1e-4)
-    torch.testing.assert_close(placed_logits.grad.float().cpu(), exact_logits.grad, **tolerance)
+    torch.testing.assert_close(logp.float().cpu(), expected_logp.detach(), **tolerance)
+    close_gradient(placed_logits.grad, exact_logits.grad)
 
 
 def check_rotary_and_swiglu(device: str, dtype) -> None:
