@@ -4,9 +4,11 @@ plus backward of
 
 - **attention**: one layer's attention of the completions of a shared-prefix micro-batch (4
   prompts of 128 tokens, 8 samples each, completions of 512–1024 tokens), `fused.PackedOps`
-  (`gpu_kernels.attention`, the prompt's keys read in place) against `fused.TorchOps` (the
-  padded layout, each sample's copy of its prompt's keys, SDPA under an additive mask), also
-  as useful TFLOP/s (the visible (query, key) pairs only);
+  (`gpu_kernels.attention`, the prompt's keys read in place) with the tilings the autotuner
+  keeps and with the first of `QUERY_TILINGS` / `KEY_TILINGS` untuned (lever 36), against
+  `fused.TorchOps` (the padded layout, each sample's copy of its prompt's keys, SDPA under an
+  additive mask), also as useful TFLOP/s (the visible (query, key) pairs only), and the
+  tiling kept for each kernel;
 - **token statistics**: the log-probs and entropies of one 256M-logit chunk (1,700 rows of
   151,936), `gpu_kernels.token_stats` and `logit_grad` against `logprobs`' PyTorch path;
 - **rotary**: the queries' rotary embedding of 32k tokens, `gpu_kernels.rotary` against
@@ -55,7 +57,7 @@ def attention_case(
 ) -> tuple[Case, float]:
     """The attention's ways, and its useful FLOPs forward and backward: 12 · dim · heads per
     (query, visible key) pair (QKᵀ and PV forward, twice that backward; `gpu.py`'s count)."""
-    from rlvr.models import fused
+    from rlvr.models import fused, gpu_kernels
 
     g = torch.Generator().manual_seed(0)
     prompts, samples, prompt_len = (2, 2, 8) if quick else (4, 8, 128)
@@ -76,24 +78,46 @@ def attention_case(
 
     q, k, v, grad = tensor(n, heads, d), tensor(n, kv, d), tensor(n, kv, d), tensor(n, heads * d)
     pk, pv = (tensor(prompts, prompt_len, kv, d) for _ in range(2))
-    ways = {
-        "Triton (PackedOps)": fused.PackedOps(key_mask, t, flat),
-        "PyTorch SDPA (TorchOps)": fused.TorchOps(fused.mask_bias(key_mask, t, dtype), flat),
+    packed = fused.PackedOps(key_mask, t, flat)
+    ways = {  # name: (ops, gpu_kernels.TUNE)
+        "Triton, autotuned tilings (PackedOps)": (packed, True),
+        "Triton, the first tilings untuned": (packed, False),
+        "PyTorch SDPA (TorchOps)": (
+            fused.TorchOps(fused.mask_bias(key_mask, t, dtype), flat),
+            True,
+        ),
     }
 
-    def run(ops: fused.TorchOps) -> Callable[[], object]:
+    def run(ops: fused.TorchOps, tune: bool) -> Callable[[], object]:
         def once() -> None:
+            gpu_kernels.TUNE = tune
             cache = fused.ConcatKV(1)
             cache.update(0, pk.transpose(1, 2), pv.transpose(1, 2))
             cache.batch_select_indices(prompt_index)
             out = ops.attend(q, *ops.cached(cache, 0, k, v), scale=d**-0.5)
             out.backward(grad)
+            gpu_kernels.TUNE = True
 
         return once
 
     seen_prompt = prompt_mask.sum(1)[prompt_index.cpu()]
     pairs = float((lengths * seen_prompt + lengths * (lengths + 1) // 2).sum())
-    return {name: run(ops) for name, ops in ways.items()}, 12.0 * d * heads * pairs
+    return {name: run(*way) for name, way in ways.items()}, 12.0 * d * heads * pairs
+
+
+def chosen_tilings() -> dict[str, str]:
+    """The tiling the autotuner kept for each attention kernel and key (direction, head size,
+    group, dtypes)."""
+    from rlvr.models import gpu_kernels
+
+    chosen = {}
+    for name, tilings in [
+        ("attention_queries_kernel", gpu_kernels.QUERY_TILINGS),
+        ("attention_dkv_kernel", gpu_kernels.KEY_TILINGS),
+    ]:
+        for key, config in gpu_kernels._tuned(name, tilings).cache.items():
+            chosen[f"{name} {key}"] = str(config)
+    return chosen
 
 
 def statistics_case(s: dict, quick: bool, device: torch.device, dtype: torch.dtype) -> Case:
@@ -200,6 +224,10 @@ def main() -> None:
             rate = f" ({attention_flops / ms / 1e9:.0f} TFLOP/s)" if piece == "attention" else ""
             print(f"{piece}, {name}: {ms:.3f} ms{rate}", flush=True)
             path.write_text(json.dumps(report, indent=1) + "\n")
+    if device.type == "cuda":
+        report["attention_tilings"] = chosen_tilings()
+        print(json.dumps(report["attention_tilings"], indent=1))
+        path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path}")
 
 

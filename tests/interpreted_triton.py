@@ -203,6 +203,20 @@ def test_packed_attention_matches_the_masked_padded_attention(heads, kv_heads, d
     check_packed_attention(heads, kv_heads, dim, t, sp, "cpu", torch.float32)
 
 
+@pytest.mark.parametrize(
+    ("queries", "keys"),
+    list(zip(gpu_kernels.QUERY_TILINGS[1:], gpu_kernels.KEY_TILINGS[1:], strict=True)),
+    ids=lambda t: f"{t.block_m}x{t.block_n}",
+)
+def test_every_tiling_the_gpu_may_pick_computes_the_same_attention(monkeypatch, queries, keys):
+    """Each block shape the autotuner may choose on a GPU (`QUERY_TILINGS`, `KEY_TILINGS`; the
+    interpreter runs the first of each, as an untuned launch does): 300 positions and 140
+    prefix keys, so several blocks of 128 and partial ones."""
+    monkeypatch.setattr(gpu_kernels, "QUERY_TILINGS", (queries,))
+    monkeypatch.setattr(gpu_kernels, "KEY_TILINGS", (keys,))
+    check_packed_attention(4, 2, 16, 300, 140, "cpu", torch.float32)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_the_padding_free_forward_with_packed_attention_equals_the_transformers_one(
     monkeypatch, name

@@ -2,6 +2,7 @@
 samples. Its static-buffer steps run uncaptured on a CPU (`GraphState(capture=False)`); the
 capture itself is checked where a GPU is present."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.models import fused
+from rlvr.models import fused, gpu_kernels
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout import graph_step, graphs, hf
 from rlvr.rollout.base import SamplingParams
@@ -317,7 +318,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "24 passed" in result.stdout
+    assert "30 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -378,12 +379,18 @@ def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(tok, name):
     assert len(calls) == model.config.num_hidden_layers
 
 
+HOPPER_SHARED_MEMORY = 227 * 1024
+"""The shared memory one block of an H100 or H200 may take (bytes)."""
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_the_triton_kernels_compile_for_a_hopper_gpu():
     """Each kernel of `_triton_kernels` and `models._gpu_kernels` compiles to a cubin for sm_90
     (H100/H200) with bf16 tensors, with the ptxas that ships with Triton: no GPU needed. The
-    interpreter runs the kernels as NumPy code; this checks that they also lower to the GPU's."""
+    interpreter runs the kernels as NumPy code; this checks that they also lower to the GPU's,
+    the attention kernels in every tiling the autotuner may pick, each within the shared
+    memory of a Hopper block."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -402,27 +409,34 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv", "logp", "entropy"], "*fp32"),
         **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
         **dict.fromkeys(["temperature", "scale", "inverse_t"], "fp32"),
-        **dict.fromkeys(["t", "sp", "PREFIX_BLOCKS"], "i32"),
+        **dict.fromkeys(["t", "sp", "n_rows", "heads"], "i32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
     attention = {  # the 0.5B's 14 query heads of 64 over 2 key/value heads, in bf16
-        "GROUP": 7, "DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 64, "PRECISION": "tf32"
+        "GROUP": 7, "DIM": 64, "BLOCK_D": 64, "PRECISION": "tf32"
     }  # fmt: skip
     constants = {  # kernel: (constexprs, warps), as triton_ops and gpu_kernels launch them
         kernels.rotate_and_store_kernel: ({"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK": 64}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
-        training.attention_dkv_kernel: (attention, 4),
         training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),
         training.logit_grad_kernel: ({"HAS_LOGP": True, "HAS_ENTROPY": True, "BLOCK": 4096}, 8),
     }
-    jobs = list(constants.items())
+    jobs = [(kernel, *launch, 3) for kernel, launch in constants.items()]
     for backward in (False, True):  # each way of the kernels with a backward flag
-        jobs.append((training.attention_queries_kernel, ({**attention, "BACKWARD": backward}, 4)))
-        jobs.append((training.rotary_kernel, ({"BACKWARD": backward, "DIM": 64, "BLOCK": 64}, 4)))
-        jobs.append((training.swiglu_kernel, ({"BACKWARD": backward, "BLOCK": 1024}, 4)))
+        rotary = {"BACKWARD": backward, "DIM": 64, "BLOCK_R": 16, "BLOCK_D": 64}
+        jobs.append((training.rotary_kernel, rotary, 4, 3))
+        jobs.append((training.swiglu_kernel, {"BACKWARD": backward, "BLOCK": 1024}, 4, 3))
+    tilings = [  # every tiling the autotuner may launch: (kernel, BACKWARD flags, tilings)
+        (training.attention_queries_kernel, (False, True), gpu_kernels.QUERY_TILINGS),
+        (training.attention_dkv_kernel, (None,), gpu_kernels.KEY_TILINGS),
+    ]
+    for kernel, flags, choices in tilings:
+        for flag, (m, n, warps, stages) in itertools.product(flags, choices):
+            blocks = {"BLOCK_M": m, "BLOCK_N": n} | ({} if flag is None else {"BACKWARD": flag})
+            jobs.append((kernel, {**attention, **blocks}, warps, stages))
     integers = ("row", "head", "position", "stride", "width", "vocab", "chunks", "prefix", "pos")
-    for kernel, (constexprs, warps) in jobs:
+    for kernel, constexprs, warps, stages in jobs:
         signature = {}
         for name in kernel.arg_names:
             if name in constexprs:
@@ -435,8 +449,10 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
                 signature[name] = "*bf16"
         source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         target = GPUTarget("cuda", 90, 32)
-        compiled = triton.compile(source, target=target, options={"num_warps": warps})
+        options = {"num_warps": warps, "num_stages": stages}
+        compiled = triton.compile(source, target=target, options=options)
         assert compiled.asm["cubin"], kernel.__name__
+        assert compiled.metadata.shared <= HOPPER_SHARED_MEMORY, (kernel.__name__, constexprs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -132,7 +132,7 @@ def _score_grads(queries, keys, values, visible, lse, delta, dout, scale, PRECIS
 def attention_queries_kernel(
     q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, out,
     t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
-    mask_row, lse_row, scale, PREFIX_BLOCKS,
+    mask_row, lse_row, scale,
     BACKWARD: tl.constexpr, GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -146,6 +146,7 @@ def attention_queries_kernel(
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_M
     head = tl.program_id(2)
+    PREFIX_BLOCKS = tl.cdiv(sp, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     in_dim = d < DIM
     i = start + tl.arange(0, BLOCK_M)
@@ -188,7 +189,7 @@ def attention_dkv_kernel(
     q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout,
     dk, dv, part_dpk, part_dpv,
     t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
-    mask_row, lse_row, part_row, part_head, scale, PREFIX_BLOCKS,
+    mask_row, lse_row, part_row, part_head, scale,
     GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -201,6 +202,7 @@ def attention_dkv_kernel(
     b = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     kv_head = tl.program_id(2)
+    PREFIX_BLOCKS = tl.cdiv(sp, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     in_dim = d < DIM
     jo, kidx, keys, values, seen = _key_block(
@@ -304,30 +306,34 @@ def logit_grad_kernel(
 
 @triton.jit
 def rotary_kernel(
-    x, cos, sin, out, x_row, x_head, cos_row, sin_row, out_row, out_head,
-    BACKWARD: tl.constexpr, DIM: tl.constexpr, BLOCK: tl.constexpr,
+    x, cos, sin, out, n_rows, heads, cos_row, sin_row,
+    BACKWARD: tl.constexpr, DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One program per (token, head): the rotary embedding y = x·cos + rotate_half(x)·sin
-    (RoFormer, Su et al. 2021, eq. 34; rotate_half(x1, x2) = (-x2, x1)), or (BACKWARD) its
-    gradient from the output's g: g·cos - rotate_half(g·sin), rotate_half being a signed
-    permutation whose transpose is its negative."""
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    i = tl.arange(0, BLOCK)
-    inside = i < DIM
+    """One program per BLOCK_R rows of x [n_rows = tokens × heads, DIM] (dense; row r is head
+    r % heads of token r // heads, whose angle is row r // heads of cos and sin): the rotary
+    embedding y = x·cos + rotate_half(x)·sin (RoFormer, Su et al. 2021, eq. 34;
+    rotate_half(x1, x2) = (-x2, x1)), or (BACKWARD) its gradient from the output's g:
+    g·cos - rotate_half(g·sin), rotate_half being a signed permutation whose transpose is its
+    negative. A block of rows rather than one (token, head) a program: a head is only DIM
+    values, too few to keep a program's lanes busy."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    i = tl.arange(0, BLOCK_D)
+    inside = (r < n_rows)[:, None] & (i < DIM)[None, :]
     half = DIM // 2
-    partner = tl.where(i < half, i + half, i - half)
-    start = x + row * x_row + head * x_head
-    value = tl.load(start + i, mask=inside, other=0.0).to(tl.float32)
+    partner = tl.where(i < half, i + half, i - half)[None, :]
+    start = x + r[:, None] * DIM
+    value = tl.load(start + i[None, :], mask=inside, other=0.0).to(tl.float32)
     other = tl.load(start + partner, mask=inside, other=0.0).to(tl.float32)
-    c = tl.load(cos + row * cos_row + i, mask=inside, other=0.0).to(tl.float32)
-    s = tl.load(sin + row * sin_row + i, mask=inside, other=0.0).to(tl.float32)
+    token = (r // heads)[:, None]
+    c = tl.load(cos + token * cos_row + i[None, :], mask=inside, other=0.0).to(tl.float32)
     if BACKWARD:
-        s_other = tl.load(sin + row * sin_row + partner, mask=inside, other=0.0).to(tl.float32)
-        y = value * c + tl.where(i < half, other * s_other, -other * s_other)
+        s_other = tl.load(sin + token * sin_row + partner, mask=inside, other=0.0)
+        signed = tl.where(i[None, :] < half, other, -other) * s_other.to(tl.float32)
     else:
-        y = value * c + tl.where(i < half, -other, other) * s
-    tl.store(out + row * out_row + head * out_head + i, y.to(out.dtype.element_ty), mask=inside)
+        s = tl.load(sin + token * sin_row + i[None, :], mask=inside, other=0.0).to(tl.float32)
+        signed = tl.where(i[None, :] < half, -other, other) * s
+    y = value * c + signed
+    tl.store(out + r[:, None] * DIM + i[None, :], y.to(out.dtype.element_ty), mask=inside)
 
 
 @triton.jit

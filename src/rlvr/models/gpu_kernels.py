@@ -32,6 +32,7 @@ import importlib.util
 import os
 from functools import cache
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 
@@ -40,8 +41,45 @@ from rlvr.models.cpu_kernels import AttentionLayout, check_attention
 INSTALLED = importlib.util.find_spec("triton") is not None
 """Whether Triton is installed (without importing it: a CPU-only install has no use for it)."""
 
-BLOCK = 64
-"""Queries and keys per block of the attention kernels."""
+
+class Tiling(NamedTuple):
+    """How an attention kernel is launched: queries and keys per block, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+QUERY_TILINGS = (
+    Tiling(64, 64, 4, 3),
+    Tiling(128, 64, 4, 3),
+    Tiling(128, 64, 8, 3),
+    Tiling(128, 32, 4, 3),
+    Tiling(64, 32, 4, 4),
+    Tiling(128, 128, 8, 2),
+    Tiling(64, 128, 8, 3),
+)
+"""The tilings `attention_queries_kernel` (forward, and dq) is tuned over on a GPU; the first is
+the one it runs untuned (under the interpreter, or with `TUNE` off)."""
+
+KEY_TILINGS = (
+    Tiling(64, 64, 4, 3),
+    Tiling(32, 64, 4, 3),
+    Tiling(32, 128, 4, 3),
+    Tiling(64, 128, 8, 3),
+    Tiling(16, 64, 4, 4),
+    Tiling(32, 128, 8, 2),
+    Tiling(128, 64, 8, 3),
+)
+"""The same for `attention_dkv_kernel` (block_m: queries per step of its loop, block_n: keys
+per program)."""
+
+TUNE = True
+"""On a GPU, time each of `QUERY_TILINGS` / `KEY_TILINGS` at the first call per head size,
+group and direction, and keep the fastest (Triton's autotuner; a tiling whose blocks do not fit
+the device's shared memory is skipped). The kernels write each output once, so the timed runs
+leave the same results."""
 
 
 DISABLE_ENV = "RLVR_GPU_KERNELS"
@@ -78,8 +116,8 @@ def _block(dim: int) -> int:
 
 
 class _Launch:
-    """What the two attention kernels share: the grid's shape, the layout's tensors and every
-    stride, and the block sizes."""
+    """What the two attention kernels share: the layout's tensors and every stride, the
+    constants, and the grids, which depend on the tiling the launch picks."""
 
     def __init__(
         self, q: torch.Tensor, k: torch.Tensor, pk: torch.Tensor, layout: AttentionLayout
@@ -88,8 +126,8 @@ class _Launch:
         q_heads, dim = q.shape[1:]
         self.t, self.sp, self.kv_heads = t, pk.shape[2], k.shape[1]
         self.batch, self.q_heads = batch, q_heads
-        self.prefix_blocks = -(-self.sp // BLOCK)
         self.row_prefix = layout.row_prefix  # where backward sums the prefixes' gradients
+        self.tuned = TUNE and q.is_cuda
         self.tensors = (
             layout.rows,
             layout.own_mask,
@@ -113,26 +151,73 @@ class _Launch:
             GROUP=q_heads // self.kv_heads,
             DIM=dim,
             BLOCK_D=_block(dim),
-            BLOCK_M=BLOCK,
-            BLOCK_N=BLOCK,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         )
 
-    def query_grid(self) -> tuple[int, int, int]:
-        return (self.batch, -(-self.t // BLOCK), self.q_heads)
+    def queries(self, *args: object, backward: bool) -> None:
+        """`attention_queries_kernel`: one program per (row, block of queries, query head)."""
+
+        def grid(meta: dict) -> tuple[int, int, int]:
+            return (self.batch, -(-self.t // meta["BLOCK_M"]), self.q_heads)
+
+        constants = dict(self.constants, BACKWARD=backward)
+        self._run("attention_queries_kernel", QUERY_TILINGS, grid, args, constants)
+
+    def keys(self, *args: object) -> None:
+        """`attention_dkv_kernel`: one program per (row, block of keys, key/value head), the
+        prefix's blocks first."""
+
+        def grid(meta: dict) -> tuple[int, int, int]:
+            blocks = -(-self.sp // meta["BLOCK_N"]) + -(-self.t // meta["BLOCK_N"])
+            return (self.batch, blocks, self.kv_heads)
+
+        self._run("attention_dkv_kernel", KEY_TILINGS, grid, args, self.constants)
+
+    def _run(self, name: str, tilings: tuple[Tiling, ...], grid, args, constants) -> None:
+        if self.tuned:
+            _tuned(name, tilings)[grid](*args, **constants)
+            return
+        m, n, warps, stages = tilings[0]
+        getattr(kernels(), name)[grid](
+            *args, **constants, BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=stages
+        )
+
+
+@cache
+def _tuned(name: str, tilings: tuple[Tiling, ...]):
+    """Kernel `name` of `_gpu_kernels` under Triton's autotuner over `tilings`, keyed by the
+    head size, the query group and (for the queries' kernel) the direction: tuned once per
+    process and key, whatever the batch's length."""
+    import triton
+
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+        for m, n, warps, stages in tilings
+    ]
+    kernel = getattr(kernels(), name)
+    key = [arg for arg in ("DIM", "GROUP", "BACKWARD") if arg in kernel.arg_names]
+    return triton.autotune(configs, key=key)(kernel)
 
 
 def _rotary_pass(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
 ) -> torch.Tensor:
-    """The rotary kernel over x [n, heads, dim] with cos, sin [n, dim]: forward or backward."""
+    """The rotary kernel over x [n, heads, dim] (dense) with cos, sin [n, dim]: forward or
+    backward."""
     heads, dim = x.shape[-2:]
+    rows, block_d = x.shape[0] * heads, _block(dim)
+    block_r = max(1, ELEMENTS_BLOCK // block_d)
     out = torch.empty_like(x)
-    kernels().rotary_kernel[(x.shape[0], heads)](
-        x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0),
-        out.stride(1), BACKWARD=backward, DIM=dim, BLOCK=_block(dim),
+    kernels().rotary_kernel[(-(-rows // block_r),)](
+        x, cos, sin, out, rows, heads, cos.stride(0), sin.stride(0), BACKWARD=backward,
+        DIM=dim, BLOCK_R=block_r, BLOCK_D=block_d,
     )  # fmt: skip
     return out
+
+
+ELEMENTS_BLOCK = 1024
+"""Elements per program of the element-wise kernels: `swiglu`'s columns, `rotary`'s rows
+times its power-of-two head size."""
 
 
 class _Rotary(torch.autograd.Function):
@@ -157,10 +242,6 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     dim = x.shape[-1]
     cos, sin = cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous()
     return _Rotary.apply(x, cos, sin)
-
-
-ELEMENTS_BLOCK = 1024
-"""Columns per program of `swiglu`."""
 
 
 def _swiglu_pass(
@@ -213,9 +294,9 @@ class _PackedAttention(torch.autograd.Function):
         launch = _Launch(q, k, pk, layout)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        kernels().attention_queries_kernel[launch.query_grid()](
+        launch.queries(
             q, k, v, pk, pv, *launch.tensors, lse, lse, q, out, *launch.strides, lse.stride(0),
-            scale, launch.prefix_blocks, BACKWARD=False, **launch.constants,
+            scale, backward=False,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, pk, pv, out, lse)
         ctx.launch, ctx.scale = launch, scale
@@ -232,15 +313,12 @@ class _PackedAttention(torch.autograd.Function):
         parts = torch.zeros(2, launch.batch, launch.kv_heads, launch.sp, q.shape[2],
                             dtype=torch.float32, device=q.device)  # fmt: skip
         common = (*launch.tensors, lse, delta, grad)
-        kernels().attention_queries_kernel[launch.query_grid()](
-            q, k, v, pk, pv, *common, dq, *launch.strides, lse.stride(0), scale,
-            launch.prefix_blocks, BACKWARD=True, **launch.constants,
-        )  # fmt: skip
-        grid = (launch.batch, launch.prefix_blocks + -(-launch.t // BLOCK), launch.kv_heads)
-        kernels().attention_dkv_kernel[grid](
+        launch.queries(
+            q, k, v, pk, pv, *common, dq, *launch.strides, lse.stride(0), scale, backward=True
+        )
+        launch.keys(
             q, k, v, pk, pv, *common, dk, dv, parts[0], parts[1], *launch.strides,
-            lse.stride(0), parts.stride(1), parts.stride(2), scale, launch.prefix_blocks,
-            **launch.constants,
+            lse.stride(0), parts.stride(1), parts.stride(2), scale,
         )  # fmt: skip
         summed = torch.zeros(2, *pk.shape, dtype=torch.float32, device=q.device)
         summed.index_add_(1, launch.row_prefix, parts)
