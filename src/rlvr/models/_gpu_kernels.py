@@ -97,14 +97,6 @@ def _visible(i, live, jo, seen):
 
 
 @triton.jit
-def _blocks_seen(start, b, count, t, sp, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """How many key blocks (prefix blocks first) the query block from `start` of row b reads:
-    the prefix's and the own ones up to its last position; none when it has no computed one."""
-    own = tl.cdiv(tl.minimum(start + BLOCK_M, t), BLOCK_N)
-    return tl.where(start < tl.load(count + b), tl.cdiv(sp, BLOCK_N) + own, 0)
-
-
-@triton.jit
 def _online_block(queries, keys, values, visible, m, total, acc, scale, PRECISION: tl.constexpr):
     """One key block of the online softmax (FlashAttention, Dao et al. 2022, Algorithm 1): the
     running max m, the sum of exponentials `total` and the unnormalised output `acc`."""
@@ -129,6 +121,25 @@ def _score_grads(queries, keys, values, visible, lse, delta, dout, scale, PRECIS
 
 
 @triton.jit
+def _accumulate(
+    queries, keys, values, visible, m, total, acc, grads, row_lse, row_delta, scale,
+    BACKWARD: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key block of `attention_queries_kernel`: the online softmax's step forward; with
+    BACKWARD, the queries' gradient's sum Σ dS·k (scaled by the caller)."""
+    if BACKWARD:
+        _probs, ds = _score_grads(
+            queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
+        )
+        acc += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION)
+    else:
+        m, total, acc = _online_block(
+            queries, keys, values, visible, m, total, acc, scale, PRECISION
+        )
+    return m, total, acc
+
+
+@triton.jit
 def attention_queries_kernel(
     q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, out,
     t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
@@ -138,7 +149,8 @@ def attention_queries_kernel(
 ):  # fmt: skip
     """One program per (row b, block of BLOCK_M positions, query head), over the key blocks
     the block's computed queries see: the prefix's, then the row's own up to the block's last
-    position (the blocks above the diagonal are skipped). Forward: the outputs into `out` and
+    position (the blocks above the diagonal are skipped), in two loops, so that neither
+    computes the other's addresses or selects between them. Forward: the outputs into `out` and
     the log-sum-exps into `lse` (the online softmax, FlashAttention Algorithm 1). BACKWARD:
     the queries' gradient dq = scale Σ dS·k into `out`, from the outputs' gradient dout and
     the forward's lse, with delta = Σ dout·out per query (FlashAttention-2, Algorithm 2).
@@ -146,7 +158,7 @@ def attention_queries_kernel(
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_M
     head = tl.program_id(2)
-    PREFIX_BLOCKS = tl.cdiv(sp, BLOCK_N)
+    kv_head = head // GROUP
     d = tl.arange(0, BLOCK_D)
     in_dim = d < DIM
     i = start + tl.arange(0, BLOCK_M)
@@ -154,26 +166,33 @@ def attention_queries_kernel(
     m = tl.full([BLOCK_M], NEGATIVE, tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    grads, row_lse, row_delta = queries, m, m  # read by backward only
     if BACKWARD:
         grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
         row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
         row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
-    for block in range(0, _blocks_seen(start, b, count, t, sp, BLOCK_M, BLOCK_N)):
-        jo, _kidx, keys, values, seen = _key_block(
-            block, PREFIX_BLOCKS, b, head // GROUP, k, v, pk, pv, rows, own_mask, prefix_mask,
-            row_prefix, t, sp, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
-            mask_row, d, in_dim, BLOCK_N,
+    computed = start < tl.load(count + b)
+    prefix = tl.load(row_prefix + b)
+    for block in range(0, tl.where(computed, tl.cdiv(sp, BLOCK_N), 0)):
+        j = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        keys, values, seen = _prefix_keys(
+            pk, pv, prefix_mask, prefix, kv_head, j, sp, pk_prefix, pk_head, pk_pos, mask_row,
+            d, in_dim,
         )  # fmt: skip
-        visible = _visible(i, live, jo, seen)
-        if BACKWARD:
-            _probs, ds = _score_grads(
-                queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
-            )
-            acc += tl.dot(ds.to(keys.dtype), keys, input_precision=PRECISION)
-        else:
-            m, total, acc = _online_block(
-                queries, keys, values, visible, m, total, acc, scale, PRECISION
-            )
+        m, total, acc = _accumulate(
+            queries, keys, values, live[:, None] & seen[None, :], m, total, acc, grads,
+            row_lse, row_delta, scale, BACKWARD, PRECISION,
+        )  # fmt: skip
+    own_blocks = tl.cdiv(tl.minimum(start + BLOCK_M, t), BLOCK_N)
+    for block in range(0, tl.where(computed, own_blocks, 0)):
+        j = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        _kidx, keys, values, seen = _own_keys(
+            k, v, rows, own_mask, b, j, t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim
+        )
+        m, total, acc = _accumulate(
+            queries, keys, values, _visible(i, live, j, seen), m, total, acc, grads, row_lse,
+            row_delta, scale, BACKWARD, PRECISION,
+        )  # fmt: skip
     at = idx[:, None] * q_row + head * q_head + d[None, :]
     store = live[:, None] & in_dim[None, :]
     if BACKWARD:
