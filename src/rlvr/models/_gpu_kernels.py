@@ -140,6 +140,26 @@ def _accumulate(
 
 
 @triton.jit
+def _own_block(
+    block, i, live, queries, grads, row_lse, row_delta, m, total, acc, k, v, rows, own_mask, b,
+    t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim, scale,
+    CAUSAL: tl.constexpr, BACKWARD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`_accumulate` over row b's own key block `block`; CAUSAL for a block that reaches the
+    queries i (the causal test and each query's own key), not for one wholly before them,
+    where every visible key is seen."""
+    j = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    _kidx, keys, values, seen = _own_keys(
+        k, v, rows, own_mask, b, j, t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim
+    )
+    visible = _visible(i, live, j, seen) if CAUSAL else live[:, None] & seen[None, :]
+    return _accumulate(
+        queries, keys, values, visible, m, total, acc, grads, row_lse, row_delta, scale,
+        BACKWARD, PRECISION,
+    )  # fmt: skip
+
+
+@triton.jit
 def attention_queries_kernel(
     q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, out,
     t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
@@ -149,8 +169,9 @@ def attention_queries_kernel(
 ):  # fmt: skip
     """One program per (row b, block of BLOCK_M positions, query head), over the key blocks
     the block's computed queries see: the prefix's, then the row's own up to the block's last
-    position (the blocks above the diagonal are skipped), in two loops, so that neither
-    computes the other's addresses or selects between them. Forward: the outputs into `out` and
+    position (the blocks above the diagonal are skipped), in separate loops, so that no
+    iteration computes another's addresses or selects between them, and only the own blocks
+    that reach the diagonal make the causal test. Forward: the outputs into `out` and
     the log-sum-exps into `lse` (the online softmax, FlashAttention Algorithm 1). BACKWARD:
     the queries' gradient dq = scale Σ dS·k into `out`, from the outputs' gradient dout and
     the forward's lse, with delta = Σ dout·out per query (FlashAttention-2, Algorithm 2).
@@ -183,15 +204,19 @@ def attention_queries_kernel(
             queries, keys, values, live[:, None] & seen[None, :], m, total, acc, grads,
             row_lse, row_delta, scale, BACKWARD, PRECISION,
         )  # fmt: skip
+    below = start // BLOCK_N  # own key blocks wholly before the first query: no causal test
     own_blocks = tl.cdiv(tl.minimum(start + BLOCK_M, t), BLOCK_N)
-    for block in range(0, tl.where(computed, own_blocks, 0)):
-        j = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        _kidx, keys, values, seen = _own_keys(
-            k, v, rows, own_mask, b, j, t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim
-        )
-        m, total, acc = _accumulate(
-            queries, keys, values, _visible(i, live, j, seen), m, total, acc, grads, row_lse,
-            row_delta, scale, BACKWARD, PRECISION,
+    for block in range(0, tl.where(computed, below, 0)):
+        m, total, acc = _own_block(
+            block, i, live, queries, grads, row_lse, row_delta, m, total, acc, k, v, rows,
+            own_mask, b, t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim, scale,
+            False, BACKWARD, BLOCK_N, PRECISION,
+        )  # fmt: skip
+    for block in range(below, tl.where(computed, own_blocks, below)):
+        m, total, acc = _own_block(
+            block, i, live, queries, grads, row_lse, row_delta, m, total, acc, k, v, rows,
+            own_mask, b, t, rows_row, own_row, k_row, k_head, kv_head, d, in_dim, scale,
+            True, BACKWARD, BLOCK_N, PRECISION,
         )  # fmt: skip
     at = idx[:, None] * q_row + head * q_head + d[None, :]
     store = live[:, None] & in_dim[None, :]
