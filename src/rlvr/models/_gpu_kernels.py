@@ -229,6 +229,29 @@ def attention_queries_kernel(
 
 
 @triton.jit
+def _key_grads(
+    i0, b, head, q, rows, dout, lse, delta, keys, values, jo, seen, dkeys, dvalues, t,
+    rows_row, q_row, q_head, lse_row, d, in_dim, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`attention_dkv_kernel`'s sums over the query block from i0 of row b, query head
+    `head`: dv += Pᵀ·dout, dk += dSᵀ·q (scaled by the caller). CAUSAL for a query block that
+    may come before some of the keys jo, not for one wholly after them."""
+    i = i0 + tl.arange(0, BLOCK_M)
+    idx, live, queries = _query_block(q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim)
+    grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
+    row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
+    row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
+    visible = _visible(i, live, jo, seen) if CAUSAL else live[:, None] & seen[None, :]
+    p, ds = _score_grads(
+        queries, keys, values, visible, row_lse, row_delta, grads, scale, PRECISION
+    )
+    dvalues += tl.dot(tl.trans(p.to(grads.dtype)), grads, input_precision=PRECISION)
+    dkeys += tl.dot(tl.trans(ds.to(queries.dtype)), queries, input_precision=PRECISION)
+    return dkeys, dvalues
+
+
+@triton.jit
 def attention_dkv_kernel(
     q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout,
     dk, dv, part_dpk, part_dpv,
@@ -257,22 +280,24 @@ def attention_dkv_kernel(
     dkeys = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvalues = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     first = tl.maximum((block - PREFIX_BLOCKS) * BLOCK_N, 0)
+    last = tl.load(count + b)
+    # the query blocks from `first` that a key of an own block may follow (causal test)
+    diagonal = tl.where(block < PREFIX_BLOCKS, 0, tl.cdiv(BLOCK_N, BLOCK_M))
+    after = tl.minimum(first + diagonal * BLOCK_M, last)
     for g in range(GROUP):
         head = kv_head * GROUP + g
-        for i0 in range(first, tl.load(count + b), BLOCK_M):
-            i = i0 + tl.arange(0, BLOCK_M)
-            idx, live, queries = _query_block(
-                q, rows, b, i, t, rows_row, q_row, q_head, head, d, in_dim
-            )
-            grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
-            row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
-            row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
-            p, ds = _score_grads(
-                queries, keys, values, _visible(i, live, jo, seen), row_lse, row_delta, grads,
-                scale, PRECISION,
+        for i0 in range(first, after, BLOCK_M):
+            dkeys, dvalues = _key_grads(
+                i0, b, head, q, rows, dout, lse, delta, keys, values, jo, seen, dkeys, dvalues,
+                t, rows_row, q_row, q_head, lse_row, d, in_dim, scale,
+                True, BLOCK_M, PRECISION,
             )  # fmt: skip
-            dvalues += tl.dot(tl.trans(p.to(grads.dtype)), grads, input_precision=PRECISION)
-            dkeys += tl.dot(tl.trans(ds.to(queries.dtype)), queries, input_precision=PRECISION)
+        for i0 in range(after, last, BLOCK_M):
+            dkeys, dvalues = _key_grads(
+                i0, b, head, q, rows, dout, lse, delta, keys, values, jo, seen, dkeys, dvalues,
+                t, rows_row, q_row, q_head, lse_row, d, in_dim, scale,
+                False, BLOCK_M, PRECISION,
+            )  # fmt: skip
     dkeys = dkeys * scale
     jp = block * BLOCK_N + tl.arange(0, BLOCK_N)
     at = b * part_row + kv_head * part_head + jp[:, None] * DIM + d[None, :]
