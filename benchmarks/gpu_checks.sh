@@ -1,0 +1,67 @@
+#!/bin/bash
+# Issue 5's GPU checks in one call, most important first, each stage cut to the time left of
+# TOTAL seconds (default 540), for a machine lent by the minute:
+#   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW);
+#   2. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention's
+#      autotuned tilings against its untuned ones and SDPA (levers 31-38);
+#   3. gpu_ab.py --parts kernels: the whole 0.5B mini-batch with and without levers 31-33;
+#   4. gpu.py: decode against the roofline (64 and 512 rows) and training MFU, both shapes;
+#   5. gpu_ab.py --parts decode: the decode step with and without levers 28-30.
+# Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
+# The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
+# again after each stage (a device that returns few files, or stops the call, returns it);
+# each stage's log tail is printed.
+# A folder .whl/ of wheels is installed first, for a machine without rlvr's dependencies;
+# PYTHON picks the interpreter (default: python).
+set -u
+START=$(date +%s)
+TOTAL=${TOTAL:-540}
+OUT=${OUT:-gpu_checks}
+LOGS=$(mktemp -d)
+RESULTS=benchmarks/results
+PYTHON=${PYTHON:-python}
+mkdir -p "$OUT" "$LOGS/results"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
+
+stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
+  local name=$1 max=$2 result=$3
+  shift 3
+  local left=$((TOTAL - ($(date +%s) - START)))
+  if ((left < 25)); then
+    echo "== $name: skipped, $left s left"
+    return
+  fi
+  ((max > left - 5)) && max=$((left - 5))
+  echo "== $name (at most $max s)"
+  local t0=$(date +%s)
+  touch "$LOGS/.started"
+  timeout -k 5 "$max" "$@" > "$LOGS/$name.log" 2>&1
+  echo "== $name: exit $?, $(($(date +%s) - t0)) s"
+  tail -n 25 "$LOGS/$name.log" | cut -c1-400
+  if [ -n "$result" ] && [ "$RESULTS/$result" -nt "$LOGS/.started" ]; then  # written by it
+    cp "$RESULTS/$result" "$LOGS/results/$name.json"
+  fi
+  tar -czf "$OUT/gpu_checks.tar.gz" -C "$LOGS" .
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  "$PYTHON" -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__, torch.cuda.get_device_capability())"
+} > "$LOGS/device.log" 2>&1
+cat "$LOGS/device.log"
+stage tests 150 "" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_graphs.py \
+  tests/test_logprobs.py tests/test_optim.py -k "on_a_gpu or do_not_wait or fused_adamw"
+stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
+stage train_ab 120 gpu_ab.json \
+  "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
+stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
+  --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
+stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
+  --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
+stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b \
+  --batches 512 --ways "packed step" "packed step, no Triton kernels" "packed step, sequential steps"
+echo "== done after $(($(date +%s) - START)) s: $OUT/gpu_checks.tar.gz"
