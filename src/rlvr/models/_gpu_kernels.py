@@ -161,8 +161,8 @@ def _own_block(
 
 @triton.jit
 def attention_queries_kernel(
-    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, out,
-    t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
+    q, k, v, pk, pv, rows, own_mask, prefix_mask, row_prefix, count, lse, delta, dout, outputs,
+    out, t, sp, q_row, q_head, k_row, k_head, pk_prefix, pk_head, pk_pos, rows_row, own_row,
     mask_row, lse_row, scale,
     BACKWARD: tl.constexpr, GROUP: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
@@ -174,8 +174,9 @@ def attention_queries_kernel(
     that reach the diagonal make the causal test. Forward: the outputs into `out` and
     the log-sum-exps into `lse` (the online softmax, FlashAttention Algorithm 1). BACKWARD:
     the queries' gradient dq = scale Σ dS·k into `out`, from the outputs' gradient dout and
-    the forward's lse, with delta = Σ dout·out per query (FlashAttention-2, Algorithm 2).
-    out and dout are laid out like q, delta like lse."""
+    the forward's lse, with delta = Σ dout·outputs per query (FlashAttention-2, Algorithm 2),
+    computed here from the forward's `outputs` in fp32 and written to `delta` for the keys'
+    kernel. out, dout and outputs are laid out like q, delta like lse."""
     b = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_M
     head = tl.program_id(2)
@@ -191,7 +192,9 @@ def attention_queries_kernel(
     if BACKWARD:
         grads = _per_token(dout, idx, live, q_row, q_head, head, d, in_dim)
         row_lse = tl.load(lse + idx * lse_row + head, mask=live, other=0.0)
-        row_delta = tl.load(delta + idx * lse_row + head, mask=live, other=0.0)
+        forward = _per_token(outputs, idx, live, q_row, q_head, head, d, in_dim)
+        row_delta = tl.sum(grads.to(tl.float32) * forward.to(tl.float32), 1)
+        tl.store(delta + idx * lse_row + head, row_delta, mask=live)
     computed = start < tl.load(count + b)
     prefix = tl.load(row_prefix + b)
     for block in range(0, tl.where(computed, tl.cdiv(sp, BLOCK_N), 0)):

@@ -295,8 +295,8 @@ class _PackedAttention(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
         launch.queries(
-            q, k, v, pk, pv, *launch.tensors, lse, lse, q, out, *launch.strides, lse.stride(0),
-            scale, backward=False,
+            q, k, v, pk, pv, *launch.tensors, lse, lse, q, q, out, *launch.strides,
+            lse.stride(0), scale, backward=False,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, pk, pv, out, lse)
         ctx.launch, ctx.scale = launch, scale
@@ -307,15 +307,16 @@ class _PackedAttention(torch.autograd.Function):
         q, k, v, pk, pv, out, lse = ctx.saved_tensors
         launch, scale = ctx.launch, ctx.scale
         grad = grad.contiguous()
-        delta = torch.linalg.vecdot(grad.float(), out.float())
+        delta = torch.empty_like(lse)  # Σ grad·out per query, written by the dq kernel
         dq = torch.empty_like(q)
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         parts = torch.zeros(2, launch.batch, launch.kv_heads, launch.sp, q.shape[2],
                             dtype=torch.float32, device=q.device)  # fmt: skip
         common = (*launch.tensors, lse, delta, grad)
         launch.queries(
-            q, k, v, pk, pv, *common, dq, *launch.strides, lse.stride(0), scale, backward=True
-        )
+            q, k, v, pk, pv, *common, out, dq, *launch.strides, lse.stride(0), scale,
+            backward=True,
+        )  # fmt: skip
         launch.keys(
             q, k, v, pk, pv, *common, dk, dv, parts[0], parts[1], *launch.strides,
             lse.stride(0), parts.stride(1), parts.stride(2), scale,
