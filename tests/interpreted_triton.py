@@ -298,8 +298,9 @@ def check_token_stats(temperature: float, uses: str, device: str, dtype) -> None
 
 
 def check_rotary_and_swiglu(device: str, dtype) -> None:
-    """`gpu_kernels.rotary` (three heads of 24 per token, one angle per token) and `swiglu`
-    (1,500 columns: two blocks, the second partial) against PyTorch's autograd through
+    """`gpu_kernels.rotary` (three heads of 24 per token, one angle per token; and three of
+    five heads read in place, a token stride of 120) and `swiglu` (1,500 columns: two blocks,
+    the second partial) against PyTorch's autograd through
     `fused.rotate` and silu(gate)·up from the same (rounded) inputs: values and the inputs'
     gradients."""
     g = torch.Generator().manual_seed(7)
@@ -307,16 +308,23 @@ def check_rotary_and_swiglu(device: str, dtype) -> None:
     def inputs(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g).to(dtype).float()
 
-    x, cos, sin, gate, up = (
+    x, cos, sin, gate, up, wide = (
         inputs(11, 3, 24),
         inputs(11, 1, 24),
         inputs(11, 1, 24),
         inputs(7, 1500),
         inputs(7, 1500),
+        inputs(11, 5, 24),
     )
     cases = [
         (gpu_kernels.rotary, lambda x: fused.rotate(x, cos, sin), [x], [cos, sin]),
         (gpu_kernels.swiglu, lambda a, b: F.silu(a) * b, [gate, up], []),
+        (  # heads 1-3 of five, read in place as from PackedOps.projections' packed output
+            lambda w, c, s: gpu_kernels.rotary(w[:, 1:4], c, s),
+            lambda w: fused.rotate(w[:, 1:4], cos, sin),
+            [wide],
+            [cos, sin],
+        ),
     ]
     for kernel, reference, differentiable, constants in cases:
         exact = [t.clone().requires_grad_() for t in differentiable]

@@ -378,25 +378,26 @@ def logit_grad_kernel(
 
 @triton.jit
 def rotary_kernel(
-    x, cos, sin, out, n_rows, heads, cos_row, sin_row,
+    x, cos, sin, out, n_rows, heads, x_row, x_head, cos_row, sin_row,
     BACKWARD: tl.constexpr, DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One program per BLOCK_R rows of x [n_rows = tokens × heads, DIM] (dense; row r is head
-    r % heads of token r // heads, whose angle is row r // heads of cos and sin): the rotary
-    embedding y = x·cos + rotate_half(x)·sin (RoFormer, Su et al. 2021, eq. 34;
-    rotate_half(x1, x2) = (-x2, x1)), or (BACKWARD) its gradient from the output's g:
-    g·cos - rotate_half(g·sin), rotate_half being a signed permutation whose transpose is its
-    negative. A block of rows rather than one (token, head) a program: a head is only DIM
-    values, too few to keep a program's lanes busy."""
+    """One program per BLOCK_R of the n_rows = tokens × heads rows of x [tokens, heads, DIM]
+    (token and head strides x_row, x_head, the last axis dense; row r is head r % heads of
+    token r // heads, whose angle is row r // heads of cos and sin): the rotary embedding
+    y = x·cos + rotate_half(x)·sin (RoFormer, Su et al. 2021, eq. 34; rotate_half(x1, x2) =
+    (-x2, x1)), or (BACKWARD) its gradient from the output's g: g·cos - rotate_half(g·sin),
+    rotate_half being a signed permutation whose transpose is its negative, into the dense
+    `out`. A block of rows rather than one (token, head) a program: a head is only DIM values,
+    too few to keep a program's lanes busy."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     i = tl.arange(0, BLOCK_D)
     inside = (r < n_rows)[:, None] & (i < DIM)[None, :]
     half = DIM // 2
     partner = tl.where(i < half, i + half, i - half)[None, :]
-    start = x + r[:, None] * DIM
+    token = (r // heads)[:, None]
+    start = x + token * x_row + (r % heads)[:, None] * x_head
     value = tl.load(start + i[None, :], mask=inside, other=0.0).to(tl.float32)
     other = tl.load(start + partner, mask=inside, other=0.0).to(tl.float32)
-    token = (r // heads)[:, None]
     c = tl.load(cos + token * cos_row + i[None, :], mask=inside, other=0.0).to(tl.float32)
     if BACKWARD:
         s_other = tl.load(sin + token * sin_row + partner, mask=inside, other=0.0)

@@ -466,6 +466,12 @@ class DecodeOps:
         self.visible = visible.to(torch.uint8).contiguous()
         self.threads = torch.get_num_threads()
 
+    @staticmethod
+    def projections(x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
+        """x through each of `modules`, one matmul each: contiguous outputs, as the kernels
+        below read them."""
+        return tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in modules)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of the last axis of x, times `weight`."""
         _check(x.is_contiguous() and weight.is_contiguous(), "rms_norm needs contiguous input")

@@ -357,6 +357,11 @@ class TorchOps:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
     @staticmethod
+    def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
+        """x through each of `modules` (a layer's q, k, v or gate, up projections)."""
+        return tuple(linear(x, module) for module in modules)
+
+    @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """`rotate` (looked up at each call, so a benchmark can swap it)."""
         return rotate(x, cos, sin)
@@ -467,12 +472,28 @@ class PackedOps(KernelOps):
     """`KernelOps` on a GPU, by the Triton kernels of `gpu_kernels`: the attention
     (`gpu_kernels.attention`, same arguments as `cpu_kernels.attention`), which reads only the
     computed positions, a shared prompt's keys in place and the key blocks each query block
-    sees; the rotary embedding and SiLU·up, one kernel each way. RMSNorm by PyTorch."""
+    sees; the rotary embedding and SiLU·up, one kernel each way, reading the views of one
+    packed q/k/v and one gate/up matmul (`projections`). RMSNorm by PyTorch."""
 
     rms_norm = staticmethod(TorchOps.rms_norm)
     rotate = staticmethod(gpu_kernels.rotary)
     silu_mul = staticmethod(gpu_kernels.swiglu)
     attention_kernel = staticmethod(gpu_kernels.attention)
+
+    @staticmethod
+    def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
+        """`TorchOps.projections` as one matmul over the modules' weights concatenated (a
+        copy per call; autograd splits its gradient back), its output split into views that
+        the kernels read in place: one GEMM each way instead of one per module, so the
+        narrow k and v projections of a GQA model are no GEMMs of their own. Modules of
+        which only some have a bias keep their own matmuls."""
+        biases = [module.bias for module in modules]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            return TorchOps.projections(x, *modules)
+        weight = torch.cat([module.weight for module in modules])
+        bias = None if biases[0] is None else torch.cat(biases)
+        sizes = [module.out_features for module in modules]
+        return F.linear(x, weight, bias).split(sizes, dim=-1)
 
 
 def layer_ops(
@@ -573,9 +594,10 @@ class FusedForward:
             """The layer's rotated queries and keys and its values, per token."""
             attn = layer.self_attn
             x = ops.rms_norm(h, layer.input_layernorm.weight, self.eps)
-            q = ops.rotate(linear(x, attn.q_proj).view(*lead, self.heads, d), cos, sin)
-            k = ops.rotate(linear(x, attn.k_proj).view(*lead, self.kv_heads, d), cos, sin)
-            return q, k, linear(x, attn.v_proj).view(*lead, self.kv_heads, d)
+            q, k, v = ops.projections(x, attn.q_proj, attn.k_proj, attn.v_proj)
+            q = ops.rotate(q.view(*lead, self.heads, d), cos, sin)
+            k = ops.rotate(k.view(*lead, self.kv_heads, d), cos, sin)
+            return q, k, v.view(*lead, self.kv_heads, d)
 
         def rest(
             layer: nn.Module, h: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor
@@ -585,7 +607,7 @@ class FusedForward:
             attn, mlp = layer.self_attn, layer.mlp
             h = h + linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
             x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
-            inner = ops.silu_mul(linear(x, mlp.gate_proj), linear(x, mlp.up_proj))
+            inner = ops.silu_mul(*ops.projections(x, mlp.gate_proj, mlp.up_proj))
             return h + linear(inner, mlp.down_proj)
 
         for i, layer in enumerate(self.layers):

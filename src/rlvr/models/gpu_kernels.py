@@ -202,15 +202,15 @@ def _tuned(name: str, tilings: tuple[Tiling, ...]):
 def _rotary_pass(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
 ) -> torch.Tensor:
-    """The rotary kernel over x [n, heads, dim] (dense) with cos, sin [n, dim]: forward or
-    backward."""
-    heads, dim = x.shape[-2:]
-    rows, block_d = x.shape[0] * heads, _block(dim)
+    """The rotary kernel over x [n, heads, dim] (any token and head strides, the last axis
+    dense) with cos, sin [n, dim]: forward or backward, into a dense result."""
+    n, heads, dim = x.shape
+    rows, block_d = n * heads, _block(dim)
     block_r = max(1, ELEMENTS_BLOCK // block_d)
-    out = torch.empty_like(x)
+    out = torch.empty(n, heads, dim, dtype=x.dtype, device=x.device)
     kernels().rotary_kernel[(-(-rows // block_r),)](
-        x, cos, sin, out, rows, heads, cos.stride(0), sin.stride(0), BACKWARD=backward,
-        DIM=dim, BLOCK_R=block_r, BLOCK_D=block_d,
+        x, cos, sin, out, rows, heads, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
+        BACKWARD=backward, DIM=dim, BLOCK_R=block_r, BLOCK_D=block_d,
     )  # fmt: skip
     return out
 
@@ -237,8 +237,9 @@ class _Rotary(torch.autograd.Function):
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`fused.rotate(x, cos, sin)` for per-token x [n, heads, dim] and cos, sin [n, 1, dim]
     (one angle per token, shared by its heads), differentiable in x: one kernel each way,
-    where PyTorch runs five forward and more backward."""
-    x = x.contiguous()
+    where PyTorch runs five forward and more backward. x is read in place wherever its last
+    axis is dense (the query or key view of `PackedOps.projections`' packed output)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
     dim = x.shape[-1]
     cos, sin = cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous()
     return _Rotary.apply(x, cos, sin)
