@@ -23,9 +23,10 @@
   Triton kernels of `gpu_kernels` for the completions' attention (lever 31: only the real
   positions, a prompt's keys read in place, the causal half) and for the token statistics
   (lever 32: one pass over the logits forward, one backward) and for the rotary embedding and
-  SiLU·up (lever 33), without the statistics (before lever 32), with the attention alone
-  (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with an
-  additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
+  SiLU·up (lever 33) and one q/k/v and one gate/up matmul (lever 40), without the packed
+  matmuls (before lever 40), without the statistics too (before lever 32), with the attention
+  alone (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with
+  an additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
   with the peak memory;
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
@@ -40,7 +41,7 @@
     python benchmarks/gpu_ab.py --parts decode --ways "packed step" \
         "packed step, PyTorch sampling" "packed step, no Triton kernels" \
         "packed step, sequential steps"              # levers 28-30
-    python benchmarks/gpu_ab.py --parts kernels     # levers 31-33
+    python benchmarks/gpu_ab.py --parts kernels     # levers 31-33 and 40
     python benchmarks/gpu_ab.py --quick          # its CPU smoke run (toy shape, no decode)
 
 Results go to `benchmarks/results/gpu_ab.json` with the device, versions and command.
@@ -176,26 +177,31 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 }
 
 
-TRAIN_KERNEL_WAYS = {  # name: (Triton attention, rotary and SwiGLU, token statistics)
-    "Triton attention, element-wise and statistics": (True, True, True),
-    "Triton attention and element-wise, PyTorch statistics": (True, True, False),
-    "Triton attention, PyTorch element-wise and statistics": (True, False, False),
-    "PyTorch attention, element-wise and statistics": (False, False, False),
+TRAIN_KERNEL_WAYS = {  # name: (Triton attention, rotary and SwiGLU, statistics, packed matmuls)
+    "Triton attention, element-wise and statistics, packed projections": (True, True, True, True),
+    "Triton attention, element-wise and statistics": (True, True, True, False),
+    "Triton attention and element-wise, PyTorch statistics": (True, True, False, False),
+    "Triton attention, PyTorch element-wise and statistics": (True, False, False, False),
+    "PyTorch attention, element-wise and statistics": (False, False, False, False),
 }
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
+PACKED_PROJECTIONS = fused.PackedOps.projections
 KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
 """Stands in for `gpu_kernels` where a way turns its kernels off: both users ask `usable`
 first."""
 
 
-def use_train_kernels(attention: bool, elementwise: bool, statistics: bool) -> None:
+def use_train_kernels(attention: bool, elementwise: bool, statistics: bool, packed: bool) -> None:
     """Let `fused.layer_ops` pick `PackedOps` (the Triton attention) with or without its
-    Triton rotary embedding and SiLU·up, and `logprobs` the Triton token statistics, or not."""
+    Triton rotary embedding and SiLU·up and its packed q/k/v and gate/up matmuls, and
+    `logprobs` the Triton token statistics, or not."""
     fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF
     rotate, silu_mul = (
         TRITON_ELEMENTWISE if elementwise else (fused.rotate, fused.TorchOps.silu_mul)
     )
     fused.PackedOps.rotate, fused.PackedOps.silu_mul = staticmethod(rotate), staticmethod(silu_mul)
+    projections = PACKED_PROJECTIONS if packed else fused.TorchOps.projections
+    fused.PackedOps.projections = staticmethod(projections)
     logprobs.gpu_kernels = gpu_kernels if statistics else KERNELS_OFF
 
 
@@ -308,7 +314,7 @@ def main() -> None:
                 use_train_kernels(*way)
                 run = train_run(model, device, tokens)
                 record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
-        use_train_kernels(True, True, True)
+        use_train_kernels(True, True, True, True)
         for tokens in budgets if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

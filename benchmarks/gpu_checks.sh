@@ -4,7 +4,7 @@
 #   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW);
 #   2. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention's
 #      autotuned tilings against its untuned ones and SDPA (levers 31-38);
-#   3. gpu_ab.py --parts kernels: the whole 0.5B mini-batch with and without levers 31-33;
+#   3. gpu_ab.py --parts kernels: the whole 0.5B mini-batch with and without levers 31-33 and 40;
 #   4. gpu.py: decode against the roofline (64 and 512 rows) and training MFU, both shapes;
 #   5. gpu_ab.py --parts decode: the decode step with and without levers 28-30.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh

@@ -91,12 +91,14 @@ def attention_case(
     def run(ops: fused.TorchOps, tune: bool) -> Callable[[], object]:
         def once() -> None:
             gpu_kernels.TUNE = tune
-            cache = fused.ConcatKV(1)
-            cache.update(0, pk.transpose(1, 2), pv.transpose(1, 2))
-            cache.batch_select_indices(prompt_index)
-            out = ops.attend(q, *ops.cached(cache, 0, k, v), scale=d**-0.5)
-            out.backward(grad)
-            gpu_kernels.TUNE = True
+            try:
+                cache = fused.ConcatKV(1)
+                cache.update(0, pk.transpose(1, 2), pv.transpose(1, 2))
+                cache.batch_select_indices(prompt_index)
+                out = ops.attend(q, *ops.cached(cache, 0, k, v), scale=d**-0.5)
+                out.backward(grad)
+            finally:
+                gpu_kernels.TUNE = True
 
         return once
 

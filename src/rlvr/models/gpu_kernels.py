@@ -199,6 +199,17 @@ def _tuned(name: str, tilings: tuple[Tiling, ...]):
     return triton.autotune(configs, key=key)(kernel)
 
 
+ELEMENTS_BLOCK = 1024
+"""Elements per program of the element-wise kernels: `swiglu`'s columns, `rotary`'s rows
+times its power-of-two head size."""
+
+
+def _dense_rows(x: torch.Tensor) -> torch.Tensor:
+    """x itself where its last axis is dense (the element-wise kernels take the other strides
+    as they are), else a dense copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _rotary_pass(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
 ) -> torch.Tensor:
@@ -215,11 +226,6 @@ def _rotary_pass(
     return out
 
 
-ELEMENTS_BLOCK = 1024
-"""Elements per program of the element-wise kernels: `swiglu`'s columns, `rotary`'s rows
-times its power-of-two head size."""
-
-
 class _Rotary(torch.autograd.Function):
     """`rotary`, forward and backward each one kernel; keeps only cos and sin."""
 
@@ -231,7 +237,7 @@ class _Rotary(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
-        return _rotary_pass(grad.contiguous(), cos, sin, backward=True), None, None
+        return _rotary_pass(_dense_rows(grad), cos, sin, backward=True), None, None
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -239,7 +245,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     (one angle per token, shared by its heads), differentiable in x: one kernel each way,
     where PyTorch runs five forward and more backward. x is read in place wherever its last
     axis is dense (the query or key view of `PackedOps.projections`' packed output)."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = _dense_rows(x)
     dim = x.shape[-1]
     cos, sin = cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous()
     return _Rotary.apply(x, cos, sin)
@@ -251,12 +257,14 @@ def _swiglu_pass(
     """The SwiGLU kernel over gate, up [rows, width] (unit column stride): silu(gate)·up, or
     with `grad` the gradients of gate and up (dense)."""
     rows, width = gate.shape
-    outs = [torch.empty(rows, width, dtype=gate.dtype, device=gate.device) for _ in range(2)]
+    outs = [torch.empty(rows, width, dtype=gate.dtype, device=gate.device)]
+    if grad is not None:
+        outs.append(torch.empty_like(outs[0]))
     kernels().swiglu_kernel[(rows, -(-width // ELEMENTS_BLOCK))](
-        gate, up, outs[0] if grad is None else grad, outs[0], *outs, width, gate.stride(0),
-        up.stride(0), BACKWARD=grad is not None, BLOCK=ELEMENTS_BLOCK,
+        gate, up, outs[0] if grad is None else grad, outs[0], outs[0], outs[-1], width,
+        gate.stride(0), up.stride(0), BACKWARD=grad is not None, BLOCK=ELEMENTS_BLOCK,
     )  # fmt: skip
-    return (outs[0],) if grad is None else tuple(outs)
+    return tuple(outs)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -281,8 +289,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape:
         raise ValueError(f"gpu_kernels.swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)}")
     width = gate.shape[-1]
-    rows = [x.reshape(-1, width) for x in (gate, up)]  # a view wherever it can be
-    rows = [x if x.stride(-1) == 1 else x.contiguous() for x in rows]
+    rows = [_dense_rows(x.reshape(-1, width)) for x in (gate, up)]  # views where they can be
     return _SwiGLU.apply(*rows).view(gate.shape)
 
 
