@@ -20,10 +20,11 @@
   twice (a chunk's LM-head gradient is added into an fp32 [vocab, hidden] sum: 1.4 GB of
   memory traffic per chunk at the 0.5b's shape);
 - **kernels**: one GRPO mini-batch (`gpu.train_case`, the default way of scoring) with the
-  Triton kernels of `gpu_kernels` for the completions' attention (lever 31: only the real
-  positions, a prompt's keys read in place, the causal half) and for the token statistics
+  completions' attention by FlashAttention-2's variable-length kernel (lever 41), then by
+  the Triton kernels of `gpu_kernels` instead (lever 31: only the real positions, a prompt's
+  keys read in place, the causal half), both with Triton kernels for the token statistics
   (lever 32: one pass over the logits forward, one backward) and for the rotary embedding and
-  SiLU·up (lever 33) and one q/k/v and one gate/up matmul (lever 40), without the packed
+  SiLU·up (lever 33) and one q/k/v and one gate/up matmul (lever 40); then without the packed
   matmuls (before lever 40), without the statistics too (before lever 32), with the attention
   alone (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with
   an additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
@@ -63,7 +64,7 @@ import torch.nn.functional as F
 import transformers
 from lm_head_ab import WAYS
 
-from rlvr.models import fused, gpu_kernels
+from rlvr.models import flash_varlen, fused, gpu_kernels
 from rlvr.rollout import graph_step, graphs, triton_ops
 from rlvr.rollout.graphs import GraphDecoder, SlotKV
 from rlvr.rollout.sampling import below, sample_tokens
@@ -177,13 +178,16 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 }
 
 
-TRAIN_KERNEL_WAYS = {  # name: (Triton attention, rotary and SwiGLU, statistics, packed matmuls)
-    "Triton attention, element-wise and statistics, packed projections": (True, True, True, True),
-    "Triton attention, element-wise and statistics": (True, True, True, False),
-    "Triton attention and element-wise, PyTorch statistics": (True, True, False, False),
-    "Triton attention, PyTorch element-wise and statistics": (True, False, False, False),
-    "PyTorch attention, element-wise and statistics": (False, False, False, False),
-}
+TRAIN_KERNEL_WAYS = {  # name: (PackedOps, rotary and SwiGLU, statistics, packed matmuls, varlen)
+    "varlen attention, Triton element-wise and statistics, packed projections": (
+        True, True, True, True, True),
+    "Triton attention, element-wise and statistics, packed projections": (
+        True, True, True, True, False),
+    "Triton attention, element-wise and statistics": (True, True, True, False, False),
+    "Triton attention and element-wise, PyTorch statistics": (True, True, False, False, False),
+    "Triton attention, PyTorch element-wise and statistics": (True, False, False, False, False),
+    "PyTorch attention, element-wise and statistics": (False, False, False, False, False),
+}  # fmt: skip
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
 PACKED_PROJECTIONS = fused.PackedOps.projections
 KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
@@ -191,10 +195,14 @@ KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
 first."""
 
 
-def use_train_kernels(attention: bool, elementwise: bool, statistics: bool, packed: bool) -> None:
-    """Let `fused.layer_ops` pick `PackedOps` (the Triton attention) with or without its
-    Triton rotary embedding and SiLU·up and its packed q/k/v and gate/up matmuls, and
-    `logprobs` the Triton token statistics, or not."""
+def use_train_kernels(
+    attention: bool, elementwise: bool, statistics: bool, packed: bool, varlen: bool
+) -> None:
+    """Let `fused.layer_ops` pick `PackedOps` (the Triton attention, or with `varlen`
+    FlashAttention-2's variable-length kernel) with or without its Triton rotary embedding and
+    SiLU·up and its packed q/k/v and gate/up matmuls, and `logprobs` the Triton token
+    statistics, or not."""
+    flash_varlen.ENABLED = varlen
     fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF
     rotate, silu_mul = (
         TRITON_ELEMENTWISE if elementwise else (fused.rotate, fused.TorchOps.silu_mul)
@@ -314,7 +322,7 @@ def main() -> None:
                 use_train_kernels(*way)
                 run = train_run(model, device, tokens)
                 record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
-        use_train_kernels(True, True, True, True)
+        use_train_kernels(True, True, True, True, True)
         for tokens in budgets if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

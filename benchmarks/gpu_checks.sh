@@ -1,10 +1,11 @@
 #!/bin/bash
 # Issue 5's GPU checks in one call, most important first, each stage cut to the time left of
 # TOTAL seconds (default 540), for a machine lent by the minute:
-#   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW);
-#   2. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention's
-#      autotuned tilings against its untuned ones and SDPA (levers 31-38);
-#   3. gpu_ab.py --parts kernels: the whole 0.5B mini-batch with and without levers 31-33 and 40;
+#   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW,
+#      FlashAttention-2's varlen kernel against the reference);
+#   2. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
+#      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
+#   3. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41;
 #   4. gpu.py: decode against the roofline (64 and 512 rows) and training MFU, both shapes;
 #   5. gpu_ab.py --parts decode: the decode step with and without levers 28-30.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
@@ -54,7 +55,8 @@ stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
 } > "$LOGS/device.log" 2>&1
 cat "$LOGS/device.log"
 stage tests 150 "" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_graphs.py \
-  tests/test_logprobs.py tests/test_optim.py -k "on_a_gpu or do_not_wait or fused_adamw"
+  tests/test_logprobs.py tests/test_optim.py tests/test_flash_varlen.py \
+  -k "on_a_gpu or do_not_wait or fused_adamw or varlen"
 stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
 stage train_ab 120 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536

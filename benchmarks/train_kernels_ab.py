@@ -4,6 +4,8 @@ plus backward of
 
 - **attention**: one layer's attention of the completions of a shared-prefix micro-batch (4
   prompts of 128 tokens, 8 samples each, completions of 512–1024 tokens), `fused.PackedOps`
+  by FlashAttention-2's variable-length kernel (`flash_varlen`, lever 41; each sample's copy
+  of its prompt's keys gathered in front of its own) and by the Triton kernels
   (`gpu_kernels.attention`, the prompt's keys read in place) with the tilings the autotuner
   keeps and with the first of `QUERY_TILINGS` / `KEY_TILINGS` untuned (lever 36), against
   `fused.TorchOps` (the padded layout, each sample's copy of its prompt's keys, SDPA under an
@@ -57,7 +59,7 @@ def attention_case(
 ) -> tuple[Case, float]:
     """The attention's ways, and its useful FLOPs forward and backward: 12 · dim · heads per
     (query, visible key) pair (QKᵀ and PV forward, twice that backward; `gpu.py`'s count)."""
-    from rlvr.models import fused, gpu_kernels
+    from rlvr.models import flash_varlen, fused, gpu_kernels
 
     g = torch.Generator().manual_seed(0)
     prompts, samples, prompt_len = (2, 2, 8) if quick else (4, 8, 128)
@@ -79,18 +81,20 @@ def attention_case(
     q, k, v, grad = tensor(n, heads, d), tensor(n, kv, d), tensor(n, kv, d), tensor(n, heads * d)
     pk, pv = (tensor(prompts, prompt_len, kv, d) for _ in range(2))
     packed = fused.PackedOps(key_mask, t, flat)
-    ways = {  # name: (ops, gpu_kernels.TUNE)
-        "Triton, autotuned tilings (PackedOps)": (packed, True),
-        "Triton, the first tilings untuned": (packed, False),
+    ways = {  # name: (ops, gpu_kernels.TUNE, flash_varlen.ENABLED)
+        "FlashAttention-2 varlen (PackedOps)": (packed, True, True),
+        "Triton, autotuned tilings": (packed, True, False),
+        "Triton, the first tilings untuned": (packed, False, False),
         "PyTorch SDPA (TorchOps)": (
             fused.TorchOps(fused.mask_bias(key_mask, t, dtype), flat),
             True,
+            False,
         ),
     }
 
-    def run(ops: fused.TorchOps, tune: bool) -> Callable[[], object]:
+    def run(ops: fused.TorchOps, tune: bool, flash: bool) -> Callable[[], object]:
         def once() -> None:
-            gpu_kernels.TUNE = tune
+            gpu_kernels.TUNE, flash_varlen.ENABLED = tune, flash
             try:
                 cache = fused.ConcatKV(1)
                 cache.update(0, pk.transpose(1, 2), pv.transpose(1, 2))
@@ -98,7 +102,7 @@ def attention_case(
                 out = ops.attend(q, *ops.cached(cache, 0, k, v), scale=d**-0.5)
                 out.backward(grad)
             finally:
-                gpu_kernels.TUNE = True
+                gpu_kernels.TUNE, flash_varlen.ENABLED = True, True
 
         return once
 

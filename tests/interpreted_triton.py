@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attention_cases import packed_attention_case, packed_attention_reference
 from batches import token_batch
 from rlvr.config import resolve_config
-from rlvr.models import fused, gpu_kernels
+from rlvr.models import flash_varlen, fused, gpu_kernels
 from rlvr.models.cpu_kernels import AttentionLayout
 from rlvr.models.tiny import build_tiny_tokenizer
 from rlvr.rollout import graph_step, graphs, triton_ops
@@ -22,6 +23,7 @@ from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.sampling import ban_bias, below, sample_tokens
 from rlvr.training import logprobs, update
 from rlvr.training.update import LossSettings
+from test_flash_varlen import reference_varlen
 from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch, ragged_samples
 
 pytestmark = pytest.mark.skipif(
@@ -125,57 +127,6 @@ def test_rlvr_gpu_kernels_0_turns_every_triton_kernel_off(monkeypatch):
     assert logprobs._outputs(x, tokens, 3, True)[2].numel() == 0  # no log-sum-exps: PyTorch's
 
 
-def packed_attention_reference(q, k, v, pk, pv, layout: AttentionLayout, scale: float):
-    """`gpu_kernels.attention` in PyTorch: each row's keys laid out as its prefix's and then its
-    own (zeros where not computed), the layout's visibility as an additive mask,
-    `fused.attention`, and the outputs of the computed positions gathered back."""
-    b, t = layout.rows.shape
-    computed = layout.rows >= 0
-    per_token = layout.rows[computed]  # the per-token row of each computed (b, i), in order
-    where = computed.reshape(-1).nonzero().squeeze(-1)
-    row_prefix = torch.searchsorted(layout.starts, torch.arange(b), right=True) - 1
-
-    def laid_out(x: torch.Tensor) -> torch.Tensor:
-        """[b, heads, t, dim] from per-token x, zeros where not computed."""
-        full = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, where, x[per_token])
-        return full.view(b, t, *x.shape[1:]).transpose(1, 2)
-
-    keys, values = (
-        torch.cat([pre[row_prefix], laid_out(x)], dim=2) for pre, x in ((pk, k), (pv, v))
-    )
-    position = torch.arange(t)
-    own = (layout.own_mask.bool() & computed)[:, None, :] & (position[None, :] <= position[:, None])
-    own |= torch.eye(t, dtype=torch.bool)
-    prefix = layout.prefix_mask.bool()[row_prefix][:, None, :].expand(b, t, -1)
-    bias = fused.additive_bias(torch.cat([prefix, own], dim=2), q.dtype)
-    out = fused.attention(laid_out(q), keys, values, bias, scale).transpose(1, 2)
-    return q.new_empty(q.shape).index_copy(0, per_token, out.reshape(b * t, *q.shape[1:])[where])
-
-
-def packed_attention_case(heads: int, kv_heads: int, dim: int, t: int, sp: int):
-    """Two prefixes of three and two rows, t positions per row: row 0 all computed (with an own
-    key hidden from the queries after it), row 1 its first two thirds, row 2 none, row 3 one
-    block of 64, row 4 a few; the per-token rows in a shuffled order. The prefixes' keys are a
-    transposed view, as `fused.ConcatKV` keeps a prompt's; the first has 10 padded keys, the
-    second a hidden one in the middle."""
-    g = torch.Generator().manual_seed(4)
-    lengths = [t, 2 * t // 3, 0, min(64, t), 5]
-    computed = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
-    n = int(computed.sum())
-    rows = torch.full((5, t), -1, dtype=torch.long)
-    rows[computed] = torch.randperm(n, generator=g)
-    own_mask = torch.ones(5, t, dtype=torch.long)
-    own_mask[0, 3] = 0
-    prefix_mask = torch.ones(2, sp, dtype=torch.long)
-    prefix_mask[0, :10] = 0
-    prefix_mask[1, sp // 2] = 0
-    layout = AttentionLayout(rows, own_mask, prefix_mask, torch.tensor([0, 3, 5]))
-    q = torch.randn(n, heads, dim, generator=g)
-    k, v = (torch.randn(n, kv_heads, dim, generator=g) for _ in range(2))
-    pk, pv = (torch.randn(2, sp, kv_heads, dim, generator=g).transpose(1, 2) for _ in range(2))
-    return (q, k, v, pk, pv), layout
-
-
 def check_packed_attention(heads, kv_heads, dim, t, sp, device: str, dtype) -> None:
     """`gpu_kernels.attention`'s outputs and the gradients of q, k, v and the prefixes' keys and
     values against `packed_attention_reference` in fp32 on the CPU."""
@@ -217,14 +168,20 @@ def test_every_tiling_the_gpu_may_pick_computes_the_same_attention(monkeypatch, 
     check_packed_attention(4, 2, 16, 300, 140, "cpu", torch.float32)
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["Triton attention", "varlen attention"])
 @pytest.mark.parametrize("name", MODELS)
 def test_the_padding_free_forward_with_packed_attention_equals_the_transformers_one(
-    monkeypatch, name
+    monkeypatch, name, varlen
 ):
     """The update's shared-prefix forward (Llama, and Qwen2 with GQA), its completions through
     `fused.PackedOps`: the log-probs and every parameter's gradient of the `transformers`
-    forward (`test_fused_forward`'s check, with the C kernels off)."""
+    forward (`test_fused_forward`'s check, with the C kernels off); its attention by the
+    Triton kernels, or by `flash_varlen` with `reference_varlen` as the kernel (lever 41)."""
     monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    if varlen:
+        monkeypatch.setattr(flash_varlen, "usable", lambda q: True)
+        monkeypatch.setattr(flash_varlen, "varlen", reference_varlen)
+        monkeypatch.setattr(gpu_kernels, "attention", None)  # not called
     calls = []
     run = fused.PackedOps.attention_kernel
     monkeypatch.setattr(

@@ -390,6 +390,13 @@ class AttentionLayout:
         return torch.searchsorted(self.starts, batch_rows, right=True) - 1
 
     @cached_property
+    def varlen(self) -> Any:
+        """`flash_varlen.plan` of this layout (made once, for `fused.gpu_attention`)."""
+        from rlvr.models import flash_varlen
+
+        return flash_varlen.plan(self)
+
+    @cached_property
     def count(self) -> torch.Tensor:
         """[batch] one past each row's last computed position (made once)."""
         batch, t = self.rows.shape

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.models import cpu_kernels, gpu_kernels
+from rlvr.models import cpu_kernels, flash_varlen, gpu_kernels
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 ENABLE_ATTR = "rlvr_fused_forward"
@@ -468,17 +468,36 @@ class KernelOps(TorchOps):
         return out.view(*q.shape[:-2], heads * d)
 
 
+def gpu_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    layout: cpu_kernels.AttentionLayout,
+    scale: float,
+) -> torch.Tensor:
+    """`cpu_kernels.attention` on a GPU: by FlashAttention-2's variable-length kernel where
+    `flash_varlen.usable` (bf16 or fp16) and the layout allows it (lever 41), else by the
+    Triton kernels (`gpu_kernels.attention`, any dtype)."""
+    packed = layout.varlen if flash_varlen.usable(q) else None
+    if packed is None:
+        return gpu_kernels.attention(q, k, v, prefix_k, prefix_v, layout, scale)
+    return flash_varlen.attention(q, k, v, prefix_k, prefix_v, layout, scale, packed)
+
+
 class PackedOps(KernelOps):
     """`KernelOps` on a GPU, by the Triton kernels of `gpu_kernels`: the attention
-    (`gpu_kernels.attention`, same arguments as `cpu_kernels.attention`), which reads only the
-    computed positions, a shared prompt's keys in place and the key blocks each query block
-    sees; the rotary embedding and SiLU·up, one kernel each way, reading the views of one
-    packed q/k/v and one gate/up matmul (`projections`). RMSNorm by PyTorch."""
+    (`gpu_attention`: FlashAttention-2's variable-length kernel in bf16 or fp16, else
+    `gpu_kernels.attention`, which reads only the computed positions, a shared prompt's keys
+    in place and the key blocks each query block sees); the rotary embedding and SiLU·up,
+    one kernel each way, reading the views of one packed q/k/v and one gate/up matmul
+    (`projections`). RMSNorm by PyTorch."""
 
     rms_norm = staticmethod(TorchOps.rms_norm)
     rotate = staticmethod(gpu_kernels.rotary)
     silu_mul = staticmethod(gpu_kernels.swiglu)
-    attention_kernel = staticmethod(gpu_kernels.attention)
+    attention_kernel = staticmethod(gpu_attention)
 
     @staticmethod
     def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
