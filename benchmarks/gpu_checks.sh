@@ -54,9 +54,13 @@ stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
   "$PYTHON" -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__, torch.cuda.get_device_capability())"
 } > "$LOGS/device.log" 2>&1
 cat "$LOGS/device.log"
-stage tests 150 "" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_graphs.py \
+stage tests 150 "" "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
   tests/test_logprobs.py tests/test_optim.py tests/test_flash_varlen.py \
   -k "on_a_gpu or do_not_wait or fused_adamw or varlen"
+if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
+  export RLVR_FLASH_VARLEN=0  # the later stages measure the Triton attention instead
+  echo "== FlashAttention-2 varlen failed its GPU test: RLVR_FLASH_VARLEN=0 from here on"
+fi
 stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
 stage train_ab 120 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
