@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache
 
 from rlvr.models import fused
 from rlvr.models.hf_cache import cache_kwarg, returned_cache
+from rlvr.rollout.hf import staged
 from rlvr.training.logprobs import linear_token_stats, token_logprobs_and_entropy
 
 Batch = TypeVar("Batch")
@@ -37,17 +38,26 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def on_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x (on the CPU) on `device`; to a GPU through page-locked memory (`rollout.hf.staged`)
+    without making the host wait for the work already queued there, so that it prepares the
+    next micro-batch while the GPU runs the last one's backward."""
+    if device.type != "cuda":
+        return x.to(device)
+    return staged(x, device).to(device, non_blocking=True)
+
+
 def to_device(mb: Batch, device: torch.device) -> Batch:
     """A copy of a collated micro-batch (`SharedPrefixBatch`) with every tensor on `device`.
     Collation builds on the CPU; only the model's inputs travel."""
-    return replace(mb, **{f.name: getattr(mb, f.name).to(device) for f in fields(mb)})
+    return replace(mb, **{f.name: on_device(getattr(mb, f.name), device) for f in fields(mb)})
 
 
 def rows_on(
     tensor: torch.Tensor, rows: list[int], width: int, device: torch.device
 ) -> torch.Tensor:
     """`tensor[rows, :width]` of a per-token batch tensor ([N, T], on the CPU) on `device`."""
-    return tensor[rows, :width].to(device)
+    return on_device(tensor[rows, :width], device)
 
 
 def response_mask_from_lengths(lengths: list[int], width: int | None = None) -> torch.Tensor:

@@ -120,6 +120,12 @@ def batch_logprobs(
     return batch_token_stats(model, batch, temperature, budget, pad_id)[0]
 
 
+SUMMED = ("loss", "clip_tokens", "entropy_sum", "kl_sum", "tokens")
+"""`minibatch_backward`'s statistics summed over the micro-batches on the model's device and
+read back once, after the last backward: a read per micro-batch would make the host wait for
+each backward before it prepares the next micro-batch, and a GPU idle meanwhile."""
+
+
 def minibatch_backward(
     model: nn.Module, batch: RolloutBatch, rows: list[int], s: LossSettings
 ) -> dict[str, float]:
@@ -131,18 +137,18 @@ def minibatch_backward(
     policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
     norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": s.max_len}
-    stats = {"loss": 0.0, "clip_tokens": 0.0, "entropy_sum": 0.0, "kl_sum": 0.0, "tokens": 0.0}
     positive_tokens = 0.0
     if algo.positive_lm_coef:
         correct = batch.correct[rows].float()[:, None]
         positive_tokens = float((batch.response_mask[rows] * correct).sum())
     trained = trainable_rows(batch, rows, s)
-    stats["skipped_samples"] = float(len(rows) - len(trained))
+    skipped = float(len(rows) - len(trained))
     if not trained:
         for param in model.parameters():
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
     device = model_device(model)
+    sums = torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
     for mb_rows in micro_batches(batch, trained, s.micro_batch_tokens, model):
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
         mb = to_device(mb, device)
@@ -168,18 +174,17 @@ def minibatch_backward(
         if positive_tokens:
             nll = positive_example_nll(logprobs, mask, batch.correct[mb_rows].to(device))
             loss = loss + algo.positive_lm_coef * nll.sum() / positive_tokens
+        kl_sum = loss.new_zeros(())
         if batch.ref_logprobs is not None:
             kl = KL_ESTIMATORS.get(algo.kl.estimator)(
                 logprobs, rows_on(batch.ref_logprobs, mb_rows, width, device)
             )
             if not algo.kl.in_reward:
                 loss = loss + s.kl_coef * aggregate(algo.aggregation, kl, mask, **norm)
-            stats["kl_sum"] += float((kl.detach() * mask).sum())
+            kl_sum = (kl.detach() * mask).sum()
         if s.entropy_coef:
             loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
         loss.backward()
-        stats["loss"] += float(loss.detach())
-        stats["clip_tokens"] += float((out.clipped.float() * mask).sum())
-        stats["entropy_sum"] += float((entropy.detach() * mask).sum())
-        stats["tokens"] += float(mask.sum())
-    return stats
+        summed = (loss, out.clipped.float() * mask, entropy * mask, kl_sum, mask)
+        sums += torch.stack([x.detach().sum().double() for x in summed])
+    return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}
