@@ -62,12 +62,13 @@ class Critic:
         return out
 
     def update(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
-        """One optimizer step of the clipped value loss on the mini-batch `rows`."""
+        """One optimizer step of the clipped value loss on the mini-batch `rows`; the
+        statistics are read back once, after the last micro-batch (`update.SUMMED`)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
         norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": 1}
-        stats = {"value_loss": 0.0, "value_clip_tokens": 0.0}
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for mb_rows in micro_batches(batch, rows, self.budget, self.model):
             values = self._values(batch, mb_rows)
             width = values.shape[1]
@@ -81,8 +82,8 @@ class Critic:
             )
             loss = aggregate("token_mean", token_loss, mask, **norm)
             loss.backward()
-            stats["value_loss"] += float(loss.detach())
-            stats["value_clip_tokens"] += float((clipped.float() * mask).sum())
+            sums += torch.stack([x.detach().sum().double() for x in (loss, clipped * mask)])
+        stats = dict(zip(("value_loss", "value_clip_tokens"), sums.tolist(), strict=True))
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         if math.isfinite(stats["value_loss"]):
             self.optimizer.step()
