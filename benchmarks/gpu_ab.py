@@ -6,6 +6,7 @@
   sampling, overlapped steps and Triton kernels, with the sampling in PyTorch (before lever
   30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
   reads each step's tokens before launching the next, as before lever 28), with the
+  residual additions copied before their matmuls (before lever 43), with the
   attention as two matmuls, with the sampling before lever 26, and the step of
   `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
   (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
@@ -137,6 +138,14 @@ class StepWay:
     """Whether each step is launched before the host reads the previous one's EOS flags."""
     kernels: bool = True
     """Whether the step runs Triton kernels where it can (levers 29 and 30)."""
+    residual: Callable = graph_step.residual_linear
+
+
+def residual_linear_copied(h, x, module):
+    """`graph_step.residual_linear` before lever 43: an out-of-place `addmm`, which first
+    copies h into its new output."""
+    out = torch.addmm(h, x, module.weight.t())
+    return out if module.bias is None else out + module.bias
 
 
 def sample_tokens_in_pytorch(logits, params, uniform, ban=None):
@@ -154,6 +163,7 @@ STEP_WAYS = {
     "packed step, PyTorch sampling": StepWay(sampling=sample_tokens_in_pytorch),
     "packed step, no Triton kernels": StepWay(kernels=False),
     "packed step, sequential steps": StepWay(overlap=False),
+    "packed step, residual copied": StepWay(residual=residual_linear_copied),
     "packed step, matmul attention": StepWay(attention=matmul_attention),
     "packed step, sampling before lever 26": StepWay(sampling=sample_tokens_before),
     "layer-ops step": StepWay(runner=layer_ops_runner),
@@ -165,6 +175,7 @@ TRITON_USABLE = triton_ops.usable
 def use_way(way: StepWay) -> bool:
     """Make the decode step `way`; return whether its steps overlap."""
     GraphDecoder._runner, graph_step.decode_attention = way.runner, way.attention
+    graph_step.residual_linear = way.residual
     graphs.sample_tokens = way.sampling
     triton_ops.usable = TRITON_USABLE if way.kernels else lambda x: False
     return way.overlap

@@ -15,7 +15,7 @@ levers 25 and 27). Per layer this step runs:
   RoFormer eq. 34 in Llama's half-split layout);
 - attention as one fused scaled-dot-product kernel that reads each K/V head once for its
   group of query heads (`decode_attention`);
-- the residual additions inside the output matmuls (`torch.addmm`);
+- the residual additions inside the output matmuls, in place (`residual_linear`);
 - where Triton runs (`triton_ops.usable`: a GPU), the rotary embedding with the KV-cache write
   as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two.
 
@@ -145,9 +145,11 @@ class SlotKV:
 
 
 def residual_linear(h: torch.Tensor, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """h + module(x) with the addition in the matmul's epilogue."""
-    out = torch.addmm(h, x, module.weight.t())
-    return out if module.bias is None else out + module.bias
+    """h + module(x) written into h, with the addition in the matmul's epilogue: an
+    out-of-place `addmm` first copies h into its new output, one more kernel per call (two
+    per layer, 50 device copies per step in the H200 profile of the 0.5B shape)."""
+    h.addmm_(x, module.weight.t())
+    return h if module.bias is None else h.add_(module.bias)
 
 
 def rotary_pair(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
