@@ -23,6 +23,7 @@ from rlvr.training.batching import (
     collate_shared_prefix,
     completion_token_stats,
     model_device,
+    on_device,
     packed_micro_batches,
     rows_on,
     to_device,
@@ -123,7 +124,7 @@ def batch_logprobs(
 SUMMED = ("loss", "clip_tokens", "entropy_sum", "kl_sum", "tokens")
 """`minibatch_backward`'s statistics summed over the micro-batches on the model's device and
 read back once, after the last backward: a read per micro-batch would make the host wait for
-each backward before it prepares the next micro-batch, and a GPU idle meanwhile."""
+each backward before it prepares the next micro-batch, and leave a GPU idle meanwhile."""
 
 
 def minibatch_backward(
@@ -172,7 +173,7 @@ def minibatch_backward(
         )
         loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
         if positive_tokens:
-            nll = positive_example_nll(logprobs, mask, batch.correct[mb_rows].to(device))
+            nll = positive_example_nll(logprobs, mask, on_device(batch.correct[mb_rows], device))
             loss = loss + algo.positive_lm_coef * nll.sum() / positive_tokens
         kl_sum = loss.new_zeros(())
         if batch.ref_logprobs is not None:
