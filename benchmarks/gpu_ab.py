@@ -6,7 +6,8 @@
   sampling, overlapped steps and Triton kernels, with the sampling in PyTorch (before lever
   30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
   reads each step's tokens before launching the next, as before lever 28), with the
-  residual additions copied before their matmuls (before lever 43), with the
+  residual additions copied before their matmuls (before lever 43), with the rotary
+  embedding and K/V write as a program per row and head (before lever 44), with the
   attention as two matmuls, with the sampling before lever 26, and the step of
   `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
   (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
@@ -139,6 +140,8 @@ class StepWay:
     kernels: bool = True
     """Whether the step runs Triton kernels where it can (levers 29 and 30)."""
     residual: Callable = graph_step.residual_linear
+    rotate: Callable | None = None
+    """The rotary embedding and K/V write (None: `triton_ops.rotate_and_store`)."""
 
 
 def residual_linear_copied(h, x, module):
@@ -146,6 +149,15 @@ def residual_linear_copied(h, x, module):
     copies h into its new output."""
     out = torch.addmm(h, x, module.weight.t())
     return out if module.bias is None else out + module.bias
+
+
+def rotate_per_head(*args, **kwargs):
+    """`triton_ops.rotate_and_store` before lever 44: a program per row and head
+    (`rotate_per_head.py`, which imports Triton)."""
+    sys.path.insert(0, str(HERE))
+    import rotate_per_head as before
+
+    return before.rotate_and_store(*args, **kwargs)
 
 
 def sample_tokens_in_pytorch(logits, params, uniform, ban=None):
@@ -164,18 +176,21 @@ STEP_WAYS = {
     "packed step, no Triton kernels": StepWay(kernels=False),
     "packed step, sequential steps": StepWay(overlap=False),
     "packed step, residual copied": StepWay(residual=residual_linear_copied),
+    "packed step, rotation per head": StepWay(rotate=rotate_per_head),
     "packed step, matmul attention": StepWay(attention=matmul_attention),
     "packed step, sampling before lever 26": StepWay(sampling=sample_tokens_before),
     "layer-ops step": StepWay(runner=layer_ops_runner),
 }
 
 TRITON_USABLE = triton_ops.usable
+ROTATE_AND_STORE = triton_ops.rotate_and_store
 
 
 def use_way(way: StepWay) -> bool:
     """Make the decode step `way`; return whether its steps overlap."""
     GraphDecoder._runner, graph_step.decode_attention = way.runner, way.attention
     graph_step.residual_linear = way.residual
+    triton_ops.rotate_and_store = way.rotate or ROTATE_AND_STORE
     graphs.sample_tokens = way.sampling
     triton_ops.usable = TRITON_USABLE if way.kernels else lambda x: False
     return way.overlap

@@ -7,7 +7,7 @@
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
 #   3. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41;
 #   4. gpu.py: decode against the roofline (64 and 512 rows) and training MFU, both shapes;
-#   5. gpu_ab.py --parts decode: the decode step with and without levers 28-30 and 43.
+#   5. gpu_ab.py --parts decode: the decode step with and without levers 29-30, 43 and 44.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
 # again after each stage (a device that returns few files, or stops the call, returns it);
@@ -70,5 +70,5 @@ stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m
   --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
 stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b \
   --batches 64 512 --ways "packed step" "packed step, residual copied" \
-  "packed step, no Triton kernels" "packed step, sequential steps"
+  "packed step, rotation per head" "packed step, no Triton kernels"
 echo "== done after $(($(date +%s) - START)) s: $OUT/gpu_checks.tar.gz"

@@ -416,7 +416,10 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         "GROUP": 7, "DIM": 64, "BLOCK_D": 64, "PRECISION": "tf32"
     }  # fmt: skip
     constants = {  # kernel: (constexprs, warps), as triton_ops and gpu_kernels launch them
-        kernels.rotate_and_store_kernel: ({"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK": 64}, 4),
+        kernels.rotate_and_store_kernel: (
+            {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK_H": 32, "BLOCK": 64},
+            4,
+        ),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
         training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),

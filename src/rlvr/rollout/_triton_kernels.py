@@ -27,34 +27,32 @@ def rotate_and_store_kernel(
     HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One program per (row, head of q, k and v): rotate a query or key head and store
-    it, or store a value head."""
+    """One program per row, over all its q, k and v heads at once ([BLOCK_H, BLOCK] lanes):
+    rotate the query and key heads, store the queries, and write the keys and values at the
+    cache's column `where`."""
     row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
-    head = tl.program_id(1)
-    i = tl.arange(0, BLOCK)
-    inside = i < DIM
-    start = qkv + row * qkv_row + head * DIM
-    x = tl.load(start + i, mask=inside, other=0.0).to(tl.float32)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, BLOCK)[None, :]
+    live = (h < HEADS + 2 * KV_HEADS) & (i < DIM)
+    rotated = h < HEADS + KV_HEADS
+    start = qkv + row * qkv_row + h * DIM
+    x = tl.load(start + i, mask=live, other=0.0).to(tl.float32)
+    half = DIM // 2
+    partner = tl.where(i < half, i + half, i - half)  # roll(x, DIM / 2)
+    rolled = tl.load(start + partner, mask=live & rotated, other=0.0).to(tl.float32)
+    c = tl.load(cos + row * cos_row + i, mask=i < DIM, other=0.0).to(tl.float32)
+    s = tl.load(sin + row * sin_row + i, mask=i < DIM, other=0.0).to(tl.float32)
+    y = tl.where(rotated, x * c + rolled * s, x)
     column = tl.load(where)
-    if head < HEADS + KV_HEADS:
-        half = DIM // 2
-        partner = tl.where(i < half, i + half, i - half)  # roll(x, DIM / 2)
-        rolled = tl.load(start + partner, mask=inside, other=0.0).to(tl.float32)
-        c = tl.load(cos + row * cos_row + i, mask=inside, other=0.0).to(tl.float32)
-        s = tl.load(sin + row * sin_row + i, mask=inside, other=0.0).to(tl.float32)
-        y = x * c + rolled * s
-        if head < HEADS:
-            out = queries + row * query_row + head * DIM + i
-            tl.store(out, y.to(queries.dtype.element_ty), mask=inside)
-        else:
-            at = row * key_row + (head - HEADS) * key_head + column * key_position
-            tl.store(keys + at + i, y.to(keys.dtype.element_ty), mask=inside)
-    else:
-        at = row * value_row + (head - HEADS - KV_HEADS) * value_head
-        at += column * value_position
-        tl.store(values + at + i, x.to(values.dtype.element_ty), mask=inside)
+    out = queries + row * query_row + h * DIM + i
+    tl.store(out, y.to(queries.dtype.element_ty), mask=live & (h < HEADS))
+    at = row * key_row + (h - HEADS) * key_head + column * key_position
+    tl.store(keys + at + i, y.to(keys.dtype.element_ty), mask=live & rotated & (h >= HEADS))
+    at = row * value_row + (h - HEADS - KV_HEADS) * value_head + column * value_position
+    tl.store(values + at + i, y.to(values.dtype.element_ty), mask=live & ~rotated)
 
 
 @triton.jit

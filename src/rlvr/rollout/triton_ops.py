@@ -61,7 +61,7 @@ def rotate_and_store(
     b, kv_heads, d = keys.shape[0], keys.shape[1], keys.shape[-1]
     queries = qkv.new_empty(b, heads, d)
     k = kernels()
-    k.rotate_and_store_kernel[(b, heads + 2 * kv_heads)](
+    k.rotate_and_store_kernel[(b,)](
         qkv,
         cos,
         signed_sin,
@@ -78,6 +78,7 @@ def rotate_and_store(
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=d,
+        BLOCK_H=1 << (heads + 2 * kv_heads - 1).bit_length(),
         BLOCK=1 << (d - 1).bit_length(),
     )
     return queries
