@@ -3,11 +3,12 @@
 # TOTAL seconds (default 540), for a machine lent by the minute:
 #   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW,
 #      FlashAttention-2's varlen kernel against the reference);
-#   2. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
+#   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
+#   3. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33 and 40-42;
+#   4. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
-#   3. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41;
-#   4. gpu.py: decode against the roofline (64 and 512 rows) and training MFU, both shapes;
-#   5. gpu_ab.py --parts decode: the decode step with and without levers 29-30, 43 and 44.
+#   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
+#   6. gpu_ab.py --parts decode: the decode step with and without levers 29-30, 43 and 44.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
 # again after each stage (a device that returns few files, or stops the call, returns it);
@@ -61,13 +62,13 @@ if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
   export RLVR_FLASH_VARLEN=0  # the later stages measure the Triton attention instead
   echo "== FlashAttention-2 varlen failed its GPU test: RLVR_FLASH_VARLEN=0 from here on"
 fi
-stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
-stage train_ab 120 gpu_ab.json \
-  "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
-stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
-  --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
 stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
   --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
+stage train_ab 120 gpu_ab.json \
+  "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
+stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
+stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
+  --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
 stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b \
   --batches 64 512 --ways "packed step" "packed step, residual copied" \
   "packed step, rotation per head" "packed step, no Triton kernels"
