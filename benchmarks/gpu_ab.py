@@ -153,8 +153,8 @@ def residual_linear_copied(h, x, module):
 
 def rotate_per_head(*args, **kwargs):
     """`triton_ops.rotate_and_store` before lever 44: a program per row and head
-    (`rotate_per_head.py`, which imports Triton)."""
-    sys.path.insert(0, str(HERE))
+    (`rotate_per_head.py`, imported at the first call since it imports Triton; the script's
+    folder is on the path, as for `lm_head_ab`)."""
     import rotate_per_head as before
 
     return before.rotate_and_store(*args, **kwargs)

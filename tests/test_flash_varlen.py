@@ -109,14 +109,19 @@ def test_gpu_attention_runs_the_varlen_kernel_where_it_may_and_the_triton_one_ot
     assert calls == ["varlen", "triton", "triton"]
 
 
-def test_the_varlen_kernel_is_not_used_on_a_cpu_in_fp32_or_when_turned_off(monkeypatch):
-    x = torch.zeros(3, 2, 64, dtype=torch.bfloat16)
-    assert not flash_varlen.usable(x)  # a CPU tensor
-    if torch.cuda.is_available() and flash_varlen.usable(x.cuda()):
-        assert not flash_varlen.usable(x.cuda().float())
-        assert not flash_varlen.usable(torch.zeros(3, 2, 60, dtype=torch.bfloat16, device="cuda"))
-        monkeypatch.setenv("RLVR_FLASH_VARLEN", "0")
-        assert not flash_varlen.usable(x.cuda())
+def test_the_varlen_kernel_takes_bf16_and_fp16_head_sizes_of_8k_and_can_be_turned_off(
+    monkeypatch,
+):
+    assert flash_varlen.supports(torch.bfloat16, 64) and flash_varlen.supports(torch.float16, 256)
+    assert not flash_varlen.supports(torch.float32, 64)  # fp32: the Triton kernels
+    assert not flash_varlen.supports(torch.bfloat16, 60)
+    assert not flash_varlen.supports(torch.bfloat16, 264)
+    assert not flash_varlen.usable(torch.zeros(3, 2, 64, dtype=torch.bfloat16))  # on a CPU
+    monkeypatch.setenv("RLVR_FLASH_VARLEN", "0")
+    assert not flash_varlen.supports(torch.bfloat16, 64)
+    monkeypatch.delenv("RLVR_FLASH_VARLEN")
+    monkeypatch.setattr(flash_varlen, "ENABLED", False)
+    assert not flash_varlen.supports(torch.bfloat16, 64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -94,19 +94,22 @@ def _available(index: int | None) -> bool:
     )
 
 
-def usable(q: torch.Tensor) -> bool:
-    """Whether the kernel runs for queries like q [n, heads, dim]: on an NVIDIA GPU of compute
-    capability 8.0 or later with PyTorch's FlashAttention build, in bf16 or fp16, with a head
-    size that is a multiple of 8 up to 256; not when `ENABLED` is off or `RLVR_FLASH_VARLEN=0`."""
+def supports(dtype: torch.dtype, dim: int) -> bool:
+    """Whether the kernel takes queries of `dtype` and head size `dim` (bf16 or fp16, a
+    multiple of 8 up to 256) and is switched on (`ENABLED`, and not `RLVR_FLASH_VARLEN=0`)."""
     return (
         ENABLED
         and os.environ.get(DISABLE_ENV) != "0"
-        and q.is_cuda
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and q.shape[-1] % 8 == 0
-        and q.shape[-1] <= 256
-        and _available(q.device.index)
+        and dtype in (torch.bfloat16, torch.float16)
+        and dim % 8 == 0
+        and dim <= 256
     )
+
+
+def usable(q: torch.Tensor) -> bool:
+    """Whether the kernel runs for queries like q [n, heads, dim]: `supports` them, on an NVIDIA
+    GPU of compute capability 8.0 or later with PyTorch's FlashAttention build."""
+    return supports(q.dtype, q.shape[-1]) and q.is_cuda and _available(q.device.index)
 
 
 class _Flash(torch.autograd.Function):
