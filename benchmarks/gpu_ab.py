@@ -6,10 +6,11 @@
   sampling, overlapped steps and Triton kernels, with the sampling in PyTorch (before lever
   30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
   reads each step's tokens before launching the next, as before lever 28), with the
-  residual additions copied before their matmuls (before lever 43), with the rotary
-  embedding and K/V write as a program per row and head (before lever 44), with the
-  attention as two matmuls, with the sampling before lever 26, and the step of
-  `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
+  residual additions copied before their matmuls (before lever 43), with the RMSNorms as
+  kernels of their own (before lever 45), with those and the rotary embedding and K/V write
+  as a program per row and head (before levers 44 and 45), with the attention as two
+  matmuls, with the sampling before lever 26, and the step of `FusedForward.hidden` (before
+  lever 25), alternating twice, at 64, 128 and 512 rows
   (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
   picks some of them.
   The 11-26 results (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25
@@ -142,6 +143,8 @@ class StepWay:
     residual: Callable = graph_step.residual_linear
     rotate: Callable | None = None
     """The rotary embedding and K/V write (None: `triton_ops.rotate_and_store`)."""
+    fold_norms: bool = True
+    """Whether the packed weights hold the RMSNorm gains (lever 45; `graph_step.FOLD_NORMS`)."""
 
 
 def residual_linear_copied(h, x, module):
@@ -151,13 +154,15 @@ def residual_linear_copied(h, x, module):
     return out if module.bias is None else out + module.bias
 
 
-def rotate_per_head(*args, **kwargs):
+def rotate_per_head(qkv, cos, signed_sin, keys, values, where, heads, norm=None):
     """`triton_ops.rotate_and_store` before lever 44: a program per row and head
     (`rotate_per_head.py`, imported at the first call since it imports Triton; the script's
-    folder is on the path, as for `lm_head_ab`)."""
+    folder is on the path, as for `lm_head_ab`). It predates lever 45 too: no `norm`."""
     import rotate_per_head as before
 
-    return before.rotate_and_store(*args, **kwargs)
+    if norm is not None:
+        raise ValueError("the rotation per head runs with the norms apart (fold_norms=False)")
+    return before.rotate_and_store(qkv, cos, signed_sin, keys, values, where, heads)
 
 
 def sample_tokens_in_pytorch(logits, params, uniform, ban=None):
@@ -176,7 +181,10 @@ STEP_WAYS = {
     "packed step, no Triton kernels": StepWay(kernels=False),
     "packed step, sequential steps": StepWay(overlap=False),
     "packed step, residual copied": StepWay(residual=residual_linear_copied),
-    "packed step, rotation per head": StepWay(rotate=rotate_per_head),
+    "packed step, norms apart": StepWay(fold_norms=False),
+    "packed step, norms apart, rotation per head": StepWay(
+        rotate=rotate_per_head, fold_norms=False
+    ),
     "packed step, matmul attention": StepWay(attention=matmul_attention),
     "packed step, sampling before lever 26": StepWay(sampling=sample_tokens_before),
     "layer-ops step": StepWay(runner=layer_ops_runner),
@@ -191,6 +199,7 @@ def use_way(way: StepWay) -> bool:
     GraphDecoder._runner, graph_step.decode_attention = way.runner, way.attention
     graph_step.residual_linear = way.residual
     triton_ops.rotate_and_store = way.rotate or ROTATE_AND_STORE
+    graph_step.FOLD_NORMS = way.fold_norms
     graphs.sample_tokens = way.sampling
     triton_ops.usable = TRITON_USABLE if way.kernels else lambda x: False
     return way.overlap

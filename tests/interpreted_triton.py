@@ -51,9 +51,26 @@ def close_gradient(actual: torch.Tensor, expected: torch.Tensor) -> None:
         assert error < 3e-2, f"{error:.4f} of the gradient's norm off"
 
 
-def check_rotate_and_store(heads: int, kv_heads: int, dim: int, device: str, dtype) -> None:
+def row_norm(rows: int, width: int, hidden: int, device: str, dtype, bias: bool):
+    """A `triton_ops.RowNorm` over random hidden states of a width that is not a power of
+    two (the masked lanes), and the row scales and bias it stands for, in fp32."""
+    g = torch.Generator().manual_seed(5)
+    h = (torch.randn(rows, hidden, generator=g) * torch.rand(rows, 1, generator=g) * 3).to(
+        device, dtype
+    )
+    b = torch.randn(width, generator=g).to(device, dtype) if bias else None
+    norm = triton_ops.RowNorm(h, 1e-5, b)
+    scale = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    return norm, scale, (torch.zeros(width) if b is None else b.float())
+
+
+def check_rotate_and_store(
+    heads: int, kv_heads: int, dim: int, device: str, dtype, normed: str = "no norm"
+) -> None:
     """Queries out, keys and values at the column `where` of the first b rows, nothing else
-    written (a head size that is not a power of two: the kernel's masked lanes)."""
+    written (a head size that is not a power of two: the kernel's masked lanes). `normed`:
+    "no norm", or "norm" / "norm and bias" for a `RowNorm`: each row of qkv scaled by its
+    rsqrt(mean(h²) + ε) and the bias added before the rotation."""
     g = torch.Generator().manual_seed(0)
     b, rows, capacity, column = 5, 8, 10, 7
     qkv = torch.randn(b, (heads + 2 * kv_heads) * dim, generator=g).to(device, dtype)
@@ -61,25 +78,36 @@ def check_rotate_and_store(heads: int, kv_heads: int, dim: int, device: str, dty
     kv = torch.zeros(2, rows, kv_heads, capacity, dim, device=device, dtype=dtype)
     keys, values = kv[0, :b], kv[1, :b]
     where = torch.tensor([column], device=device)
+    norm, exact = None, qkv.float()
+    if normed != "no norm":
+        norm, scale, bias = row_norm(b, qkv.shape[1], 100, device, dtype, normed != "norm")
+        exact = exact * scale + bias.to(device)
     q = triton_ops.rotate_and_store(
-        qkv, *graph_step.rotary_pair(cos, sin), keys, values, where, heads
+        qkv, *graph_step.rotary_pair(cos, sin), keys, values, where, heads, norm
     )
-    split = qkv.float().view(b, heads + 2 * kv_heads, dim)
+    split = exact.view(b, heads + 2 * kv_heads, dim)
     cos, sin = cos.float(), sin.float()
     close(q, fused.rotate(split[:, :heads], cos, sin))
     close(kv[0, :b, :, column], fused.rotate(split[:, heads : heads + kv_heads], cos, sin))
-    assert torch.equal(kv[1, :b, :, column].float(), split[:, heads + kv_heads :])
+    if norm is None:
+        assert torch.equal(kv[1, :b, :, column].float(), split[:, heads + kv_heads :])
+    else:
+        close(kv[1, :b, :, column], split[:, heads + kv_heads :])
     written = torch.zeros_like(kv, dtype=torch.bool)
     written[:, :b, :, column] = True
     assert not kv[~written].any()
 
 
-def check_silu_mul(device: str, dtype) -> None:
-    """silu(gate)·up over 1,500 columns (two blocks, the second partial)."""
+def check_silu_mul(device: str, dtype, normed: str = "no norm") -> None:
+    """silu(gate)·up over 1,500 columns (two blocks, the second partial); `normed` as for
+    `check_rotate_and_store`, gate and up each scaled (and biased) before the SiLU."""
     gate_up = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(1))
     gate_up = gate_up.to(device, dtype)
-    exact = gate_up.float()
-    close(triton_ops.silu_mul(gate_up), F.silu(exact[:, :1500]) * exact[:, 1500:])
+    norm, exact = None, gate_up.float()
+    if normed != "no norm":
+        norm, scale, bias = row_norm(3, 2 * 1500, 100, device, dtype, normed != "norm")
+        exact = exact * scale + bias.to(device)
+    close(triton_ops.silu_mul(gate_up, norm), F.silu(exact[:, :1500]) * exact[:, 1500:])
 
 
 def check_sample(temperature: float, block: int, banned: bool, device: str, dtype) -> None:
@@ -369,13 +397,18 @@ def test_a_grpo_update_with_the_kernels_gives_the_pytorch_gradients(monkeypatch)
     check_grpo_update(monkeypatch, "cpu", 1e-5)
 
 
+NORMS = ["no norm", "norm", "norm and bias"]
+
+
+@pytest.mark.parametrize("normed", NORMS)
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 4, 16), (6, 2, 24)])
-def test_rotate_and_store_writes_what_the_rotary_embedding_gives(heads, kv_heads, dim):
-    check_rotate_and_store(heads, kv_heads, dim, "cpu", torch.float32)
+def test_rotate_and_store_writes_what_the_rotary_embedding_gives(heads, kv_heads, dim, normed):
+    check_rotate_and_store(heads, kv_heads, dim, "cpu", torch.float32, normed)
 
 
-def test_silu_mul_is_silu_of_gate_times_up():
-    check_silu_mul("cpu", torch.float32)
+@pytest.mark.parametrize("normed", NORMS)
+def test_silu_mul_is_silu_of_gate_times_up(normed):
+    check_silu_mul("cpu", torch.float32, normed)
 
 
 @pytest.mark.parametrize(("temperature", "block"), [(1.0, 512), (0.7, 1024), (1.0, 4096)])
@@ -384,12 +417,18 @@ def test_sample_draws_what_the_pytorch_sampler_draws(temperature, block, banned)
     check_sample(temperature, block, banned, "cpu", torch.float32)
 
 
-def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatch):
+@pytest.mark.parametrize("weights", ["packed, norms folded", "packed", "separate"])
+def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatch, weights):
     """The static-buffer engine, whose step runs the three kernels, against the eager
-    fused decoder with PyTorch's operations (a Qwen2 shape: GQA, q/k/v biases): the same
-    tokens, rows finishing at many steps, several spans."""
+    fused decoder with PyTorch's operations (a Qwen2 shape: GQA, q/k/v biases; RMSNorm gains
+    away from 1): the same tokens, rows finishing at many steps, several spans. With the
+    projections packed and the norms folded into them (the default where the kernels run),
+    packed alone, and one by one."""
     monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
     monkeypatch.setattr(graphs, "SPAN_STEP", 4)
+    monkeypatch.setattr(graph_step, "FOLD_NORMS", weights == "packed, norms folded")
+    if weights == "separate":
+        monkeypatch.setattr(graph_step, "PACK_MEMORY_SHARE", 0.0)
     usable, calls, names = triton_ops.usable, [], ("rotate_and_store", "silu_mul", "sample")
     for name in names:
         run = getattr(triton_ops, name)
@@ -398,11 +437,16 @@ def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatc
         )
     tok = build_tiny_tokenizer()
     model = MODELS["qwen2_gqa"](tok)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
     prompts = [[20, 30, 40], [50, 60], [21, 31, 41, 51, 61, 71, 81]]
     params = SamplingParams(n=6, temperature=0.9, max_new_tokens=30)
     ends = [tok.eos_token_id, 20, 21, 22, 23]
-    runs = []
-    for state, kernels in ((None, False), (GraphState(capture=False), True)):
+    runs, graph_state = [], GraphState(capture=False)
+    for state, kernels in ((None, False), (graph_state, True)):
         monkeypatch.setattr(triton_ops, "usable", usable if kernels else lambda x: False)
         engine = HFRolloutEngine(
             model, ends, tok.pad_token_id, generator=torch.Generator().manual_seed(3)
@@ -415,3 +459,8 @@ def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatc
         assert a == pytest.approx(b, abs=1e-5)
     assert len({len(c) for c in eager.completion_ids}) > 3
     assert set(calls) == set(names)  # each kernel ran (two per layer and one per step)
+    used = graph_state.buffers.weights
+    assert isinstance(
+        used, graph_step.SeparateWeights if weights == "separate" else graph_step.PackedWeights
+    )
+    assert used.folded == (weights == "packed, norms folded")

@@ -183,6 +183,61 @@ def test_packed_weights_follow_the_optimizers_in_place_updates(tok, monkeypatch)
         assert a == pytest.approx(b, abs=1e-5)
 
 
+def test_packed_weights_with_the_norms_folded_in_give_the_normed_projections(tok):
+    """Folded packed weights (lever 45): the raw hidden state's matmul, scaled per row by
+    rsqrt(mean(h²) + ε) and plus the bias (what the kernels' `RowNorm` does), equals the
+    projections of RMSNorm(h) with gains away from 1, for q/k/v and gate/up; `refresh` folds
+    the model's current weights again, not the folded copies a second time."""
+    model = MODELS["qwen2_gqa"](tok)
+    forward = fused.FusedForward(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    weights = graph_step.PackedWeights(forward, fold_norms=True)
+    h = torch.randn(5, model.config.hidden_size, generator=g) * 3
+
+    def check() -> None:
+        for i, layer in enumerate(forward.layers):
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            for group, (modules, norm) in enumerate(zip(forward_groups[i], norms, strict=True)):
+                x = torch.nn.functional.rms_norm(h, (h.shape[-1],), norm.weight, forward.eps)
+                expected = torch.cat([fused.linear(x, m) for m in modules], dim=-1)
+                rest = weights.norm(i, group, h, forward.eps)
+                scale = torch.rsqrt(rest.hidden.pow(2).mean(-1, keepdim=True) + rest.eps)
+                bias = 0 if rest.bias is None else rest.bias
+                got = weights.project(i, group, h) * scale + bias
+                torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+    forward_groups = graph_step.projection_groups(forward)
+    with torch.no_grad():
+        check()
+        weights.refresh()
+        weights.refresh()
+        check()
+        for name, p in model.named_parameters():
+            if "proj" in name or "norm" in name:
+                p.mul_(1 + 0.3 * torch.rand(p.shape, generator=g))
+        weights.refresh()
+        check()
+    assert weights.folded and not graph_step.PackedWeights(forward).folded
+
+
+def test_folded_weights_without_the_kernels_are_refused(tok):
+    """Weights that hold the RMSNorm gains need the kernels that finish the norm: a decode
+    step without them raises instead of sampling from unnormalised states."""
+    model = MODELS["llama"](tok)
+    forward = fused.FusedForward(model)
+    weights = graph_step.PackedWeights(forward, fold_norms=True)
+    kv = torch.zeros(len(forward.layers), 2, 1, forward.kv_heads, 8, forward.head_dim)
+    cache = graph_step.SlotKV(kv, 1, 1, torch.zeros(1, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="hold the RMSNorm gains need the Triton kernels"):
+        graph_step.decode_hidden(
+            forward, weights, torch.tensor([5]), torch.tensor([0]), torch.zeros(1, 1, 1, 1), cache
+        )
+
+
 def test_a_model_too_large_to_pack_reads_its_projections_one_by_one(tok, monkeypatch):
     """Packed copies are made only while they take at most PACK_MEMORY_SHARE of the device's
     memory; past it the step reads q/k/v and gate/up separately and samples the same."""
@@ -318,7 +373,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "32 passed" in result.stdout
+    assert "40 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -330,9 +385,10 @@ def test_the_triton_kernels_on_a_gpu(dtype):
     pytest.importorskip("triton")
     import interpreted_triton as checks
 
-    for heads, kv_heads, dim in [(4, 4, 16), (6, 2, 24), (14, 2, 64)]:
-        checks.check_rotate_and_store(heads, kv_heads, dim, "cuda", dtype)
-    checks.check_silu_mul("cuda", dtype)
+    for normed in checks.NORMS:
+        for heads, kv_heads, dim in [(4, 4, 16), (6, 2, 24), (14, 2, 64)]:
+            checks.check_rotate_and_store(heads, kv_heads, dim, "cuda", dtype, normed)
+        checks.check_silu_mul("cuda", dtype, normed)
     for temperature, block in [(1.0, 512), (0.7, 1024), (1.0, 4096)]:
         for banned in (False, True):
             checks.check_sample(temperature, block, banned, "cuda", dtype)
@@ -408,18 +464,21 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         **dict.fromkeys(["own_mask", "prefix_mask"], "*u8"),
         **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv", "logp", "entropy"], "*fp32"),
         **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
-        **dict.fromkeys(["temperature", "scale", "inverse_t"], "fp32"),
+        **dict.fromkeys(["temperature", "scale", "inverse_t", "eps"], "fp32"),
         **dict.fromkeys(["t", "sp", "n_rows", "heads"], "i32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
+    hidden = {"HIDDEN": 896, "BLOCK_W": 1024}  # the 0.5B's
+    norm = {"NORM": True, "BIAS": True, **hidden}
     attention = {  # the 0.5B's 14 query heads of 64 over 2 key/value heads, in bf16
         "GROUP": 7, "DIM": 64, "BLOCK_D": 64, "PRECISION": "tf32"
     }  # fmt: skip
     constants = {  # kernel: (constexprs, warps), as triton_ops and gpu_kernels launch them
         kernels.rotate_and_store_kernel: (
-            {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK_H": 32, "BLOCK": 64},
+            {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "BLOCK_H": 32, "BLOCK": 64, **norm},
             4,
         ),
+        kernels.normed_silu_mul_kernel: ({"BIAS": True, "BLOCK": 1024, **hidden}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
         training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),

@@ -6,14 +6,27 @@ import triton.language as tl
 
 
 @triton.jit
+def inverse_rms(hidden, row, hidden_row, eps, HIDDEN: tl.constexpr, BLOCK_W: tl.constexpr):
+    """rsqrt(mean(h²) + eps) of the row's hidden state h, in fp32: RMSNorm's scale (Zhang and
+    Sennrich 2019, eq. 4) without its gain, which the folded weights hold."""
+    j = tl.arange(0, BLOCK_W)
+    x = tl.load(hidden + row * hidden_row + j, mask=j < HIDDEN, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, 0) / HIDDEN + eps)
+
+
+@triton.jit
 def rotate_and_store_kernel(
     qkv,
     cos,
     sin,
+    hidden,
+    bias,
     queries,
     keys,
     values,
     where,
+    eps,
+    hidden_row,
     qkv_row,
     cos_row,
     sin_row,
@@ -27,12 +40,18 @@ def rotate_and_store_kernel(
     HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    NORM: tl.constexpr,
+    BIAS: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One program per row, over all its q, k and v heads at once ([BLOCK_H, BLOCK] lanes):
     rotate the query and key heads, store the queries, and write the keys and values at the
-    cache's column `where`."""
+    cache's column `where`. With NORM, qkv is the matmul of the raw hidden state with weights
+    that hold the RMSNorm gain, and is first scaled by the row's `inverse_rms`; with BIAS the
+    projections' bias is added after that."""
     row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     h = tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, BLOCK)[None, :]
@@ -43,6 +62,12 @@ def rotate_and_store_kernel(
     half = DIM // 2
     partner = tl.where(i < half, i + half, i - half)  # roll(x, DIM / 2)
     rolled = tl.load(start + partner, mask=live & rotated, other=0.0).to(tl.float32)
+    if NORM:
+        scale = inverse_rms(hidden, row, hidden_row, eps, HIDDEN, BLOCK_W)
+        x, rolled = x * scale, rolled * scale
+    if BIAS:
+        x += tl.load(bias + h * DIM + i, mask=live, other=0.0).to(tl.float32)
+        rolled += tl.load(bias + h * DIM + partner, mask=live & rotated, other=0.0).to(tl.float32)
     c = tl.load(cos + row * cos_row + i, mask=i < DIM, other=0.0).to(tl.float32)
     s = tl.load(sin + row * sin_row + i, mask=i < DIM, other=0.0).to(tl.float32)
     y = tl.where(rotated, x * c + rolled * s, x)
@@ -53,6 +78,38 @@ def rotate_and_store_kernel(
     tl.store(keys + at + i, y.to(keys.dtype.element_ty), mask=live & rotated & (h >= HEADS))
     at = row * value_row + (h - HEADS - KV_HEADS) * value_head + column * value_position
     tl.store(values + at + i, y.to(values.dtype.element_ty), mask=live & ~rotated)
+
+
+@triton.jit
+def normed_silu_mul_kernel(
+    gate_up,
+    hidden,
+    bias,
+    out,
+    width,
+    eps,
+    gate_up_row,
+    hidden_row,
+    BIAS: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, block of BLOCK columns): silu(a)·b (SwiGLU, Shazeer 2020, eq. 6)
+    of the gate and up halves of `gate_up` [rows, 2·width], each first scaled by the row's
+    `inverse_rms` (the matmul's weights hold the RMSNorm gain) and, with BIAS, plus its bias."""
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < width
+    scale = inverse_rms(hidden, row, hidden_row, eps, HIDDEN, BLOCK_W)
+    start = gate_up + row * gate_up_row
+    a = tl.load(start + i, mask=inside, other=0.0).to(tl.float32) * scale
+    b = tl.load(start + width + i, mask=inside, other=0.0).to(tl.float32) * scale
+    if BIAS:
+        a += tl.load(bias + i, mask=inside, other=0.0).to(tl.float32)
+        b += tl.load(bias + width + i, mask=inside, other=0.0).to(tl.float32)
+    y = a / (1.0 + tl.exp(-a)) * b
+    tl.store(out + row * width + i, y.to(out.dtype.element_ty), mask=inside)
 
 
 @triton.jit

@@ -17,7 +17,10 @@ levers 25 and 27). Per layer this step runs:
   group of query heads (`decode_attention`);
 - the residual additions inside the output matmuls, in place (`residual_linear`);
 - where Triton runs (`triton_ops.usable`: a GPU), the rotary embedding with the KV-cache write
-  as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two.
+  as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two;
+- and there, with packed weights, no RMSNorm kernel before the two packed matmuls: the
+  packed copies hold the norms' gains, and those two kernels scale each row by its
+  rsqrt(mean(h²) + ε) (`triton_ops.RowNorm`, lever 45; `FOLD_NORMS`).
 
 It computes what `FusedForward.hidden` computes for one position, up to rounding (tested
 against the eager decoder's samples).
@@ -37,6 +40,10 @@ from rlvr.rollout import triton_ops
 PACK_MEMORY_SHARE = 0.05
 """Most of the device's memory the packed copies may take (`decode_weights`): on an 80 GB GPU
 models up to about 3B parameters; a 7B Llama's would take 9 GB."""
+
+FOLD_NORMS = True
+"""Whether packed weights hold the RMSNorm gains where the Triton kernels run (lever 45;
+`benchmarks/gpu_ab.py` turns it off for its A/B)."""
 
 Groups = tuple[list[nn.Linear], list[nn.Linear]]
 
@@ -61,17 +68,41 @@ def _packed_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
     )
 
 
+def norm_gains(forward: fused.FusedForward) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the gains of the RMSNorms before each group of `projection_groups`."""
+    return [(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            for layer in forward.layers]  # fmt: skip
+
+
 class PackedWeights:
     """Each group of `projection_groups` stacked into one matrix (and one bias): one matmul
     instead of three or two. Copies, which `refresh` rewrites in place: the optimizer updates
-    the model's weights between rollouts, and the graphs read the copies by address."""
+    the model's weights between rollouts, and the graphs read the copies by address.
 
-    def __init__(self, forward: fused.FusedForward) -> None:
+    With `fold_norms` each matrix's columns are also multiplied by the gain g of the RMSNorm
+    before it, so that RMSNorm(h)·Wᵀ = rsqrt(mean(h²) + ε)·(h·(W·diag g)ᵀ): `project` then
+    takes the raw hidden state and leaves out the bias, and `norm` gives what the next kernel
+    must still apply (`triton_ops.RowNorm`)."""
+
+    def __init__(self, forward: fused.FusedForward, fold_norms: bool = False) -> None:
         self.sources = projection_groups(forward)
+        self.gains = norm_gains(forward) if fold_norms else None
         self.weights = [
             [torch.cat([m.weight for m in g]) for g in groups] for groups in self.sources
         ]
         self.biases = [[_packed_bias(g) for g in groups] for groups in self.sources]
+        self._fold()
+
+    @property
+    def folded(self) -> bool:
+        """Whether the matrices hold the RMSNorm gains."""
+        return self.gains is not None
+
+    def _fold(self) -> None:
+        """Multiply each matrix's columns by its RMSNorm's gain, in place (when folding)."""
+        for weights, gains in zip(self.weights, self.gains or (), strict=False):
+            for weight, gain in zip(weights, gains, strict=True):
+                weight.mul_(gain)
 
     def refresh(self) -> None:
         """Copy the model's current weights into the packed tensors, module by module."""
@@ -84,10 +115,22 @@ class PackedWeights:
                     if bias is not None and m.bias is not None:
                         bias[start:end].copy_(m.bias)
                     start = end
+        self._fold()
 
     def project(self, layer: int, group: int, x: torch.Tensor) -> torch.Tensor:
-        """The outputs of `layer`'s projection group `group` (0: q/k/v, 1: gate/up), end to end."""
-        return F.linear(x, self.weights[layer][group], self.biases[layer][group])
+        """The outputs of `layer`'s projection group `group` (0: q/k/v, 1: gate/up), end to
+        end; when folded, of the raw hidden state x and without the bias."""
+        bias = None if self.folded else self.biases[layer][group]
+        return F.linear(x, self.weights[layer][group], bias)
+
+    def norm(
+        self, layer: int, group: int, hidden: torch.Tensor, eps: float
+    ) -> triton_ops.RowNorm | None:
+        """When folded, the rest of the RMSNorm of `hidden` for `project`'s output, with the
+        group's bias; else None (`project` had it all)."""
+        if not self.folded:
+            return None
+        return triton_ops.RowNorm(hidden, eps, self.biases[layer][group])
 
 
 class SeparateWeights:
@@ -100,9 +143,14 @@ class SeparateWeights:
     def refresh(self) -> None:
         """Nothing to copy: the projections are read where they are."""
 
+    folded = False
+
     def project(self, layer: int, group: int, x: torch.Tensor) -> torch.Tensor:
         """`PackedWeights.project` as one matmul per projection."""
         return torch.cat([fused.linear(x, m) for m in self.sources[layer][group]], dim=-1)
+
+    def norm(self, layer: int, group: int, hidden: torch.Tensor, eps: float) -> None:
+        """Nothing left for the next kernel: the projections had all of the RMSNorm."""
 
 
 def device_memory(device: torch.device) -> int:
@@ -113,14 +161,15 @@ def device_memory(device: torch.device) -> int:
 
 
 def decode_weights(
-    forward: fused.FusedForward, device: torch.device
+    forward: fused.FusedForward, device: torch.device, fold_norms: bool = False
 ) -> PackedWeights | SeparateWeights:
     """Packed copies of the projections while they take at most `PACK_MEMORY_SHARE` of the
-    device's memory, else the projections as they are."""
+    device's memory (holding the RMSNorm gains with `fold_norms`), else the projections as
+    they are."""
     groups = [m for layer in projection_groups(forward) for g in layer for m in g]
     size = sum(p.numel() * p.element_size() for m in groups for p in m.parameters())
     if size <= PACK_MEMORY_SHARE * device_memory(device):
-        return PackedWeights(forward)
+        return PackedWeights(forward, fold_norms)
     return SeparateWeights(forward)
 
 
@@ -181,12 +230,13 @@ def stored_attention_inputs(
     cache: SlotKV,
     layer: int,
     heads: int,
+    norm: triton_ops.RowNorm | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`triton_ops.rotate_and_store` of the packed projections `qkv` into `cache`'s `layer`:
-    the rotated queries [b, heads, d] and the first `span` keys and values, this step's
-    written among them."""
+    """`triton_ops.rotate_and_store` of the packed projections `qkv` (the rest of their
+    RMSNorm in `norm`) into `cache`'s `layer`: the rotated queries [b, heads, d] and the first
+    `span` keys and values, this step's written among them."""
     keys, values = cache.buffers(layer)
-    q = triton_ops.rotate_and_store(qkv, cos, signed_sin, keys, values, cache.where, heads)
+    q = triton_ops.rotate_and_store(qkv, cos, signed_sin, keys, values, cache.where, heads, norm)
     return q, keys[:, :, : cache.span], values[:, :, : cache.span]
 
 
@@ -208,11 +258,15 @@ def decode_hidden(
     cos, sin = base.rotary_emb(h, position[:, None])
     cos, signed_sin = rotary_pair(cos, sin)  # [b, 1, d]: broadcast over the heads
     kernels = triton_ops.usable(h)
+    if weights.folded and not kernels:
+        raise RuntimeError("decode weights that hold the RMSNorm gains need the Triton kernels")
     for i, layer in enumerate(forward.layers):
-        x = F.rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, eps)
+        gain = layer.input_layernorm.weight
+        x = h if weights.folded else F.rms_norm(h, (h.shape[-1],), gain, eps)
         qkv = weights.project(i, 0, x)
         if kernels:
-            q, keys, values = stored_attention_inputs(qkv, cos, signed_sin, cache, i, heads)
+            norm = weights.norm(i, 0, h, eps)
+            q, keys, values = stored_attention_inputs(qkv, cos, signed_sin, cache, i, heads, norm)
         else:
             qk = qkv[:, : (heads + kv) * d].view(b, heads + kv, d)
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), signed_sin)
@@ -220,10 +274,11 @@ def decode_hidden(
             q, (keys, values) = qk[:, :heads], cache.update(i, qk[:, heads:, None], v[:, :, None])
         a = decode_attention(q, keys, values, bias, forward.scale)
         h = residual_linear(h, a, layer.self_attn.o_proj)
-        x = F.rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, eps)
+        gain = layer.post_attention_layernorm.weight
+        x = h if weights.folded else F.rms_norm(h, (h.shape[-1],), gain, eps)
         gate_up = weights.project(i, 1, x)
         if kernels:
-            inner = triton_ops.silu_mul(gate_up)
+            inner = triton_ops.silu_mul(gate_up, weights.norm(i, 1, h, eps))
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             inner = F.silu(gate) * up

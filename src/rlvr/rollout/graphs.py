@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from rlvr.models import fused
+from rlvr.rollout import graph_step, triton_ops
 from rlvr.rollout.graph_step import SlotKV, decode_hidden, decode_weights
 from rlvr.rollout.sampling import Draw, sample_tokens
 
@@ -72,7 +73,8 @@ class StaticBuffers:
         self.where = torch.zeros(1, dtype=torch.long, device=like.device)
         self.uniform = torch.zeros(rows, device=like.device)
         self.ban = torch.zeros(forward.model.lm_head.weight.shape[0], device=like.device)
-        self.weights = decode_weights(forward, like.device)
+        fold = graph_step.FOLD_NORMS and triton_ops.usable(like)
+        self.weights = decode_weights(forward, like.device, fold)
 
 
 class GraphState:

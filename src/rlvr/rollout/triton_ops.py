@@ -9,6 +9,11 @@ doing in one or two kernels what took PyTorch several:
 - `silu_mul`: silu(gate)·up of the SwiGLU MLP (Shazeer 2020, eq. 6) from the packed gate/up
   projection, by the update's kernel (`gpu_kernels.swiglu`); in PyTorch a SiLU and a
   multiply;
+- with a `RowNorm` (lever 45), `rotate_and_store` and `silu_mul` also finish the RMSNorm
+  before their matmul: the matmul ran on the raw hidden state h with weights that hold the
+  norm's gain g, since RMSNorm(h)·Wᵀ = rsqrt(mean(h²) + ε)·(h·(W·diag g)ᵀ), so the kernel
+  scales each row by rsqrt(mean(h²) + ε), read from h, and adds the bias; the step's
+  separate RMSNorm kernels go (`graph_step.PackedWeights`);
 - `sample`: the next token by inverse-CDF sampling and its log-prob, without top-k or top-p
   (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab].
 
@@ -26,6 +31,7 @@ The kernels themselves are in `_triton_kernels`, imported at first use.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
@@ -36,6 +42,21 @@ from rlvr.models import gpu_kernels
 usable = gpu_kernels.usable
 """Whether the kernels run for tensors like a given one (`gpu_kernels.usable`, which the
 update's kernels share)."""
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """The rest of an RMSNorm whose gain the matmul's weights hold: each output row times
+    rsqrt(mean(h²) + `eps`) of its `hidden` state h [b, hidden], then plus `bias` (or None)."""
+
+    hidden: torch.Tensor
+    eps: float
+    bias: torch.Tensor | None
+
+    def arguments(self) -> dict:
+        """The kernels' arguments for the norm (`inverse_rms`), by name."""
+        width = self.hidden.shape[-1]
+        return dict(HIDDEN=width, BLOCK_W=1 << (width - 1).bit_length())
 
 
 @cache
@@ -52,23 +73,31 @@ def rotate_and_store(
     values: torch.Tensor,
     where: torch.Tensor,
     heads: int,
+    norm: RowNorm | None = None,
 ) -> torch.Tensor:
     """The rotated queries [b, heads, d] of `qkv` [b, (heads + 2·kv_heads)·d] (q, k, v heads
     end to end), with the rotated keys and the values written into `keys` and `values`
     [b, kv_heads, positions, d] at position `where` (a one-element device tensor). `cos` and
     `signed_sin` [b, 1, d] are `graph_step.rotary_pair`'s, so that the rotation is
-    x·cos + roll(x, d/2)·signed_sin."""
+    x·cos + roll(x, d/2)·signed_sin. With `norm`, qkv is first scaled and biased by it."""
     b, kv_heads, d = keys.shape[0], keys.shape[1], keys.shape[-1]
     queries = qkv.new_empty(b, heads, d)
+    hidden = qkv if norm is None else norm.hidden  # not read without a norm
+    bias = qkv if norm is None or norm.bias is None else norm.bias
+    sizes = dict(HIDDEN=1, BLOCK_W=1) if norm is None else norm.arguments()
     k = kernels()
     k.rotate_and_store_kernel[(b,)](
         qkv,
         cos,
         signed_sin,
+        hidden,
+        bias,
         queries,
         keys,
         values,
         where,
+        0.0 if norm is None else float(norm.eps),
+        hidden.stride(0),
         qkv.stride(0),
         cos.stride(0),
         signed_sin.stride(0),
@@ -78,16 +107,38 @@ def rotate_and_store(
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=d,
+        NORM=norm is not None,
+        BIAS=bias is not qkv,
+        **sizes,
         BLOCK_H=1 << (heads + 2 * kv_heads - 1).bit_length(),
         BLOCK=1 << (d - 1).bit_length(),
     )
     return queries
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor:
     """silu(gate)·up [b, width] from `gate_up` [b, 2·width] (gate, then up), both halves read
-    in place by the update's SwiGLU kernel (`gpu_kernels.swiglu`)."""
-    return gpu_kernels.swiglu(*gate_up.chunk(2, dim=-1))
+    in place by the update's SwiGLU kernel (`gpu_kernels.swiglu`); with `norm`, each half
+    first scaled and biased by it, by a kernel of its own."""
+    if norm is None:
+        return gpu_kernels.swiglu(*gate_up.chunk(2, dim=-1))
+    b, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(b, width)
+    bias = gate_up if norm.bias is None else norm.bias  # not read without a bias
+    kernels().normed_silu_mul_kernel[(b, -(-width // gpu_kernels.ELEMENTS_BLOCK))](
+        gate_up,
+        norm.hidden,
+        bias,
+        out,
+        width,
+        float(norm.eps),
+        gate_up.stride(0),
+        norm.hidden.stride(0),
+        BIAS=norm.bias is not None,
+        BLOCK=gpu_kernels.ELEMENTS_BLOCK,
+        **norm.arguments(),
+    )
+    return out
 
 
 def sample(
