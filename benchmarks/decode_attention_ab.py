@@ -4,9 +4,10 @@
 
 Ways: PyTorch's scaled-dot-product attention with the query heads of each K/V head folded into
 its query axis, with the backend PyTorch picks and with each backend forced; the same with
-`enable_gqa` (query heads as heads); and two batched matmuls with a softmax (`fused.attention`,
-as before lever 25). Each way is timed as the replay of a CUDA graph of 20 calls; a way a
-backend refuses is recorded with its error.
+`enable_gqa` (query heads as heads); two batched matmuls with a softmax (`fused.attention`,
+as before lever 25); and our split-KV kernel (`triton_ops.decode_attention`, lever 46) with
+the splits it picks and with 1, 4 and 8. Each way is timed as the replay of a CUDA graph of
+20 calls; a way a backend refuses is recorded with its error.
 
     python benchmarks/decode_attention_ab.py     # the 0.5b (GQA 14/2) and 100m (12/12) shapes
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.models import fused
+from rlvr.rollout import triton_ops
 from rlvr.rollout.graphs import capture
 
 RESULTS = Path(__file__).parent / "results" / "decode_attention_ab.json"
@@ -56,6 +58,18 @@ def gqa(q, k, v, bias, scale, backend):
 
 def matmuls(q, k, v, bias, scale, backend):
     return fused.attention(q[:, :, None], k, v, bias, scale)
+
+
+def ours(q, k, v, bias, scale, splits):
+    return triton_ops.decode_attention(q, k, v, bias, scale, splits)
+
+
+OPTIONS = {  # way: {option name: the backend or the splits it passes}
+    "folded": BACKENDS,
+    "gqa": BACKENDS,
+    "matmuls": {"-": None},
+    "ours": {"picked": None, "1 split": 1, "4 splits": 4, "8 splits": 8},
+}
 
 
 def graph_ms(fn, calls: int = 20, repeats: int = 5) -> float:
@@ -91,8 +105,9 @@ def main() -> None:
             bias = fused.additive_bias(mask[:, None, :], torch.bfloat16)
             want = matmuls(q, k, v, bias, 0.125, None).float().reshape(rows, -1)
             kv_bytes = 2 * k.numel() * k.element_size()
-            for way, fn in (("folded", folded), ("gqa", gqa), ("matmuls", matmuls)):
-                for name, backend in BACKENDS.items() if way != "matmuls" else [("-", None)]:
+            ways = (("folded", folded), ("gqa", gqa), ("matmuls", matmuls), ("ours", ours))
+            for way, fn in ways:
+                for name, backend in OPTIONS[way].items():
                     entry = {"shape": shape, "rows": rows, "span": span, "way": way}
                     entry["backend"] = name
                     try:

@@ -3,14 +3,15 @@
 - **decode**: the same rollouts (`gpu.decode_case`: 128-token prompts, 512 forced new tokens)
   with the ways of `STEP_WAYS`: the CUDA-graph decode step of `graph_step.decode_hidden`
   (packed q/k/v and gate/up matmuls, one fused attention kernel: lever 25) with the default
-  sampling, overlapped steps and Triton kernels, with the sampling in PyTorch (before lever
-  30), with no Triton kernels (before levers 29 and 30), with sequential steps (the host
-  reads each step's tokens before launching the next, as before lever 28), with the
-  residual additions copied before their matmuls (before lever 43), with the RMSNorms as
-  kernels of their own (before lever 45), with those and the rotary embedding and K/V write
-  as a program per row and head (before levers 44 and 45), with the attention as two
-  matmuls, with the sampling before lever 26, and the step of `FusedForward.hidden` (before
-  lever 25), alternating twice, at 64, 128 and 512 rows
+  sampling, overlapped steps and Triton kernels, with the attention by our split-KV kernel
+  (`triton_ops.decode_attention`, lever 46) instead of PyTorch's SDPA, with the sampling in
+  PyTorch (before lever 30), with no Triton kernels (before levers 29 and 30), with
+  sequential steps (the host reads each step's tokens before launching the next, as before
+  lever 28), with the residual additions copied before their matmuls (before lever 43), with
+  the RMSNorms as kernels of their own (before lever 45), with those and the rotary
+  embedding and K/V write as a program per row and head (before levers 44 and 45), with the
+  attention as two matmuls, with the sampling before lever 26, and the step of
+  `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
   (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
   picks some of them.
   The 11-26 results (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25
@@ -181,6 +182,7 @@ STEP_WAYS = {
     "packed step, no Triton kernels": StepWay(kernels=False),
     "packed step, sequential steps": StepWay(overlap=False),
     "packed step, residual copied": StepWay(residual=residual_linear_copied),
+    "packed step, our attention": StepWay(attention=triton_ops.decode_attention),
     "packed step, norms apart": StepWay(fold_norms=False),
     "packed step, norms apart, rotation per head": StepWay(
         rotate=rotate_per_head, fold_norms=False

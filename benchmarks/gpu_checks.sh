@@ -8,7 +8,9 @@
 #   4. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
 #   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
-#   6. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45.
+#   6. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours;
+#   7. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45, and
+#      with our split-KV attention kernel instead of SDPA (lever 46).
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
 # again after each stage (a device that returns few files, or stops the call, returns it);
@@ -69,8 +71,9 @@ stage train_ab 120 gpu_ab.json \
 stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
 stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
   --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
+stage attention_ab 60 decode_attention_ab.json "$PYTHON" benchmarks/decode_attention_ab.py
 stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b \
-  --batches 64 512 --ways "packed step" "packed step, norms apart" \
+  --batches 64 512 --ways "packed step" "packed step, our attention" "packed step, norms apart" \
   "packed step, norms apart, rotation per head" "packed step, residual copied" \
   "packed step, no Triton kernels"
 echo "== done after $(($(date +%s) - START)) s: $OUT/gpu_checks.tar.gz"

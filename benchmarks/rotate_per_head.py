@@ -1,5 +1,6 @@
 """`triton_ops.rotate_and_store` as it was before lever 44 (one program per row and head),
-for `gpu_ab.py`'s decode way "packed step, norms apart, rotation per head". Imported only by that way."""
+for `gpu_ab.py`'s decode way "packed step, norms apart, rotation per head". Imported only by
+that way."""
 
 import torch
 import triton

@@ -110,6 +110,30 @@ def check_silu_mul(device: str, dtype, normed: str = "no norm") -> None:
     close(triton_ops.silu_mul(gate_up, norm), F.silu(exact[:, :1500]) * exact[:, 1500:])
 
 
+def check_decode_attention(
+    heads: int, kv_heads: int, dim: int, span: int, splits: int | None, device: str, dtype
+) -> None:
+    """`triton_ops.decode_attention` against `graph_step.decode_attention` (PyTorch's SDPA):
+    keys and values read as the first `span` positions of a larger cache (its strides), a
+    span that is no multiple of the key block, rows with hidden keys (one whose whole first
+    split is hidden, one that sees its last key only), one split or several."""
+    g = torch.Generator().manual_seed(6)
+    b, capacity = 4, span + 40
+    q = torch.randn(b, heads, dim, generator=g).to(device, dtype)
+    kv = torch.randn(2, b, kv_heads, capacity, dim, generator=g).to(device, dtype)
+    keys, values = kv[0, :, :, :span], kv[1, :, :, :span]
+    visible = torch.rand(b, span, generator=g) < 0.7
+    visible[1, :70] = False
+    visible[2, :] = False
+    visible[:, span - 1] = True
+    bias = fused.additive_bias(visible[:, None, :].to(device), dtype)
+    got = triton_ops.decode_attention(q, keys, values, bias, 0.3, splits)
+    expected = graph_step.decode_attention(
+        q.float(), keys.float(), values.float(), bias.float(), 0.3
+    )
+    close(got, expected)
+
+
 def check_sample(temperature: float, block: int, banned: bool, device: str, dtype) -> None:
     """Rows of 2,500 logits in chunks of 512 or 1,024 (the last one partial) or in one chunk
     of 4,096 (the default): the same tokens as `sample_tokens`' PyTorch path and the same
@@ -411,30 +435,49 @@ def test_silu_mul_is_silu_of_gate_times_up(normed):
     check_silu_mul("cpu", torch.float32, normed)
 
 
+DECODE_ATTENTION_CASES = [  # heads, kv_heads, dim, span, splits (None: `decode_splits`)
+    (4, 4, 16, 64, 1),
+    (6, 2, 24, 150, 3),
+    (14, 2, 64, 130, None),
+    (14, 2, 64, 300, 1),
+]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "span", "splits"), DECODE_ATTENTION_CASES)
+def test_the_decode_attention_kernel_gives_pytorchs_attention(heads, kv_heads, dim, span, splits):
+    check_decode_attention(heads, kv_heads, dim, span, splits, "cpu", torch.float32)
+
+
 @pytest.mark.parametrize(("temperature", "block"), [(1.0, 512), (0.7, 1024), (1.0, 4096)])
 @pytest.mark.parametrize("banned", [False, True])
 def test_sample_draws_what_the_pytorch_sampler_draws(temperature, block, banned):
     check_sample(temperature, block, banned, "cpu", torch.float32)
 
 
-@pytest.mark.parametrize("weights", ["packed, norms folded", "packed", "separate"])
+@pytest.mark.parametrize(
+    "weights", ["packed, norms folded", "packed", "separate", "packed, norms folded, our attention"]
+)
 def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatch, weights):
     """The static-buffer engine, whose step runs the three kernels, against the eager
     fused decoder with PyTorch's operations (a Qwen2 shape: GQA, q/k/v biases; RMSNorm gains
     away from 1): the same tokens, rows finishing at many steps, several spans. With the
     projections packed and the norms folded into them (the default where the kernels run),
-    packed alone, and one by one."""
+    packed alone, one by one, and with `triton_ops.decode_attention` for the attention."""
     monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
     monkeypatch.setattr(graphs, "SPAN_STEP", 4)
-    monkeypatch.setattr(graph_step, "FOLD_NORMS", weights == "packed, norms folded")
+    monkeypatch.setattr(graph_step, "FOLD_NORMS", weights.startswith("packed, norms folded"))
+    ours = weights.endswith("our attention")
+    names = ("rotate_and_store", "silu_mul", "sample") + (("decode_attention",) if ours else ())
     if weights == "separate":
         monkeypatch.setattr(graph_step, "PACK_MEMORY_SHARE", 0.0)
-    usable, calls, names = triton_ops.usable, [], ("rotate_and_store", "silu_mul", "sample")
+    usable, calls = triton_ops.usable, []
     for name in names:
         run = getattr(triton_ops, name)
         monkeypatch.setattr(
             triton_ops, name, lambda *a, run=run, name=name: calls.append(name) or run(*a)
         )
+    if ours:
+        monkeypatch.setattr(graph_step, "decode_attention", triton_ops.decode_attention)
     tok = build_tiny_tokenizer()
     model = MODELS["qwen2_gqa"](tok)
     g = torch.Generator().manual_seed(4)
@@ -463,4 +506,4 @@ def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatc
     assert isinstance(
         used, graph_step.SeparateWeights if weights == "separate" else graph_step.PackedWeights
     )
-    assert used.folded == (weights == "packed, norms folded")
+    assert used.folded == weights.startswith("packed, norms folded")

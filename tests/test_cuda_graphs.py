@@ -14,7 +14,7 @@ import torch
 
 from rlvr.models import fused, gpu_kernels
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.rollout import graph_step, graphs, hf
+from rlvr.rollout import graph_step, graphs, hf, triton_ops
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
 from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
@@ -373,7 +373,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "40 passed" in result.stdout
+    assert "45 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -389,6 +389,8 @@ def test_the_triton_kernels_on_a_gpu(dtype):
         for heads, kv_heads, dim in [(4, 4, 16), (6, 2, 24), (14, 2, 64)]:
             checks.check_rotate_and_store(heads, kv_heads, dim, "cuda", dtype, normed)
         checks.check_silu_mul("cuda", dtype, normed)
+    for case in checks.DECODE_ATTENTION_CASES:
+        checks.check_decode_attention(*case, "cuda", dtype)
     for temperature, block in [(1.0, 512), (0.7, 1024), (1.0, 4096)]:
         for banned in (False, True):
             checks.check_sample(temperature, block, banned, "cuda", dtype)
@@ -465,7 +467,8 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         **dict.fromkeys(["lse", "delta", "part_dpk", "part_dpv", "logp", "entropy"], "*fp32"),
         **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
         **dict.fromkeys(["temperature", "scale", "inverse_t", "eps"], "fp32"),
-        **dict.fromkeys(["t", "sp", "n_rows", "heads"], "i32"),
+        **dict.fromkeys(["t", "sp", "n_rows", "heads", "span", "per_split", "splits"], "i32"),
+        **dict.fromkeys(["partial"], "*fp32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
     hidden = {"HIDDEN": 896, "BLOCK_W": 1024}  # the 0.5B's
@@ -479,12 +482,17 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
             4,
         ),
         kernels.normed_silu_mul_kernel: ({"BIAS": True, "BLOCK": 1024, **hidden}, 4),
+        kernels.decode_attention_merge_kernel: ({"DIM": 64, "BLOCK_S": 8, "BLOCK_D": 64}, 4),
         kernels.sample_chunk_kernel: (sampling, 8),
         kernels.sample_pick_kernel: ({**sampling, "CHUNKS": 64}, 8),
         training.token_stats_kernel: ({"WITH_ENTROPY": True, "BLOCK": 4096}, 8),
         training.logit_grad_kernel: ({"HAS_LOGP": True, "HAS_ENTROPY": True, "BLOCK": 4096}, 8),
     }
     jobs = [(kernel, *launch, 3) for kernel, launch in constants.items()]
+    for split in (False, True):
+        decode = {"GROUP": 7, "DIM": 64, "SPLIT": split, "PRECISION": "tf32"}
+        blocks = {"BLOCK_G": 16, "BLOCK_D": 64, "BLOCK_N": triton_ops.DECODE_KEY_BLOCK}
+        jobs.append((kernels.decode_attention_kernel, {**decode, **blocks}, 4, 3))
     for backward in (False, True):  # each way of the kernels with a backward flag
         rotary = {"BACKWARD": backward, "DIM": 64, "BLOCK_R": 16, "BLOCK_D": 64}
         jobs.append((training.rotary_kernel, rotary, 4, 3))

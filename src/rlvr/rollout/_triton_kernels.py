@@ -4,6 +4,8 @@ rlvr does not import Triton)."""
 import triton
 import triton.language as tl
 
+from rlvr.models._gpu_kernels import NEGATIVE, _online_block
+
 
 @triton.jit
 def inverse_rms(hidden, row, hidden_row, eps, HIDDEN: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -110,6 +112,114 @@ def normed_silu_mul_kernel(
         b += tl.load(bias + width + i, mask=inside, other=0.0).to(tl.float32)
     y = a / (1.0 + tl.exp(-a)) * b
     tl.store(out + row * width + i, y.to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def decode_attention_kernel(
+    q,
+    keys,
+    values,
+    bias,
+    out,
+    partial,
+    stats,
+    span,
+    per_split,
+    splits,
+    scale,
+    q_row,
+    key_row,
+    key_head,
+    key_position,
+    value_row,
+    value_head,
+    value_position,
+    bias_row,
+    GROUP: tl.constexpr,
+    DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program per (row, K/V head, split of the keys): the one query of each of the head's
+    GROUP query heads against the keys [split·per_split, (split + 1)·per_split) ∩ [0, span)
+    that the row's `bias` (0 or -inf) shows, by the online softmax (`_online_block`), the K/V
+    head read once for its group as the [BLOCK_G, BLOCK_D] side of each block's matmuls.
+    Without SPLIT the normalised output goes to `out` [row, heads·DIM]; with it the
+    unnormalised sum to `partial` [splits, row, heads, DIM] and the running max and sum to
+    `stats` [2, splits, row, heads], for `decode_attention_merge_kernel` (split-KV decoding,
+    FlashDecoding: Dao et al. 2023)."""
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    rows = tl.num_programs(0)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    real = (g < GROUP)[:, None] & (d < DIM)[None, :]
+    query_heads = head * GROUP + g
+    queries = tl.load(
+        q + row * q_row + query_heads[:, None] * DIM + d[None, :], mask=real, other=0.0
+    )
+    m = tl.full([BLOCK_G], NEGATIVE, tl.float32)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    start = split * per_split
+    end = tl.minimum(start + per_split, span)
+    k_start = keys + row * key_row + head * key_head
+    v_start = values + row * value_row + head * value_head
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        live = n < end
+        block = live[:, None] & (d < DIM)[None, :]
+        k = tl.load(k_start + n[:, None] * key_position + d[None, :], mask=block, other=0.0)
+        v = tl.load(v_start + n[:, None] * value_position + d[None, :], mask=block, other=0.0)
+        shown = tl.load(bias + row * bias_row + n, mask=live, other=float("-inf")) == 0
+        visible = shown[None, :] & (g < GROUP)[:, None]
+        m, total, acc = _online_block(queries, k, v, visible, m, total, acc, scale, PRECISION)
+    if SPLIT:
+        at = (split * rows + row) * GROUP * tl.num_programs(1) + query_heads
+        tl.store(partial + at[:, None] * DIM + d[None, :], acc, mask=real)
+        tl.store(stats + at, m, mask=g < GROUP)
+        tl.store(stats + splits * rows * GROUP * tl.num_programs(1) + at, total, mask=g < GROUP)
+    else:
+        y = acc / tl.where(total > 0, total, 1.0)[:, None]
+        at = out + row * GROUP * tl.num_programs(1) * DIM + query_heads[:, None] * DIM + d[None, :]
+        tl.store(at, y.to(out.dtype.element_ty), mask=real)
+
+
+@triton.jit
+def decode_attention_merge_kernel(
+    partial,
+    stats,
+    out,
+    splits,
+    heads,
+    DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (row, query head): the splits' partial outputs of
+    `decode_attention_kernel` weighted by exp(mᵢ − max m) and divided by the likewise weighted
+    sum of their sums, into `out` [row, heads·DIM]."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    rows = tl.num_programs(0)
+    i = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    at = (i * rows + row) * heads + head
+    m = tl.load(stats + at, mask=i < splits, other=NEGATIVE)
+    total = tl.load(stats + splits * rows * heads + at, mask=i < splits, other=0.0)
+    weight = tl.exp(m - tl.max(m, 0))
+    norm = tl.sum(weight * total, 0)
+    acc = tl.load(
+        partial + at[:, None] * DIM + d[None, :],
+        mask=(i < splits)[:, None] & (d < DIM)[None, :],
+        other=0.0,
+    )
+    y = tl.sum(acc * weight[:, None], 0) / tl.where(norm > 0, norm, 1.0)
+    tl.store(out + (row * heads + head) * DIM + d, y.to(out.dtype.element_ty), mask=d < DIM)
 
 
 @triton.jit

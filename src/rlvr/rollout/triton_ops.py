@@ -141,6 +141,68 @@ def silu_mul(gate_up: torch.Tensor, norm: RowNorm | None = None) -> torch.Tensor
     return out
 
 
+DECODE_KEY_BLOCK = 64
+"""Keys per block of `decode_attention`'s kernel (the graphs' spans are multiples of 64)."""
+
+DECODE_PROGRAMS = 512
+"""`decode_attention` splits each row's keys until it runs about this many programs (a few per
+multiprocessor of an H100 or H200), when the keys suffice."""
+
+
+def decode_splits(rows: int, kv_heads: int, span: int, block: int = DECODE_KEY_BLOCK) -> int:
+    """Splits of the keys for `decode_attention`: enough for `DECODE_PROGRAMS` programs of
+    (row, K/V head, split), with at least one key block each."""
+    wanted = -(-DECODE_PROGRAMS // (rows * kv_heads))
+    return max(1, min(wanted, -(-span // block)))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """`graph_step.decode_attention` (one query per row: q [b, heads, d] against keys and
+    values [b, kv_heads, s, d] under the additive `bias` [b, 1, 1, s] of 0 and -inf; returns
+    [b, heads·d]) by our kernels: each (row, K/V head, split of the keys) a program that reads
+    the head once for its group of query heads, and with more than one split
+    (`decode_splits`, or `splits`) a second kernel merging the splits' partial softmaxes
+    (FlashDecoding)."""
+    b, heads, d = q.shape
+    kv_heads, span = keys.shape[1], keys.shape[2]
+    if keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("decode_attention: keys and values need a unit stride along the head")
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    splits = splits or decode_splits(b, kv_heads, span)
+    per_split = -(-span // (splits * DECODE_KEY_BLOCK)) * DECODE_KEY_BLOCK
+    splits = -(-span // per_split)
+    out = q.new_empty(b, heads * d)
+    partial, stats = out, out  # not written with one split
+    if splits > 1:
+        partial = torch.empty(splits, b, heads, d, dtype=torch.float32, device=q.device)
+        stats = torch.empty(2, splits, b, heads, dtype=torch.float32, device=q.device)
+    bias = bias.reshape(b, span)
+    group = heads // kv_heads
+    k = kernels()
+    k.decode_attention_kernel[(b, kv_heads, splits)](
+        q, keys, values, bias, out, partial, stats, span, per_split, splits, float(scale),
+        q.stride(0), *keys.stride()[:3], *values.stride()[:3], bias.stride(0),
+        GROUP=group, DIM=d, SPLIT=splits > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_G=max(16, 1 << (group - 1).bit_length()),
+        BLOCK_D=max(16, 1 << (d - 1).bit_length()), BLOCK_N=DECODE_KEY_BLOCK,
+    )  # fmt: skip
+    if splits > 1:
+        k.decode_attention_merge_kernel[(b, heads)](
+            partial, stats, out, splits, heads, DIM=d,
+            BLOCK_S=max(2, 1 << (splits - 1).bit_length()), BLOCK_D=1 << (d - 1).bit_length(),
+        )  # fmt: skip
+    return out
+
+
 def sample(
     logits: torch.Tensor,
     temperature: float,
