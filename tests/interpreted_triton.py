@@ -137,8 +137,9 @@ def check_decode_attention(
 def check_sample(temperature: float, block: int, banned: bool, device: str, dtype) -> None:
     """Rows of 2,500 logits in chunks of 512 or 1,024 (the last one partial) or in one chunk
     of 4,096 (the default): the same tokens as `sample_tokens`' PyTorch path and the same
-    log-probs. Banned tokens, made the likeliest and filling the last chunk, are never drawn;
-    a uniform just below 1 draws the last token of nonzero probability."""
+    log-probs. Banned tokens, made the likeliest (but in row 0, where an allowed token beats
+    them in their chunk) and filling the last chunk, are never drawn; a uniform just below 1
+    draws the last token of nonzero probability."""
     g = torch.Generator().manual_seed(2)
     rows, vocab = 48, 2500
     logits = torch.randn(rows, vocab, generator=g) * 3
@@ -149,6 +150,7 @@ def check_sample(temperature: float, block: int, banned: bool, device: str, dtyp
     uniform[-4:] = below(torch.ones(4))
     if banned:
         logits[:, banned_ids] = 10.0
+        logits[0, 6] = 14.0
     logits, uniform = logits.to(device, dtype), uniform.to(device)
     ban = ban_bias(vocab, banned_ids.to(device)) if banned else None
     tokens, logps = triton_ops.sample(logits, temperature, uniform, ban, block)

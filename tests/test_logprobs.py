@@ -144,14 +144,18 @@ def test_the_default_chunk_is_larger_on_a_gpu_and_read_at_each_call(monkeypatch)
 def test_the_head_gradient_sums_bf16_products_in_fp32_on_a_gpu():
     """On a GPU a bf16 chunk's head gradient goes into the fp32 sum by one matmul that writes
     fp32 (`fp32_output_matmul`), so the sum is as exact as the fp32 product of the bf16
-    operands, closer than adding a bf16-rounded product."""
+    operands, closer than adding a bf16-rounded product; written into the sum itself where
+    PyTorch takes it as its own output (`fp32_output_in_place`)."""
     device = torch.device("cuda")
     assert logprobs_module.fp32_output_matmul(device, torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(512, 256, generator=g).to(torch.bfloat16) for _ in range(2))
     total = torch.randn(256, 256, generator=g)
     exact = total + a.float().T @ b.float()
-    summed = logprobs_module._add_product(total.to(device), a.to(device).T, b.to(device))
+    into = total.to(device)
+    summed = logprobs_module._add_product(into, a.to(device).T, b.to(device))
     rounded = total + (a.float().T @ b.float()).to(torch.bfloat16).float()
     error, rounding = (summed.cpu() - exact).abs().max(), (rounded - exact).abs().max()
     assert summed.dtype == torch.float32 and error < rounding / 4
+    in_place = logprobs_module.fp32_output_in_place(device, torch.bfloat16)
+    assert (summed.data_ptr() == into.data_ptr()) == in_place

@@ -245,20 +245,31 @@ def sample_chunk_kernel(
     BLOCK: tl.constexpr,
 ):
     """One program per (row, chunk of `BLOCK` tokens): the chunk's max and sum of exp(x − max)
-    for x = logits / T and for x + ban, into `stats` [rows, 4, chunks]."""
+    for x = logits / T and for x + ban, into `stats` [rows, 4, chunks]. The ban is 0 or -inf
+    (`sampling.ban_bias`), so while the chunk's largest x is not banned both sums take the
+    same exponentials (one pass of them, the same values as two); without a ban they are one
+    sum."""
     row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     chunk = tl.program_id(1)
     i = chunk * BLOCK + tl.arange(0, BLOCK)
     inside = i < vocab
     x, allowed = scaled(logits + row * row_stride, ban, i, inside, temperature, HAS_BAN)
     top = tl.max(x, 0)
-    top_ok = tl.max(allowed, 0)
-    shift = tl.where(top_ok > float("-inf"), top_ok, 0.0)  # a chunk may be banned whole
+    e = tl.exp(x - top)
+    total = tl.sum(e, 0)
+    top_ok, total_ok = top, total
+    if HAS_BAN:
+        top_ok = tl.max(allowed, 0)
+        if top_ok == top:
+            total_ok = tl.sum(tl.where(allowed == x, e, 0.0), 0)
+        else:
+            shift = tl.where(top_ok > float("-inf"), top_ok, 0.0)  # a chunk may be banned whole
+            total_ok = tl.sum(tl.exp(allowed - shift), 0)
     out = stats + row * 4 * chunks + chunk
     tl.store(out, top)
-    tl.store(out + chunks, tl.sum(tl.exp(x - top), 0))
+    tl.store(out + chunks, total)
     tl.store(out + 2 * chunks, top_ok)
-    tl.store(out + 3 * chunks, tl.sum(tl.exp(allowed - shift), 0))
+    tl.store(out + 3 * chunks, total_ok)
 
 
 @triton.jit

@@ -165,12 +165,37 @@ def _add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch
     (`fp32_output_matmul`): one cuBLAS call that accumulates in fp32 and adds `total`, instead
     of writing the product in a, b's dtype and adding that to `total` (at the 0.5B's
     [152k, 896] head, 1.6 GB of memory traffic per chunk become 1.1 GB, and the product is
-    not rounded to bf16 first). Elsewhere the product is added."""
+    not rounded to bf16 first). Written into `total` itself where that form runs
+    (`fp32_output_in_place`): a new output would first get a copy of `total`, 545 MB at that
+    head, once per chunk. Elsewhere the product is added."""
     if a.dtype == torch.float32:
         return total.addmm_(a, b)
+    if fp32_output_in_place(a.device, a.dtype):
+        return torch.addmm(total, a, b, out_dtype=torch.float32, out=total)
     if fp32_output_matmul(a.device, a.dtype):
         return torch.addmm(total, a, b, out_dtype=torch.float32)
     return total.add_(a @ b)
+
+
+def _fp32_output_probe(device: torch.device, dtype: torch.dtype, in_place: bool) -> bool:
+    """Whether c + aᵀ·b by `torch.addmm(c, aᵀ, b, out_dtype=torch.float32)` for `dtype` a, b
+    on `device` gives the fp32 result, written into c itself with `in_place` (``out=c``), on
+    small matrices; False where PyTorch refuses the call."""
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(shape, generator=g) for shape in ((24, 16), (24, 8), (16, 8)))
+    low = [x.to(device, dtype) for x in (a, b)]
+    total = c.to(device)
+    try:
+        if in_place:
+            out = torch.addmm(total, low[0].T, low[1], out_dtype=torch.float32, out=total)
+        else:
+            out = torch.addmm(total, low[0].T, low[1], out_dtype=torch.float32)
+    except (RuntimeError, TypeError):
+        return False
+    expected = c + low[0].float().cpu().T @ low[1].float().cpu()
+    written = out.data_ptr() == total.data_ptr() if in_place else torch.equal(total.cpu(), c)
+    right = out.dtype == torch.float32 and torch.allclose(out.cpu(), expected, atol=1e-3)
+    return written and right
 
 
 @cache
@@ -178,17 +203,14 @@ def fp32_output_matmul(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `torch.addmm(..., out_dtype=torch.float32)` runs for `dtype` inputs on `device`
     (CUDA, PyTorch ≥ 2.8) and gives the fp32 product of a transposed operand: tried once per
     device and dtype on small matrices."""
-    if device.type != "cuda":
-        return False
-    g = torch.Generator().manual_seed(0)
-    a, b, c = (torch.randn(shape, generator=g) for shape in ((24, 16), (24, 8), (16, 8)))
-    low = [x.to(device, dtype) for x in (a, b)]
-    try:
-        out = torch.addmm(c.to(device), low[0].T, low[1], out_dtype=torch.float32)
-    except (RuntimeError, TypeError):
-        return False
-    expected = c + low[0].float().cpu().T @ low[1].float().cpu()
-    return out.dtype == torch.float32 and torch.allclose(out.cpu(), expected, atol=1e-3)
+    return device.type == "cuda" and _fp32_output_probe(device, dtype, in_place=False)
+
+
+@cache
+def fp32_output_in_place(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether that matmul also runs with its fp32 input as its output (``out=``), so that
+    cuBLAS adds the input in place instead of PyTorch copying it into a new output first."""
+    return fp32_output_matmul(device, dtype) and _fp32_output_probe(device, dtype, True)
 
 
 class _LinearLogprobs(torch.autograd.Function):
