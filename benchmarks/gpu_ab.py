@@ -8,7 +8,8 @@
   PyTorch (before lever 30), with no Triton kernels (before levers 29 and 30), with
   sequential steps (the host reads each step's tokens before launching the next, as before
   lever 28), with the residual additions copied before their matmuls (before lever 43), with
-  the RMSNorms as kernels of their own (before lever 45), with those and the rotary
+  the RMSNorms as kernels of their own (before lever 45), with the rotary embedding
+  computed in each step (before lever 49), with the RMSNorms apart and the rotary
   embedding and K/V write as a program per row and head (before levers 44 and 45), with the
   attention as two matmuls, with the sampling before lever 26, and the step of
   `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
@@ -146,6 +147,8 @@ class StepWay:
     """The rotary embedding and K/V write (None: `triton_ops.rotate_and_store`)."""
     fold_norms: bool = True
     """Whether the packed weights hold the RMSNorm gains (lever 45; `graph_step.FOLD_NORMS`)."""
+    rotary_table: bool = True
+    """Whether the step gathers its rotations from a table (lever 49) or computes them."""
 
 
 def residual_linear_copied(h, x, module):
@@ -184,6 +187,7 @@ STEP_WAYS = {
     "packed step, residual copied": StepWay(residual=residual_linear_copied),
     "packed step, our attention": StepWay(attention=triton_ops.decode_attention),
     "packed step, norms apart": StepWay(fold_norms=False),
+    "packed step, rotary computed per step": StepWay(rotary_table=False),
     "packed step, norms apart, rotation per head": StepWay(
         rotate=rotate_per_head, fold_norms=False
     ),
@@ -194,6 +198,7 @@ STEP_WAYS = {
 
 TRITON_USABLE = triton_ops.usable
 ROTATE_AND_STORE = triton_ops.rotate_and_store
+ROTARY_TABLE = graph_step.rotary_table
 
 
 def use_way(way: StepWay) -> bool:
@@ -202,6 +207,7 @@ def use_way(way: StepWay) -> bool:
     graph_step.residual_linear = way.residual
     triton_ops.rotate_and_store = way.rotate or ROTATE_AND_STORE
     graph_step.FOLD_NORMS = way.fold_norms
+    graph_step.rotary_table = ROTARY_TABLE if way.rotary_table else lambda *args: None
     graphs.sample_tokens = way.sampling
     triton_ops.usable = TRITON_USABLE if way.kernels else lambda x: False
     return way.overlap

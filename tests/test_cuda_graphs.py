@@ -224,6 +224,26 @@ def test_packed_weights_with_the_norms_folded_in_give_the_normed_projections(tok
     assert weights.folded and not graph_step.PackedWeights(forward).folded
 
 
+def test_the_rotary_table_holds_what_each_step_would_compute(tok, monkeypatch):
+    """`rotary_table` row p is the (cos, signed sin) the step computes for position p, bit for
+    bit, for a Llama and a Qwen2 shape; an embedding whose frequencies change with the
+    positions (dynamic NTK) gets no table, and its steps compute their own."""
+    for name in ("llama", "qwen2_gqa"):
+        forward = fused.FusedForward(MODELS[name](tok))
+        like = torch.zeros(1, dtype=torch.float32)
+        table = graph_step.rotary_table(forward, 40, like)
+        position = torch.tensor([0, 7, 39, 3])
+        cos, sin = forward.model.model.rotary_emb(like, position[:, None])
+        cos, signed_sin = graph_step.rotary_pair(cos, sin)
+        assert table.shape == (40, 2, forward.head_dim)
+        assert torch.equal(table[position, :1], cos) and torch.equal(
+            table[position, 1:], signed_sin
+        )
+        assert not torch.equal(table[1], table[2])
+    monkeypatch.setattr(forward.model.model.rotary_emb, "rope_type", "dynamic")
+    assert graph_step.rotary_table(forward, 40, like) is None
+
+
 def test_folded_weights_without_the_kernels_are_refused(tok):
     """Weights that hold the RMSNorm gains need the kernels that finish the norm: a decode
     step without them raises instead of sampling from unnormalised states."""

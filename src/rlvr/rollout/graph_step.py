@@ -20,7 +20,10 @@ levers 25 and 27). Per layer this step runs:
   as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two;
 - and there, with packed weights, no RMSNorm kernel before the two packed matmuls: the
   packed copies hold the norms' gains, and those two kernels scale each row by its
-  rsqrt(mean(h²) + ε) (`triton_ops.RowNorm`, lever 45; `FOLD_NORMS`).
+  rsqrt(mean(h²) + ε) (`triton_ops.RowNorm`, lever 45; `FOLD_NORMS`);
+- the rotary embedding's cos and signed sin of each row's position gathered from a table
+  made once per set of static buffers (`rotary_table`, lever 49), one kernel instead of the
+  dozen that compute them.
 
 It computes what `FusedForward.hidden` computes for one position, up to rounding (tested
 against the eager decoder's samples).
@@ -210,6 +213,26 @@ def rotary_pair(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, tor
     return cos, sin * sign
 
 
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+"""`transformers` rotary embeddings whose frequencies are fixed (not "dynamic" or "longrope",
+which change them with the positions a call sees)."""
+
+
+def rotary_table(
+    forward: fused.FusedForward, capacity: int, like: torch.Tensor
+) -> torch.Tensor | None:
+    """[capacity, 2, d]: `rotary_pair`'s (cos, signed sin) of positions 0 … capacity − 1 in
+    `like`'s dtype and device, by the model's own rotary embedding (an element-wise function
+    of the position, so each row is what a step would compute); None where the embedding's
+    frequencies are not fixed (`STATIC_ROPE`)."""
+    rotary = forward.model.model.rotary_emb
+    if getattr(rotary, "rope_type", None) not in STATIC_ROPE:
+        return None
+    positions = torch.arange(capacity, device=like.device)[None]
+    cos, signed_sin = rotary_pair(*rotary(like, positions))
+    return torch.stack([cos[0], signed_sin[0]], dim=1)
+
+
 def decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -247,16 +270,21 @@ def decode_hidden(
     position: torch.Tensor,
     bias: torch.Tensor,
     cache: SlotKV,
+    rotary: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Final-norm hidden states [b, hidden] after one token per row, token and position [b],
     attending under the additive mask `bias` [b, 1, 1, s] to the keys `cache` returns (the
-    first s of its positions, this one written among them)."""
+    first s of its positions, this one written among them). `rotary`: `rotary_table`'s
+    table to gather the positions' rotations from, or None to compute them."""
     base = forward.model.model
     heads, kv, d, eps = forward.heads, forward.kv_heads, forward.head_dim, forward.eps
     b = token.shape[0]
     h = base.embed_tokens(token)
-    cos, sin = base.rotary_emb(h, position[:, None])
-    cos, signed_sin = rotary_pair(cos, sin)  # [b, 1, d]: broadcast over the heads
+    if rotary is None:
+        cos, signed_sin = rotary_pair(*base.rotary_emb(h, position[:, None]))
+    else:
+        pair = rotary.index_select(0, position)
+        cos, signed_sin = pair[:, :1], pair[:, 1:]  # [b, 1, d]: broadcast over the heads
     kernels = triton_ops.usable(h)
     if weights.folded and not kernels:
         raise RuntimeError("decode weights that hold the RMSNorm gains need the Triton kernels")

@@ -75,6 +75,7 @@ class StaticBuffers:
         self.ban = torch.zeros(forward.model.lm_head.weight.shape[0], device=like.device)
         fold = graph_step.FOLD_NORMS and triton_ops.usable(like)
         self.weights = decode_weights(forward, like.device, fold)
+        self.rotary = graph_step.rotary_table(forward, capacity, like)
 
 
 class GraphState:
@@ -234,9 +235,8 @@ class GraphDecoder:
             mask = b.key_mask[:batch, :span]
             bias = fused.additive_bias(mask[:, None, :] != 0, b.kv.dtype)
             cache = SlotKV(b.kv, batch, span, b.where)
-            hidden = decode_hidden(
-                self.forward, b.weights, b.token[:batch, 0], b.position[:batch, 0], bias, cache
-            )
+            token, position = b.token[:batch, 0], b.position[:batch, 0]
+            hidden = decode_hidden(self.forward, b.weights, token, position, bias, cache, b.rotary)
             logits = self.forward.logits(hidden)
             if sampling is None:
                 return logits
