@@ -308,6 +308,44 @@ def check_token_stats(temperature: float, uses: str, device: str, dtype) -> None
     close_gradient(placed_logits.grad, exact_logits.grad)
 
 
+def check_add_rms_norm(device: str, dtype, residual: bool, programs: int) -> None:
+    """`gpu_kernels.add_rms_norm` (13 rows of 100: masked lanes; delta read in place from a
+    wider tensor; gains away from 1) against autograd through h + delta and `F.rms_norm` from
+    the same (rounded) inputs: both outputs and the gradients of h, delta and the gain, with
+    the stream's own gradient (`residual`) or only the norm's, and the gain's gradient summed
+    by `programs` programs (fewer than the rows: each takes several)."""
+    g = torch.Generator().manual_seed(8)
+
+    def inputs(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype).float()
+
+    h, wide = inputs(13, 100), inputs(13, 150) * 2
+    gain = (0.5 + torch.rand(100, generator=g)).to(dtype).float()
+    grad_out, grad_total = inputs(13, 100), inputs(13, 100)
+    exact = [t.clone().requires_grad_() for t in (h, wide, gain)]
+    total = exact[0] + exact[1][:, 20:120]
+    out = F.rms_norm(total, (100,), exact[2], 1e-6)
+    loss = (out * grad_out).sum() + ((total * grad_total).sum() if residual else 0)
+    loss.backward()
+    placed = [t.to(device, dtype).requires_grad_() for t in (h, wide, gain)]
+    saved = gpu_kernels.NORM_PROGRAMS
+    gpu_kernels.NORM_PROGRAMS = programs
+    try:
+        got_total, got_out = gpu_kernels.add_rms_norm(
+            placed[0], placed[1][:, 20:120], placed[2], 1e-6
+        )
+        got = (got_out * grad_out.to(device, dtype)).sum()
+        if residual:
+            got = got + (got_total * grad_total.to(device, dtype)).sum()
+        got.backward()
+    finally:
+        gpu_kernels.NORM_PROGRAMS = saved
+    close(got_total.cpu(), total.detach().to(dtype))
+    close(got_out.cpu(), out.detach().to(dtype))
+    for actual, reference in zip(placed, exact, strict=True):
+        close_gradient(actual.grad.cpu().float(), reference.grad)
+
+
 def check_rotary_and_swiglu(device: str, dtype) -> None:
     """`gpu_kernels.rotary` (three heads of 24 per token, one angle per token; and three of
     five heads read in place, a token stride of 120) and `swiglu` (1,500 columns: two blocks,
@@ -424,6 +462,11 @@ def test_a_grpo_update_with_the_kernels_gives_the_pytorch_gradients(monkeypatch)
 
 
 NORMS = ["no norm", "norm", "norm and bias"]
+
+
+@pytest.mark.parametrize(("residual", "programs"), [(True, 512), (False, 512), (True, 4)])
+def test_add_rms_norm_gives_the_addition_and_the_norm_with_their_gradients(residual, programs):
+    check_add_rms_norm("cpu", torch.float32, residual, programs)
 
 
 @pytest.mark.parametrize("normed", NORMS)

@@ -393,7 +393,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "45 passed" in result.stdout
+    assert "48 passed" in result.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -424,6 +424,8 @@ def test_the_triton_kernels_on_a_gpu(dtype):
         for uses in ("logp", "entropy", "both"):
             checks.check_token_stats(temperature, uses, "cuda", dtype)
     checks.check_rotary_and_swiglu("cuda", dtype)
+    for residual, programs in [(True, 512), (False, 512), (True, 4)]:
+        checks.check_add_rms_norm("cuda", dtype, residual, programs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -488,7 +490,7 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         **dict.fromkeys(["g_logp", "g_entropy"], "*fp32"),
         **dict.fromkeys(["temperature", "scale", "inverse_t", "eps"], "fp32"),
         **dict.fromkeys(["t", "sp", "n_rows", "heads", "span", "per_split", "splits"], "i32"),
-        **dict.fromkeys(["partial"], "*fp32"),
+        **dict.fromkeys(["partial", "rstd", "part_w"], "*fp32"),
     }
     sampling = {"HAS_BAN": True, "BLOCK": 4096}
     hidden = {"HIDDEN": 896, "BLOCK_W": 1024}  # the 0.5B's
@@ -517,6 +519,9 @@ def test_the_triton_kernels_compile_for_a_hopper_gpu():
         rotary = {"BACKWARD": backward, "DIM": 64, "BLOCK_R": 16, "BLOCK_D": 64}
         jobs.append((training.rotary_kernel, rotary, 4, 3))
         jobs.append((training.swiglu_kernel, {"BACKWARD": backward, "BLOCK": 1024}, 4, 3))
+        norm = (training.add_rms_norm_backward_kernel, {"RESIDUAL": backward, "BLOCK": 1024})
+        jobs.append((*norm, 4, 3))
+    jobs.append((training.add_rms_norm_kernel, {"BLOCK": 1024}, 4, 3))
     tilings = [  # every tiling the autotuner may launch: (kernel, BACKWARD flags, tilings)
         (training.attention_queries_kernel, (False, True), gpu_kernels.QUERY_TILINGS),
         (training.attention_dkv_kernel, (None,), gpu_kernels.KEY_TILINGS),

@@ -434,3 +434,54 @@ def swiglu_kernel(
         tl.store(d_up + at, (g * a * sigmoid).to(d_up.dtype.element_ty), mask=inside)
     else:
         tl.store(out + at, (a * sigmoid * b).to(out.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    h, delta, weight, total, out, rstd, eps, width, h_row, delta_row, BLOCK: tl.constexpr
+):  # fmt: skip
+    """One program per row: the residual stream's s = h + delta, rounded to its dtype as the
+    stream keeps it, and RMSNorm(s)·w = s·rsqrt(mean(s²) + eps)·w (Zhang and Sennrich 2019,
+    eq. 4), with the row's rsqrt kept for backward. `total`, `out` are dense [rows, width]."""
+    row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
+    i = tl.arange(0, BLOCK)
+    inside = i < width
+    a = tl.load(h + row * h_row + i, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(delta + row * delta_row + i, mask=inside, other=0.0).to(tl.float32)
+    s = (a + b).to(total.dtype.element_ty)
+    tl.store(total + row * width + i, s, mask=inside)
+    s = s.to(tl.float32)
+    r = tl.rsqrt(tl.sum(s * s, 0) / width + eps)
+    w = tl.load(weight + i, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out + row * width + i, (s * r * w).to(out.dtype.element_ty), mask=inside)
+    tl.store(rstd + row, r)
+
+
+@triton.jit
+def add_rms_norm_backward_kernel(
+    total, weight, rstd, grad_total, grad_out, grad_in, part_w, n_rows, width,
+    RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Programs striding over the rows of `add_rms_norm_kernel`'s s: with x̂ = s·r and
+    dx̂ = g·w for the norm's output gradient g, the gradient of s (and so of h and delta) is
+    r·(dx̂ − x̂·mean(dx̂·x̂)), plus (RESIDUAL) the gradient s itself received downstream, into
+    `grad_in`; the weight's gradient Σ g·x̂ is summed per program into part_w[program] (fp32).
+    Every tensor is dense [rows, width]."""
+    program = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    inside = i < width
+    w = tl.load(weight + i, mask=inside, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for row in range(program, n_rows, tl.num_programs(0)):
+        at = tl.cast(row, tl.int64) * width + i
+        s = tl.load(total + at, mask=inside, other=0.0).to(tl.float32)
+        g = tl.load(grad_out + at, mask=inside, other=0.0).to(tl.float32)
+        r = tl.load(rstd + row)
+        x = s * r
+        dx = g * w
+        d = r * (dx - x * (tl.sum(dx * x, 0) / width))
+        if RESIDUAL:
+            d += tl.load(grad_total + at, mask=inside, other=0.0).to(tl.float32)
+        tl.store(grad_in + at, d.to(grad_in.dtype.element_ty), mask=inside)
+        acc += g * x
+    tl.store(part_w + program * width + i, acc, mask=inside)

@@ -489,6 +489,13 @@ class DecodeOps:
         )
         return y
 
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after adding `delta` to h, and its `rms_norm`."""
+        h = h + delta
+        return h, self.rms_norm(h, weight, eps)
+
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding of x [..., heads, dim] in place; cos, sin [..., 1, dim]."""
         _check(

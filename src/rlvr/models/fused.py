@@ -356,6 +356,13 @@ class TorchOps:
         """RMSNorm of the last axis (Zhang & Sennrich 2019, eq. 4), times `weight`."""
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after adding `delta` to h, and its `rms_norm`."""
+        h = h + delta
+        return h, self.rms_norm(h, weight, eps)
+
     @staticmethod
     def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
         """x through each of `modules` (a layer's q, k, v or gate, up projections)."""
@@ -492,9 +499,11 @@ class PackedOps(KernelOps):
     `gpu_kernels.attention`, which reads only the computed positions, a shared prompt's keys
     in place and the key blocks each query block sees); the rotary embedding and SiLU·up,
     one kernel each way, reading the views of one packed q/k/v and one gate/up matmul
-    (`projections`). RMSNorm by PyTorch."""
+    (`projections`); each residual addition with the RMSNorm after it (`add_rms_norm`, one
+    kernel each way). The embeddings' RMSNorm by PyTorch."""
 
     rms_norm = staticmethod(TorchOps.rms_norm)
+    add_rms_norm = staticmethod(gpu_kernels.add_rms_norm)
     rotate = staticmethod(gpu_kernels.rotary)
     silu_mul = staticmethod(gpu_kernels.swiglu)
     attention_kernel = staticmethod(gpu_attention)
@@ -609,32 +618,40 @@ class FusedForward:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
         ops = ops or layer_ops(h, key_mask, t, flat)
 
-        def qkv(layer: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            """The layer's rotated queries and keys and its values, per token."""
+        def qkv(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """The layer's rotated queries and keys and its values, per token, from its
+            normed input x."""
             attn = layer.self_attn
-            x = ops.rms_norm(h, layer.input_layernorm.weight, self.eps)
             q, k, v = ops.projections(x, attn.q_proj, attn.k_proj, attn.v_proj)
             q = ops.rotate(q.view(*lead, self.heads, d), cos, sin)
             k = ops.rotate(k.view(*lead, self.kv_heads, d), cos, sin)
             return q, k, v.view(*lead, self.kv_heads, d)
 
         def rest(
-            layer: nn.Module, h: torch.Tensor, q: torch.Tensor, *kv: torch.Tensor
-        ) -> torch.Tensor:
+            layer: nn.Module,
+            gain: torch.Tensor,
+            h: torch.Tensor,
+            q: torch.Tensor,
+            *kv: torch.Tensor,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             """The layer's output from its input h, its queries and the keys and values
-            `ops.cached` gave."""
+            `ops.cached` gave, and that output's RMSNorm by `gain` (the next layer's input
+            norm, or the final one)."""
             attn, mlp = layer.self_attn, layer.mlp
-            h = h + linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
-            x = ops.rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
+            attended = linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
+            h, x = ops.add_rms_norm(h, attended, layer.post_attention_layernorm.weight, self.eps)
             inner = ops.silu_mul(*ops.projections(x, mlp.gate_proj, mlp.up_proj))
-            return h + linear(inner, mlp.down_proj)
+            return ops.add_rms_norm(h, linear(inner, mlp.down_proj), gain, self.eps)
 
-        for i, layer in enumerate(self.layers):
+        gains = [layer.input_layernorm.weight for layer in self.layers[1:]]
+        gains.append(self.model.model.norm.weight)
+        x = ops.rms_norm(h, self.layers[0].input_layernorm.weight, self.eps)
+        for i, (layer, gain) in enumerate(zip(self.layers, gains, strict=True)):
             run = _recomputed if recompute_in_backward(self.model, layer) else _direct
-            q, k, v = run(qkv, layer, h)
-            h = run(rest, layer, h, q, *ops.cached(cache, i, k, v))
+            q, k, v = run(qkv, layer, x)
+            h, x = run(rest, layer, gain, h, q, *ops.cached(cache, i, k, v))
         cache.length += t
-        return ops.rms_norm(h, self.model.model.norm.weight, self.eps)
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head."""

@@ -251,6 +251,57 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return _Rotary.apply(x, cos, sin)
 
 
+NORM_PROGRAMS = 512
+"""Programs of `add_rms_norm`'s backward, each summing its rows' share of the weight's
+gradient (a few per multiprocessor of an H100 or H200)."""
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    """`add_rms_norm`: one kernel each way; backward takes the gradients of both outputs."""
+
+    @staticmethod
+    def forward(ctx, h, delta, weight, eps):
+        width = h.shape[-1]
+        rows = h.numel() // width
+        h2, delta2 = (_dense_rows(x.reshape(rows, width)) for x in (h, delta))
+        total = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        out = torch.empty_like(total)
+        rstd = torch.empty(rows, dtype=torch.float32, device=h.device)
+        kernels().add_rms_norm_kernel[(rows,)](
+            h2, delta2, weight, total, out, rstd, float(eps), width, h2.stride(0),
+            delta2.stride(0), BLOCK=1 << (width - 1).bit_length(),
+        )  # fmt: skip
+        ctx.save_for_backward(total, weight, rstd)
+        return total, out
+
+    @staticmethod
+    def backward(ctx, grad_total, grad_out):
+        total, weight, rstd = ctx.saved_tensors
+        width = total.shape[-1]
+        rows = total.numel() // width
+        grad_out = torch.zeros_like(total) if grad_out is None else grad_out.contiguous()
+        residual = grad_total is not None
+        programs = max(1, min(rows, NORM_PROGRAMS))
+        grad_in = torch.empty_like(total)
+        part = torch.empty(programs, width, dtype=torch.float32, device=total.device)
+        kernels().add_rms_norm_backward_kernel[(programs,)](
+            total, weight, rstd, grad_total.contiguous() if residual else total, grad_out,
+            grad_in, part, rows, width, RESIDUAL=residual, BLOCK=1 << (width - 1).bit_length(),
+        )  # fmt: skip
+        grad_weight = part.sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        return grad_in, grad_in, grad_weight, None
+
+
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused.TorchOps.add_rms_norm`: the residual stream h + delta and its RMSNorm times
+    `weight`, differentiable in all three: one kernel each way, where PyTorch runs the
+    addition and the norm apart forward and, backward, the norm's two kernels and the
+    addition of the stream's two gradients (the norm's and the next residual's)."""
+    return _AddRMSNorm.apply(h, delta, weight, eps)
+
+
 def _swiglu_pass(
     gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor | None
 ) -> tuple[torch.Tensor, ...]:
