@@ -4,12 +4,14 @@
 #   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW,
 #      FlashAttention-2's varlen kernel against the reference);
 #   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
-#   3. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33 and 40-42;
-#   4. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
+#   3. gpu.py --profile: where the 0.5B training step's time goes now;
+#   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40-42
+#      and 50;
+#   5. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
-#   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
-#   6. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours;
-#   7. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45, and
+#   6. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
+#   7. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours;
+#   8. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45, and
 #      with our split-KV attention kernel instead of SDPA (lever 46).
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
@@ -66,6 +68,8 @@ if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
 fi
 stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
   --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
+stage train_profile 60 gpu-train-profile.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b \
+  --parts train --micro-batch-tokens 65536 --repeats 1 --profile --out gpu-train-profile.json
 stage train_ab 120 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
 stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
