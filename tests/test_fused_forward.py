@@ -349,6 +349,10 @@ def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(
     names = [name for name, _ in recomputed_regions]
     # two regions per layer and forward pass (the prompts, then the completions)
     assert names.count("qkv") == names.count("rest") == 2 * len(model.model.layers)
+    # a layer's two regions keep one stream tensor between them, not the stream and its norm
+    pairs = zip(recomputed_regions[::2], recomputed_regions[1::2], strict=True)
+    for (first, qkv_inputs), (second, rest_inputs) in pairs:
+        assert (first, second) == ("qkv", "rest") and set(qkv_inputs) <= set(rest_inputs)
     ck_lp, ck_grads = logprobs_and_grads(model, mb, enabled=True)
     assert torch.equal(ck_lp, lp)
     for param_name, ref in grads.items():

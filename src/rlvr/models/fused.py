@@ -618,10 +618,16 @@ class FusedForward:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
         ops = ops or layer_ops(h, key_mask, t, flat)
 
-        def qkv(layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def qkv(
+            layer: nn.Module, h: torch.Tensor, x: torch.Tensor | None
+        ) -> tuple[torch.Tensor, ...]:
             """The layer's rotated queries and keys and its values, per token, from its
-            normed input x."""
+            normed input x (which `rest` makes with the residual addition before it), or
+            with x None from the stream h, normed here (a recomputed region: it then keeps
+            h, which the layer's `rest` keeps too, instead of a tensor of its own)."""
             attn = layer.self_attn
+            if x is None:
+                x = ops.rms_norm(h, layer.input_layernorm.weight, self.eps)
             q, k, v = ops.projections(x, attn.q_proj, attn.k_proj, attn.v_proj)
             q = ops.rotate(q.view(*lead, self.heads, d), cos, sin)
             k = ops.rotate(k.view(*lead, self.kv_heads, d), cos, sin)
@@ -647,8 +653,9 @@ class FusedForward:
         gains.append(self.model.model.norm.weight)
         x = ops.rms_norm(h, self.layers[0].input_layernorm.weight, self.eps)
         for i, (layer, gain) in enumerate(zip(self.layers, gains, strict=True)):
-            run = _recomputed if recompute_in_backward(self.model, layer) else _direct
-            q, k, v = run(qkv, layer, x)
+            recompute = recompute_in_backward(self.model, layer)
+            run = _recomputed if recompute else _direct
+            q, k, v = run(qkv, layer, h, None if recompute else x)
             h, x = run(rest, layer, gain, h, q, *ops.cached(cache, i, k, v))
         cache.length += t
         return x
