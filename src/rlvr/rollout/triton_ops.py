@@ -15,7 +15,11 @@ doing in one or two kernels what took PyTorch several:
   scales each row by rsqrt(mean(h²) + ε), read from h, and adds the bias; the step's
   separate RMSNorm kernels go (`graph_step.PackedWeights`);
 - `sample`: the next token by inverse-CDF sampling and its log-prob, without top-k or top-p
-  (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab].
+  (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab];
+- `decode_attention`: one query per row against the K/V cache, split over the keys and
+  merged (FlashDecoding), each K/V head read once for its query group; a candidate for
+  `graph_step.decode_attention` (lever 46), which keeps PyTorch's SDPA until a GPU has timed
+  the two.
 
 Inside a CUDA graph a kernel costs no launch but still runs for microseconds however little
 it does, and these element-wise kernels were about a third of the step's kernels
