@@ -253,9 +253,8 @@ def test_folded_weights_without_the_kernels_are_refused(tok):
     kv = torch.zeros(len(forward.layers), 2, 1, forward.kv_heads, 8, forward.head_dim)
     cache = graph_step.SlotKV(kv, 1, 1, torch.zeros(1, dtype=torch.long))
     with pytest.raises(RuntimeError, match="hold the RMSNorm gains need the Triton kernels"):
-        graph_step.decode_hidden(
-            forward, weights, torch.tensor([5]), torch.tensor([0]), torch.zeros(1, 1, 1, 1), cache
-        )
+        token, position, bias = torch.tensor([5]), torch.tensor([0]), torch.zeros(1, 1, 1, 1)
+        graph_step.decode_hidden(forward, weights, token, position, bias, cache, None)
 
 
 def test_a_model_too_large_to_pack_reads_its_projections_one_by_one(tok, monkeypatch):

@@ -461,7 +461,19 @@ def _check(condition: bool, what: str) -> None:
         raise ValueError(f"cpu_kernels: {what}")
 
 
-class DecodeOps:
+class ResidualNorm:
+    """`add_rms_norm` for a set of the fused forward's operations that has an `rms_norm`: the
+    addition, then the norm (`gpu_kernels.add_rms_norm` does both in one kernel)."""
+
+    def add_rms_norm(
+        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after adding `delta` to h, and its `rms_norm`."""
+        h = h + delta
+        return h, self.rms_norm(h, weight, eps)
+
+
+class DecodeOps(ResidualNorm):
     """The lean forward's decode-step operations computed by the C kernels.
 
     `visible` [batch, len] (bool) marks the keys each row's query attends to. Inputs must be
@@ -488,13 +500,6 @@ class DecodeOps:
             x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // dim, dim, eps, self.threads
         )
         return y
-
-    def add_rms_norm(
-        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream after adding `delta` to h, and its `rms_norm`."""
-        h = h + delta
-        return h, self.rms_norm(h, weight, eps)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding of x [..., heads, dim] in place; cos, sin [..., 1, dim]."""

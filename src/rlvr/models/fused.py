@@ -343,7 +343,7 @@ def padded(x: torch.Tensor, flat: torch.Tensor | None, b: int, t: int) -> torch.
     return x.view(b, t, *x.shape[-2:]).transpose(1, 2)
 
 
-class TorchOps:
+class TorchOps(cpu_kernels.ResidualNorm):
     """The lean forward's per-layer operations in PyTorch: any device and dtype, differentiable.
     `bias` [b, 1, t, s] is the attention's additive mask (`mask_bias`); `flat` the positions
     the forward computes in the [b·t] layout (`real_positions`; None: all, [b, t, ...])."""
@@ -355,13 +355,6 @@ class TorchOps:
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of the last axis (Zhang & Sennrich 2019, eq. 4), times `weight`."""
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-    def add_rms_norm(
-        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream after adding `delta` to h, and its `rms_norm`."""
-        h = h + delta
-        return h, self.rms_norm(h, weight, eps)
 
     @staticmethod
     def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:

@@ -103,7 +103,9 @@ class PackedWeights:
 
     def _fold(self) -> None:
         """Multiply each matrix's columns by its RMSNorm's gain, in place (when folding)."""
-        for weights, gains in zip(self.weights, self.gains or (), strict=False):
+        if self.gains is None:
+            return
+        for weights, gains in zip(self.weights, self.gains, strict=True):
             for weight, gain in zip(weights, gains, strict=True):
                 weight.mul_(gain)
 
@@ -270,7 +272,7 @@ def decode_hidden(
     position: torch.Tensor,
     bias: torch.Tensor,
     cache: SlotKV,
-    rotary: torch.Tensor | None = None,
+    rotary: torch.Tensor | None,
 ) -> torch.Tensor:
     """Final-norm hidden states [b, hidden] after one token per row, token and position [b],
     attending under the additive mask `bias` [b, 1, 1, s] to the keys `cache` returns (the

@@ -42,8 +42,6 @@ def on_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """x (on the CPU) on `device`; to a GPU through page-locked memory (`rollout.hf.staged`)
     without making the host wait for the work already queued there, so that it prepares the
     next micro-batch while the GPU runs the last one's backward."""
-    if device.type != "cuda":
-        return x.to(device)
     return staged(x, device).to(device, non_blocking=True)
 
 

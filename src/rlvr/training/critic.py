@@ -82,7 +82,7 @@ class Critic:
             )
             loss = aggregate("token_mean", token_loss, mask, **norm)
             loss.backward()
-            sums += torch.stack([x.detach().sum().double() for x in (loss, clipped * mask)])
+            sums += torch.stack([x.sum().double() for x in (loss.detach(), clipped * mask)])
         stats = dict(zip(("value_loss", "value_clip_tokens"), sums.tolist(), strict=True))
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         if math.isfinite(stats["value_loss"]):

@@ -186,6 +186,6 @@ def minibatch_backward(
         if s.entropy_coef:
             loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
         loss.backward()
-        summed = (loss, out.clipped.float() * mask, entropy * mask, kl_sum, mask)
-        sums += torch.stack([x.detach().sum().double() for x in summed])
+        summed = (loss.detach(), out.clipped.float() * mask, entropy.detach() * mask, kl_sum, mask)
+        sums += torch.stack([x.sum().double() for x in summed])
     return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}
