@@ -240,7 +240,9 @@ TRAIN_KERNEL_WAYS = {  # name: (PackedOps, rotary and SwiGLU, statistics, packed
 }  # fmt: skip
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
 PACKED_PROJECTIONS = fused.PackedOps.projections
-FUSED_NORMS = fused.PackedOps.add_rms_norm
+FUSED_NORMS = fused.PackedOps.__dict__["add_rms_norm"]
+"""The staticmethod itself: read through the class it is a plain function, which set back on
+the class would be bound to the instance."""
 KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
 """Stands in for `gpu_kernels` where a way turns its kernels off: both users ask `usable`
 first."""

@@ -2,7 +2,8 @@
 # Issue 5's GPU checks in one call, most important first, each stage cut to the time left of
 # TOTAL seconds (default 540), for a machine lent by the minute:
 #   1. the GPU-only tests (the Triton kernels compiled, the captured decode graphs, fused AdamW,
-#      FlashAttention-2's varlen kernel against the reference);
+#      FlashAttention-2's varlen kernel against the reference), the attention untuned (one
+#      tiling: autotuning all seven per shape took them past 150 s on the sixth 11-26 run);
 #   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
 #   3. gpu.py --profile: where the 0.5B training step's time goes now;
 #   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40-42
@@ -12,7 +13,8 @@
 #   6. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
 #   7. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours;
 #   8. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45, and
-#      with our split-KV attention kernel instead of SDPA (lever 46).
+#      with our split-KV attention kernel instead of SDPA (lever 46);
+#   9. every tiling the attention's autotuner may pick, each compiled and checked on its own.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
 # again after each stage (a device that returns few files, or stops the call, returns it);
@@ -59,9 +61,9 @@ stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
   "$PYTHON" -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__, torch.cuda.get_device_capability())"
 } > "$LOGS/device.log" 2>&1
 cat "$LOGS/device.log"
-stage tests 150 "" "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
+stage tests 180 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
   tests/test_logprobs.py tests/test_optim.py tests/test_flash_varlen.py \
-  -k "on_a_gpu or do_not_wait or fused_adamw or varlen"
+  -k "(on_a_gpu or do_not_wait or fused_adamw or varlen) and not every_tiling"
 if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
   export RLVR_FLASH_VARLEN=0  # the later stages measure the Triton attention instead
   echo "== FlashAttention-2 varlen failed its GPU test: RLVR_FLASH_VARLEN=0 from here on"
@@ -80,4 +82,6 @@ stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --
   --batches 64 512 --ways "packed step" "packed step, our attention" "packed step, norms apart" \
   "packed step, norms apart, rotation per head" "packed step, residual copied" \
   "packed step, no Triton kernels"
+stage tilings 90 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
+  -k every_tiling_on_a_gpu
 echo "== done after $(($(date +%s) - START)) s: $OUT/gpu_checks.tar.gz"

@@ -395,14 +395,22 @@ def test_the_triton_kernels_under_the_interpreter():
     assert "48 passed" in result.stdout
 
 
+UNTUNED = "the attention untuned: each tiling is checked on its own (every_tiling_on_a_gpu)"
+"""Why the GPU checks of whole computations turn `gpu_kernels.TUNE` off: the autotuner
+compiles all seven tilings of each attention kernel per head size, group and dtype (about a
+second each), which took these tests past the 150 s their stage of `gpu_checks.sh` has."""
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_triton_kernels_on_a_gpu(dtype):
+def test_the_triton_kernels_on_a_gpu(monkeypatch, dtype):
     """`interpreted_triton`'s checks of the decode step's kernels and of the update's (the
     packed attention, the token statistics, the rotary embedding and SiLU·up), compiled and
-    run on a GPU."""
+    run on a GPU (`UNTUNED`)."""
     pytest.importorskip("triton")
     import interpreted_triton as checks
+
+    monkeypatch.setattr(gpu_kernels, "TUNE", False)
 
     for normed in checks.NORMS:
         for heads, kv_heads, dim in [(4, 4, 16), (6, 2, 24), (14, 2, 64)]:
@@ -429,19 +437,21 @@ def test_the_triton_kernels_on_a_gpu(dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_grpo_update_on_a_gpu_with_the_kernels_gives_the_pytorch_gradients(monkeypatch):
-    """`interpreted_triton.check_grpo_update` with the compiled kernels, in fp32."""
+    """`interpreted_triton.check_grpo_update` with the compiled kernels, in fp32 (`UNTUNED`)."""
     pytest.importorskip("triton")
     import interpreted_triton as checks
 
+    monkeypatch.setattr(gpu_kernels, "TUNE", False)
     checks.check_grpo_update(monkeypatch, "cuda", 1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["llama", "qwen2_gqa"])
-def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(tok, name):
+def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(monkeypatch, tok, name):
     """On a GPU the update's completions go through `fused.PackedOps`, and the log-probs and
-    gradients (fp32) are the `transformers` forward's."""
+    gradients (fp32) are the `transformers` forward's (`UNTUNED`)."""
     pytest.importorskip("triton")
+    monkeypatch.setattr(gpu_kernels, "TUNE", False)
     model = MODELS[name](tok).cuda()
     mb = to_device(ragged_batch(tok), torch.device("cuda"))
     calls = []
@@ -456,6 +466,25 @@ def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(tok, name):
     for param_name, expected in expected_grads.items():
         torch.testing.assert_close(grads[param_name], expected, rtol=1e-3, atol=1e-4)
     assert len(calls) == model.config.num_hidden_layers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("queries", "keys"),
+    list(zip(gpu_kernels.QUERY_TILINGS, gpu_kernels.KEY_TILINGS, strict=True)),
+    ids=lambda t: f"{t.block_m}x{t.block_n}",
+)
+def test_every_tiling_on_a_gpu_computes_the_same_attention(monkeypatch, queries, keys):
+    """Each block shape the autotuner may choose, compiled and run on a GPU in bf16, against
+    the padded reference: 300 positions and 140 prefix keys (several blocks of 128 and
+    partial ones), a group of 2 query heads per key head."""
+    pytest.importorskip("triton")
+    import interpreted_triton as checks
+
+    monkeypatch.setattr(gpu_kernels, "TUNE", False)
+    monkeypatch.setattr(gpu_kernels, "QUERY_TILINGS", (queries,))
+    monkeypatch.setattr(gpu_kernels, "KEY_TILINGS", (keys,))
+    checks.check_packed_attention(4, 2, 64, 300, 140, "cuda", torch.bfloat16)
 
 
 HOPPER_SHARED_MEMORY = 227 * 1024
