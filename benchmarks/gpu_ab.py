@@ -29,10 +29,11 @@
   the Triton kernels of `gpu_kernels` instead (lever 31: only the real positions, a prompt's
   keys read in place, the causal half), both with Triton kernels for the token statistics
   (lever 32: one pass over the logits forward, one backward) and for the rotary embedding and
-  SiLU·up (lever 33), one q/k/v and one gate/up matmul (lever 40) and each residual addition
-  with its RMSNorm as one kernel (lever 50; the second way is the first without it, then
-  the third the second with the Triton attention); then without the packed
-  matmuls (before lever 40), without the statistics too (before lever 32), with the attention
+  SiLU·up (lever 33), one q/k/v and one gate/up matmul (lever 40), each residual addition
+  with its RMSNorm as one kernel (lever 50) and SiLU·up over the gate/up output whole, so
+  its gradient is one tensor (lever 51); the second way is the first without lever 51, the
+  third without 50 and 51, the fourth without 40 as well; then the third and fourth ways
+  with the Triton attention, then without the statistics too (before lever 32), with the attention
   alone (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with
   an additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
   with the peak memory;
@@ -224,22 +225,29 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 
 
 TRAIN_KERNEL_WAYS = {  # name: (PackedOps, rotary and SwiGLU, statistics, packed matmuls,
-    # varlen, residual additions fused with their RMSNorms)
+    # varlen, residual additions fused with their RMSNorms, one gate/up gradient)
+    "varlen attention, Triton element-wise and statistics, packed projections, fused norms, "
+    "one gate/up gradient": (True, True, True, True, True, True, True),
     "varlen attention, Triton element-wise and statistics, packed projections, fused norms": (
-        True, True, True, True, True, True),
+        True, True, True, True, True, True, False),
     "varlen attention, Triton element-wise and statistics, packed projections": (
-        True, True, True, True, True, False),
+        True, True, True, True, True, False, False),
+    "varlen attention, Triton element-wise and statistics": (
+        True, True, True, False, True, False, False),
     "Triton attention, element-wise and statistics, packed projections": (
-        True, True, True, True, False, False),
-    "Triton attention, element-wise and statistics": (True, True, True, False, False, False),
+        True, True, True, True, False, False, False),
+    "Triton attention, element-wise and statistics": (
+        True, True, True, False, False, False, False),
     "Triton attention and element-wise, PyTorch statistics": (
-        True, True, False, False, False, False),
+        True, True, False, False, False, False, False),
     "Triton attention, PyTorch element-wise and statistics": (
-        True, False, False, False, False, False),
-    "PyTorch attention, element-wise and statistics": (False, False, False, False, False, False),
+        True, False, False, False, False, False, False),
+    "PyTorch attention, element-wise and statistics": (
+        False, False, False, False, False, False, False),
 }  # fmt: skip
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
 PACKED_PROJECTIONS = fused.PackedOps.projections
+PACKED_SWIGLU = fused.PackedOps.mlp_inner
 FUSED_NORMS = fused.PackedOps.__dict__["add_rms_norm"]
 """The staticmethod itself: read through the class it is a plain function, which set back on
 the class would be bound to the instance."""
@@ -249,12 +257,20 @@ first."""
 
 
 def use_train_kernels(
-    attention: bool, elementwise: bool, statistics: bool, packed: bool, varlen: bool, norms: bool
+    attention: bool,
+    elementwise: bool,
+    statistics: bool,
+    packed: bool,
+    varlen: bool,
+    norms: bool,
+    one_gradient: bool,
 ) -> None:
     """Let `fused.layer_ops` pick `PackedOps` (the Triton attention, or with `varlen`
     FlashAttention-2's variable-length kernel) with or without its Triton rotary embedding and
-    SiLU·up, its packed q/k/v and gate/up matmuls and its residual additions fused with their
-    RMSNorms (`norms`), and `logprobs` the Triton token statistics, or not."""
+    SiLU·up, its packed q/k/v and gate/up matmuls, its residual additions fused with their
+    RMSNorms (`norms`) and its SiLU·up of the packed gate/up output whole (`one_gradient`,
+    lever 51: else split into views, whose gradients autograd joins), and `logprobs` the
+    Triton token statistics, or not."""
     fused.PackedOps.add_rms_norm = FUSED_NORMS if norms else fused.TorchOps.add_rms_norm
     flash_varlen.ENABLED = varlen
     fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF
@@ -264,6 +280,8 @@ def use_train_kernels(
     fused.PackedOps.rotate, fused.PackedOps.silu_mul = staticmethod(rotate), staticmethod(silu_mul)
     projections = PACKED_PROJECTIONS if packed else fused.TorchOps.projections
     fused.PackedOps.projections = staticmethod(projections)
+    whole = packed and elementwise and one_gradient
+    fused.PackedOps.mlp_inner = PACKED_SWIGLU if whole else fused.TorchOps.mlp_inner
     logprobs.gpu_kernels = gpu_kernels if statistics else KERNELS_OFF
 
 
@@ -376,7 +394,7 @@ def main() -> None:
                 use_train_kernels(*way)
                 run = train_run(model, device, tokens)
                 record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
-        use_train_kernels(True, True, True, True, True, True)
+        use_train_kernels(True, True, True, True, True, True, True)
         for tokens in budgets if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

@@ -357,17 +357,24 @@ def check_rotary_and_swiglu(device: str, dtype) -> None:
     def inputs(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g).to(dtype).float()
 
-    x, cos, sin, gate, up, wide = (
+    x, cos, sin, gate, up, wide, gate_up = (
         inputs(11, 3, 24),
         inputs(11, 1, 24),
         inputs(11, 1, 24),
         inputs(7, 1500),
         inputs(7, 1500),
         inputs(11, 5, 24),
+        inputs(7, 3100),
     )
     cases = [
         (gpu_kernels.rotary, lambda x: fused.rotate(x, cos, sin), [x], [cos, sin]),
         (gpu_kernels.swiglu, lambda a, b: F.silu(a) * b, [gate, up], []),
+        (  # the first 3,000 columns of 3,100 as one packed gate/up output, read in place
+            lambda w: gpu_kernels.swiglu_packed(w[:, :3000]),
+            lambda w: F.silu(w[:, :1500]) * w[:, 1500:3000],
+            [gate_up],
+            [],
+        ),
         (  # heads 1-3 of five, read in place as from PackedOps.projections' packed output
             lambda w, c, s: gpu_kernels.rotary(w[:, 1:4], c, s),
             lambda w: fused.rotate(w[:, 1:4], cos, sin),
@@ -390,6 +397,31 @@ def check_rotary_and_swiglu(device: str, dtype) -> None:
 
 def test_rotary_and_swiglu_kernels_match_pytorch_forward_and_backward():
     check_rotary_and_swiglu("cpu", torch.float32)
+
+
+def test_the_packed_mlp_inner_gives_torch_ops_values_and_one_gate_up_gradient():
+    """`PackedOps.mlp_inner` (lever 51): SiLU·up reads the packed gate/up matmul's output
+    whole, so its gradient reaches the matmul with no split node, whose backward would join
+    the two halves' gradients with a copy; values and gradients are `TorchOps`'."""
+    torch.manual_seed(3)
+    gate, up = torch.nn.Linear(16, 24), torch.nn.Linear(16, 24)
+    x = torch.randn(5, 16, requires_grad=True)
+    differentiable = [x, gate.weight, gate.bias, up.weight, up.bias]
+    expected = fused.TorchOps(torch.zeros(1, 1, 1, 1)).mlp_inner(x, gate, up)
+    grad = torch.randn(expected.shape)
+    expected_grads = torch.autograd.grad(expected, differentiable, grad)
+    out = fused.PackedOps(torch.ones(1, 5), 5).mlp_inner(x, gate, up)
+    seen, stack = set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    assert not [node.name() for node in seen if "Split" in node.name()]
+    close(out, expected.detach())
+    actual_grads = torch.autograd.grad(out, differentiable, grad)
+    for actual, reference in zip(actual_grads, expected_grads, strict=True):
+        close(actual, reference)
 
 
 def test_the_token_statistics_refuse_a_token_outside_the_vocabulary():

@@ -392,7 +392,7 @@ def test_the_triton_kernels_under_the_interpreter():
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "48 passed" in result.stdout
+    assert "49 passed" in result.stdout
 
 
 UNTUNED = "the attention untuned: each tiling is checked on its own (every_tiling_on_a_gpu)"
@@ -622,6 +622,13 @@ def test_the_triton_kernels_need_an_ampere_or_later_gpu(monkeypatch):
     monkeypatch.setenv("RLVR_GPU_KERNELS", "0")
     assert gpu_kernels.usable(on_gpu) is False
     assert not gpu_kernels.usable(torch.zeros(1))  # a CPU tensor outside the interpreter
+
+
+def test_swiglu_packed_refuses_an_odd_width():
+    from rlvr.models import gpu_kernels
+
+    with pytest.raises(ValueError, match=r"swiglu_packed: an odd last axis \(2, 5\)"):
+        gpu_kernels.swiglu_packed(torch.zeros(2, 5))
 
 
 def test_swiglu_refuses_gate_and_up_of_different_shapes():

@@ -411,15 +411,16 @@ def rotary_kernel(
 
 @triton.jit
 def swiglu_kernel(
-    gate, up, grad, out, d_gate, d_up, width, gate_row, up_row,
+    gate, up, grad, out, d_gate, d_up, width, gate_row, up_row, d_row,
     BACKWARD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, block of BLOCK columns): silu(gate)·up (the SwiGLU MLP's inner
     product, Shazeer 2020, eq. 6), or (BACKWARD) from the output's gradient g: d gate =
     g·up·σ(gate)·(1 + gate·(1 - σ(gate))) and d up = g·silu(gate), recomputing σ(gate)
     instead of keeping silu(gate) for backward. gate and up rows are `gate_row` and `up_row`
-    apart (the two halves of a packed gate/up projection, or tensors of their own); grad,
-    out, d_gate and d_up are dense [rows, width]."""
+    apart (the two halves of a packed gate/up projection, or tensors of their own), d_gate
+    and d_up rows `d_row` apart (the two halves of one gradient, or tensors of their own);
+    grad and out are dense [rows, width]."""
     row = tl.program_id(0).to(tl.int64)  # row × stride can pass 2**31
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = i < width
@@ -430,8 +431,9 @@ def swiglu_kernel(
     if BACKWARD:
         g = tl.load(grad + at, mask=inside, other=0.0).to(tl.float32)
         d_a = g * b * sigmoid * (1.0 + a * (1.0 - sigmoid))
-        tl.store(d_gate + at, d_a.to(d_gate.dtype.element_ty), mask=inside)
-        tl.store(d_up + at, (g * a * sigmoid).to(d_up.dtype.element_ty), mask=inside)
+        d_at = row * d_row + i
+        tl.store(d_gate + d_at, d_a.to(d_gate.dtype.element_ty), mask=inside)
+        tl.store(d_up + d_at, (g * a * sigmoid).to(d_up.dtype.element_ty), mask=inside)
     else:
         tl.store(out + at, (a * sigmoid * b).to(out.dtype.element_ty), mask=inside)
 

@@ -461,9 +461,9 @@ def _check(condition: bool, what: str) -> None:
         raise ValueError(f"cpu_kernels: {what}")
 
 
-class ResidualNorm:
-    """`add_rms_norm` for a set of the fused forward's operations that has an `rms_norm`: the
-    addition, then the norm (`gpu_kernels.add_rms_norm` does both in one kernel)."""
+class Composites:
+    """The fused forward's operations made of others, for a set of them that has `rms_norm`,
+    `projections` and `silu_mul` (`fused.PackedOps` replaces both with kernels of their own)."""
 
     def add_rms_norm(
         self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
@@ -472,8 +472,14 @@ class ResidualNorm:
         h = h + delta
         return h, self.rms_norm(h, weight, eps)
 
+    def mlp_inner(
+        self, x: torch.Tensor, gate: torch.nn.Linear, up: torch.nn.Linear
+    ) -> torch.Tensor:
+        """The SwiGLU MLP's input to its down projection, silu(x·W_gate)·(x·W_up)."""
+        return self.silu_mul(*self.projections(x, gate, up))
 
-class DecodeOps(ResidualNorm):
+
+class DecodeOps(Composites):
     """The lean forward's decode-step operations computed by the C kernels.
 
     `visible` [batch, len] (bool) marks the keys each row's query attends to. Inputs must be

@@ -343,7 +343,7 @@ def padded(x: torch.Tensor, flat: torch.Tensor | None, b: int, t: int) -> torch.
     return x.view(b, t, *x.shape[-2:]).transpose(1, 2)
 
 
-class TorchOps(cpu_kernels.ResidualNorm):
+class TorchOps(cpu_kernels.Composites):
     """The lean forward's per-layer operations in PyTorch: any device and dtype, differentiable.
     `bias` [b, 1, t, s] is the attention's additive mask (`mask_bias`); `flat` the positions
     the forward computes in the [b·t] layout (`real_positions`; None: all, [b, t, ...])."""
@@ -492,8 +492,8 @@ class PackedOps(KernelOps):
     `gpu_kernels.attention`, which reads only the computed positions, a shared prompt's keys
     in place and the key blocks each query block sees); the rotary embedding and SiLU·up,
     one kernel each way, reading the views of one packed q/k/v and one gate/up matmul
-    (`projections`); each residual addition with the RMSNorm after it (`add_rms_norm`, one
-    kernel each way). The embeddings' RMSNorm by PyTorch."""
+    (`projections`, `mlp_inner`); each residual addition with the RMSNorm after it
+    (`add_rms_norm`, one kernel each way). The embeddings' RMSNorm by PyTorch."""
 
     rms_norm = staticmethod(TorchOps.rms_norm)
     add_rms_norm = staticmethod(gpu_kernels.add_rms_norm)
@@ -503,18 +503,34 @@ class PackedOps(KernelOps):
 
     @staticmethod
     def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
-        """`TorchOps.projections` as one matmul over the modules' weights concatenated (a
-        copy per call; autograd splits its gradient back), its output split into views that
-        the kernels read in place: one GEMM each way instead of one per module, so the
+        """`TorchOps.projections` as one matmul (`packed_linear`), its output split into views
+        that the kernels read in place: one GEMM each way instead of one per module, so the
         narrow k and v projections of a GQA model are no GEMMs of their own. Modules of
         which only some have a bias keep their own matmuls."""
-        biases = [module.bias for module in modules]
-        if any(b is None for b in biases) and not all(b is None for b in biases):
+        y = packed_linear(x, *modules)
+        if y is None:
             return TorchOps.projections(x, *modules)
-        weight = torch.cat([module.weight for module in modules])
-        bias = None if biases[0] is None else torch.cat(biases)
-        sizes = [module.out_features for module in modules]
-        return F.linear(x, weight, bias).split(sizes, dim=-1)
+        return y.split([module.out_features for module in modules], dim=-1)
+
+    def mlp_inner(self, x: torch.Tensor, gate: nn.Linear, up: nn.Linear) -> torch.Tensor:
+        """`TorchOps.mlp_inner` by one gate/up matmul (`packed_linear`) and
+        `gpu_kernels.swiglu_packed`, whose backward writes the matmul output's gradient whole,
+        where split views would have autograd join the two halves' gradients with a copy
+        (lever 51)."""
+        y = packed_linear(x, gate, up)
+        if y is None:
+            return super().mlp_inner(x, gate, up)
+        return gpu_kernels.swiglu_packed(y)
+
+
+def packed_linear(x: torch.Tensor, *modules: nn.Linear) -> torch.Tensor | None:
+    """x through `modules` as one matmul over their weights (and biases) concatenated, a copy
+    per call whose gradient autograd splits back; None where only some have a bias."""
+    biases = [module.bias for module in modules]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    bias = None if biases[0] is None else torch.cat(biases)
+    return F.linear(x, torch.cat([module.weight for module in modules]), bias)
 
 
 def layer_ops(
@@ -639,7 +655,7 @@ class FusedForward:
             attn, mlp = layer.self_attn, layer.mlp
             attended = linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
             h, x = ops.add_rms_norm(h, attended, layer.post_attention_layernorm.weight, self.eps)
-            inner = ops.silu_mul(*ops.projections(x, mlp.gate_proj, mlp.up_proj))
+            inner = ops.mlp_inner(x, mlp.gate_proj, mlp.up_proj)
             return ops.add_rms_norm(h, linear(inner, mlp.down_proj), gain, self.eps)
 
         gains = [layer.input_layernorm.weight for layer in self.layers[1:]]

@@ -303,19 +303,25 @@ def add_rms_norm(
 
 
 def _swiglu_pass(
-    gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor | None
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    grad: torch.Tensor | None,
+    into: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The SwiGLU kernel over gate, up [rows, width] (unit column stride): silu(gate)·up, or
-    with `grad` the gradients of gate and up (dense)."""
+    with `grad` the gradients of gate and up, dense, or with `into` [rows, 2·width] written
+    into its two halves."""
     rows, width = gate.shape
-    outs = [torch.empty(rows, width, dtype=gate.dtype, device=gate.device)]
-    if grad is not None:
-        outs.append(torch.empty_like(outs[0]))
+    if into is not None:
+        outs = (into[:, :width], into[:, width:])
+    else:
+        outs = tuple(gate.new_empty(rows, width) for _ in range(1 if grad is None else 2))
     kernels().swiglu_kernel[(rows, -(-width // ELEMENTS_BLOCK))](
         gate, up, outs[0] if grad is None else grad, outs[0], outs[0], outs[-1], width,
-        gate.stride(0), up.stride(0), BACKWARD=grad is not None, BLOCK=ELEMENTS_BLOCK,
+        gate.stride(0), up.stride(0), outs[0].stride(0),
+        BACKWARD=grad is not None, BLOCK=ELEMENTS_BLOCK,
     )  # fmt: skip
-    return tuple(outs)
+    return outs
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -332,6 +338,23 @@ class _SwiGLU(torch.autograd.Function):
         return _swiglu_pass(gate, up, grad.contiguous())
 
 
+class _PackedSwiGLU(torch.autograd.Function):
+    """`swiglu_packed`: the same kernels over the two halves of one tensor, whose gradient
+    backward writes whole; keeps that tensor."""
+
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        return _swiglu_pass(*gate_up.chunk(2, dim=-1), None)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gate_up,) = ctx.saved_tensors
+        into = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+        _swiglu_pass(*gate_up.chunk(2, dim=-1), grad.contiguous(), into)
+        return into
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate)·up (`fused.TorchOps.silu_mul`) over the last axis, differentiable: one kernel
     each way, where PyTorch runs two forward and three backward and keeps silu(gate) as well.
@@ -342,6 +365,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     width = gate.shape[-1]
     rows = [_dense_rows(x.reshape(-1, width)) for x in (gate, up)]  # views where they can be
     return _SwiGLU.apply(*rows).view(gate.shape)
+
+
+def swiglu_packed(gate_up: torch.Tensor) -> torch.Tensor:
+    """`swiglu` of the two halves of `gate_up`'s last axis (gate, then up: the output of one
+    packed gate/up matmul), its gradient one dense tensor like `gate_up` (lever 51). Split
+    into two views before `swiglu`, autograd would join the halves' gradients with a copy:
+    at the 0.5B shape 2 GB of traffic per layer and 64k-token micro-batch."""
+    width = gate_up.shape[-1]
+    if width % 2:
+        raise ValueError(f"gpu_kernels.swiglu_packed: an odd last axis {tuple(gate_up.shape)}")
+    out = _PackedSwiGLU.apply(_dense_rows(gate_up.reshape(-1, width)))
+    return out.view(*gate_up.shape[:-1], width // 2)
 
 
 class _PackedAttention(torch.autograd.Function):
