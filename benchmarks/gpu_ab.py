@@ -13,7 +13,7 @@
   embedding and K/V write as a program per row and head (before levers 44 and 45), with the
   attention as two matmuls, with the sampling before lever 26, and the step of
   `FusedForward.hidden` (before lever 25), alternating twice, at 64, 128 and 512 rows
-  (`--batches`), then the kernels of each at 512 rows (`gpu.decode_step_profile`); `--ways`
+  (`--batches`), then the kernels of each at each of those (`gpu.decode_step_profile`); `--ways`
   picks some of them.
   The 11-26 results (`gpu_ab-decode-step.json`, and `gpu_ab-packed-step.json` for lever 25
   alone) predate lever 27, which changed `decode_attention`. (Until lever 25 this part
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -375,11 +376,12 @@ def main() -> None:
                 overlap = use_way(way)
                 r = gpu.decode_case(model, case, device, bandwidths, overlap=overlap)
                 record(f"{shape} decode batch {batch} {name}", r, "decode_step_ms")
-        for name, way in step_ways.items() if "decode" in args.parts else ():
+        profiled = itertools.product(args.batches, step_ways.items())
+        for batch, (name, way) in profiled if "decode" in args.parts else ():
             use_way(way)
-            case = argparse.Namespace(batch=512, samples=8, prompt_len=128, new_tokens=512)
+            case = argparse.Namespace(batch=batch, samples=8, prompt_len=128, new_tokens=512)
             r = gpu.decode_step_profile(model, case, device)
-            record(f"{shape} decode profile {name}", r, "total_ms")
+            record(f"{shape} decode profile {batch} {name}", r, "total_ms")
         use_way(STEP_WAYS["packed step"])
         for name, (way, chunk) in [*CHUNK_WAYS.items()] * 2 if "chunks" in args.parts else ():
             update.completion_token_stats = WAYS[way]

@@ -6,15 +6,16 @@
 #      tiling: autotuning all seven per shape took them past 150 s on the sixth 11-26 run);
 #   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
 #   3. gpu.py --profile: where the 0.5B training step's time goes now;
-#   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40-42
-#      and 50;
-#   5. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
+#   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41,
+#      50 and 51;
+#   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
+#   6. gpu_ab.py --parts decode: the decode step with our split-KV attention kernel instead
+#      of SDPA (lever 46) and without the Triton kernels, both shapes, 64 and 512 rows, with
+#      a profile of each;
+#   7. every tiling the attention's autotuner may pick, each compiled and checked on its own;
+#   8. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
-#   6. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
-#   7. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours;
-#   8. gpu_ab.py --parts decode: the decode step with and without levers 29-30 and 43-45, and
-#      with our split-KV attention kernel instead of SDPA (lever 46);
-#   9. every tiling the attention's autotuner may pick, each compiled and checked on its own.
+#   9. decode_attention_ab.py: one layer's decode attention by SDPA's kernels and by ours.
 # Run from the repository root: TOTAL=540 bash benchmarks/gpu_checks.sh
 # The logs and result files go into one archive, ${OUT:-gpu_checks}/gpu_checks.tar.gz, made
 # again after each stage (a device that returns few files, or stops the call, returns it);
@@ -61,7 +62,7 @@ stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
   "$PYTHON" -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__, torch.cuda.get_device_capability())"
 } > "$LOGS/device.log" 2>&1
 cat "$LOGS/device.log"
-stage tests 180 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
+stage tests 180 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --durations=15 tests/test_cuda_graphs.py \
   tests/test_logprobs.py tests/test_optim.py tests/test_flash_varlen.py \
   -k "(on_a_gpu or do_not_wait or fused_adamw or varlen) and not every_tiling"
 if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
@@ -72,16 +73,15 @@ stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m
   --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
 stage train_profile 60 gpu-train-profile.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b \
   --parts train --micro-batch-tokens 65536 --repeats 1 --profile --out gpu-train-profile.json
-stage train_ab 120 gpu_ab.json \
+stage train_ab 150 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
-stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
 stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
   --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
-stage attention_ab 60 decode_attention_ab.json "$PYTHON" benchmarks/decode_attention_ab.py
-stage decode_ab 150 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b \
-  --batches 64 512 --ways "packed step" "packed step, our attention" "packed step, norms apart" \
-  "packed step, norms apart, rotation per head" "packed step, residual copied" \
+stage decode_ab 120 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b 100m \
+  --batches 64 512 --ways "packed step" "packed step, our attention" \
   "packed step, no Triton kernels"
 stage tilings 90 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs tests/test_cuda_graphs.py \
   -k every_tiling_on_a_gpu
+stage train_kernels_ab 120 train_kernels_ab.json "$PYTHON" benchmarks/train_kernels_ab.py
+stage attention_ab 60 decode_attention_ab.json "$PYTHON" benchmarks/decode_attention_ab.py
 echo "== done after $(($(date +%s) - START)) s: $OUT/gpu_checks.tar.gz"

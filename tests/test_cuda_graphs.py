@@ -636,3 +636,26 @@ def test_swiglu_refuses_gate_and_up_of_different_shapes():
 
     with pytest.raises(ValueError, match=r"gate \(2, 3\) and up \(2, 4\)"):
         gpu_kernels.swiglu(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def test_every_way_of_the_mini_batch_ab_keeps_the_operations_call_signatures(monkeypatch):
+    """`benchmarks/gpu_ab.py`'s kernels part swaps `PackedOps`' operations per way; each must
+    take the arguments `FusedForward.hidden` passes, as `TorchOps`' do (a staticmethod set
+    back as a plain function is bound to the instance and takes one argument fewer: the
+    lever-50 A/B crashed on an H200 that way)."""
+    import inspect
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    import gpu_ab
+
+    reference = fused.TorchOps(torch.zeros(1, 1, 1, 1))
+    names = ["add_rms_norm", "rotate", "silu_mul", "projections", "mlp_inner", "rms_norm"]
+    try:
+        for way in gpu_ab.TRAIN_KERNEL_WAYS.values():
+            gpu_ab.use_train_kernels(*way)
+            ops = fused.PackedOps(torch.ones(1, 1), 1)
+            for name in names:
+                expected = inspect.signature(getattr(reference, name)).parameters
+                assert list(inspect.signature(getattr(ops, name)).parameters) == list(expected)
+    finally:
+        gpu_ab.use_train_kernels(*next(iter(gpu_ab.TRAIN_KERNEL_WAYS.values())))
