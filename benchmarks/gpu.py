@@ -18,7 +18,9 @@ For each model shape (random init) it measures:
 
 `--parts` picks decode and/or training; `--profile` adds, for a few decode steps at the first
 batch size (`decode_step_profile`) and one training step, the operations that took the most
-time (kernels by device time on a GPU).
+time (kernels by device time on a GPU); on a GPU also the time no kernel ran and the longest
+such gaps (`idle_time`) and, for the training step, where the host waited for the GPU
+(`sync_sites`).
 
     python benchmarks/gpu.py                    # 100m and 0.5b shapes, bf16, on CUDA
     python benchmarks/gpu.py --quick            # a CPU smoke run on a toy shape (fp32)
@@ -35,6 +37,8 @@ import platform
 import statistics
 import sys
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,7 +207,61 @@ def top_operations(fn: Callable[[], object], device: torch.device, top: int = 20
         for e in events[:top]
     ]
     calls = sum(e.count for e in events)
-    return {"total_ms": total / 1e3, "calls": calls, "top": operations}
+    result = {"total_ms": total / 1e3, "calls": calls, "top": operations}
+    if cuda:
+        kernels = [
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA
+        ]
+        result["idle"] = idle_time(kernels)
+    return result
+
+
+def idle_time(kernels: list[tuple[float, float, str]], top: int = 10) -> dict:
+    """Where a device waits between kernels, from each kernel's (start µs, end µs, name): the
+    span from the first start to the last end, the time some kernel runs (the union of their
+    intervals), the rest, and the `top` longest gaps with the kernels on either side (the one
+    that ended last before the gap, the one that starts it)."""
+    if not kernels:
+        return {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+    ordered = sorted(kernels)
+    first, end, last = ordered[0]
+    busy, gaps = 0.0, []
+    for start, stop, name in ordered[1:]:
+        if start > end:
+            busy += end - first
+            gaps.append((start - end, last, name))
+            first = start
+        if stop > end:
+            end, last = stop, name
+    busy += end - first
+    span = end - ordered[0][0]
+    gaps.sort(key=lambda gap: gap[0], reverse=True)
+    return {
+        "span_ms": span / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_ms": (span - busy) / 1e3,
+        "gaps": [{"ms": g / 1e3, "after": a[:80], "before": b[:80]} for g, a, b in gaps[:top]],
+    }
+
+
+def sync_sites(fn: Callable[[], object]) -> dict[str, int]:
+    """Where one call of `fn` makes the host wait for the GPU: the file and line of each
+    synchronising call PyTorch's sync debug mode reports, with how often, most often first."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(
+        f"{Path(w.filename).name}:{w.lineno}"
+        for w in caught
+        if "called a synchronizing" in str(w.message)
+    )
+    return dict(sites.most_common())
 
 
 def decode_case(
@@ -364,6 +422,8 @@ def train_case(model, args, device, peaks, profile: bool = False) -> dict:
             result[f"mfu_{name}"] = flops / peak
     if profile:
         result["profile"] = top_operations(step, device)
+        if device.type == "cuda":
+            result["profile"]["syncs"] = sync_sites(step)
     return result
 
 

@@ -70,7 +70,7 @@ if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
   echo "== FlashAttention-2 varlen failed its GPU test: RLVR_FLASH_VARLEN=0 from here on"
 fi
 stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
-  --micro-batch-tokens 65536 --repeats 1 --out gpu-train-64k.json
+  --micro-batch-tokens 65536 --repeats 3 --out gpu-train-64k.json
 stage train_profile 60 gpu-train-profile.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b \
   --parts train --micro-batch-tokens 65536 --repeats 1 --profile --out gpu-train-profile.json
 stage train_ab 150 gpu_ab.json \
