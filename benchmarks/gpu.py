@@ -14,7 +14,8 @@ For each model shape (random init) it measures:
   computes (each prompt once, then the completions), and MFU = model FLOPs/s (6 · matmul
   parameters · tokens plus causal attention) over the data-sheet bf16 dense peak and over the
   matmul peak measured here (recomputation under `--gradient-checkpointing` is not counted as
-  model FLOPs), and on CUDA the peak memory allocated.
+  model FLOPs), and on CUDA the peak memory allocated and the allocator's retries over the
+  timed calls and their warm-up (`allocator_retries`).
 
 `--parts` picks decode and/or training; `--profile` adds, for a few decode steps at the first
 batch size (`decode_step_profile`) and one training step, the operations that took the most
@@ -374,6 +375,15 @@ def token_batch(
     )
 
 
+def allocator_retries(device: torch.device) -> int:
+    """How often PyTorch's CUDA allocator has freed its cached blocks to retry an allocation
+    (`num_alloc_retries`): each retry frees memory with cudaFree, which waits for the whole
+    device. Fragmentation across micro-batches of different sizes makes them; 0 off CUDA."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+
+
 def train_case(model, args, device, peaks, profile: bool = False) -> dict:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -397,7 +407,9 @@ def train_case(model, args, device, peaks, profile: bool = False) -> dict:
         optimizer.step()
 
     model.train()
+    retries = allocator_retries(device)
     seconds = timed(step, device, args.repeats)
+    retries = allocator_retries(device) - retries
     tokens = groups * args.prompt_len + sum(lengths)
     cfg = model.config
     attn_width = cfg.num_attention_heads * (
@@ -416,6 +428,7 @@ def train_case(model, args, device, peaks, profile: bool = False) -> dict:
         "step_s": seconds,
         "tokens_per_s": tokens / seconds,
         "model_tflops": flops / 1e12,
+        "allocator_retries": retries,
     }
     for name, peak in peaks.items():
         if peak:

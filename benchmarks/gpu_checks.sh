@@ -5,7 +5,9 @@
 #      FlashAttention-2's varlen kernel against the reference), the attention untuned (one
 #      tiling: autotuning all seven per shape took them past 150 s on the sixth 11-26 run);
 #   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
-#   3. gpu.py --profile: where the 0.5B training step's time goes now;
+#   3. the same for the 0.5B shape with PyTorch's allocator growing its segments in place
+#      (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), in a process of its own; then
+#      gpu.py --profile: where the 0.5B training step's time goes now;
 #   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41,
 #      50 and 51;
 #   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
@@ -71,6 +73,9 @@ if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
 fi
 stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
   --micro-batch-tokens 65536 --repeats 3 --out gpu-train-64k.json
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True stage train_expandable 45 \
+  gpu-train-expandable.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b --parts train \
+  --micro-batch-tokens 65536 --repeats 3 --out gpu-train-expandable.json
 stage train_profile 60 gpu-train-profile.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b \
   --parts train --micro-batch-tokens 65536 --repeats 1 --profile --out gpu-train-profile.json
 stage train_ab 150 gpu_ab.json \
