@@ -434,7 +434,7 @@ def train_case(model, args, device, peaks, profile: bool = False) -> dict:
         if peak:
             result[f"mfu_{name}"] = flops / peak
     if profile:
-        result["profile"] = top_operations(step, device)
+        result["profile"] = top_operations(step, device, top=60)
         if device.type == "cuda":
             result["profile"]["syncs"] = sync_sites(step)
     return result
