@@ -13,9 +13,10 @@
 #   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41,
 #      50 and 51;
 #   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
-#   6. gpu_ab.py --parts decode: the decode step with our split-KV attention kernel instead
-#      of SDPA (lever 46) and without the Triton kernels, both shapes, 64 and 512 rows, with
-#      a profile of each;
+#   6. decode_matmuls.py: the step's matmuls alone at 64 and 512 rows, their weights' read
+#      rate against the copy bandwidth; then gpu_ab.py --parts decode: the decode step with
+#      our split-KV attention kernel instead of SDPA (lever 46) and without the Triton
+#      kernels, both shapes, 64 and 512 rows, with a profile of each;
 #   7. every tiling the attention's autotuner may pick, each compiled and checked on its own;
 #   8. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
@@ -85,6 +86,7 @@ stage train_ab 150 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
 stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
   --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json
+stage decode_matmuls 45 decode_matmuls.json "$PYTHON" benchmarks/decode_matmuls.py
 stage decode_ab 120 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b 100m \
   --batches 64 512 --ways "packed step" "packed step, our attention" \
   "packed step, no Triton kernels"
