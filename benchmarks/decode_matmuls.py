@@ -8,7 +8,8 @@ a fraction of that rate for 64-row products, the step is bound by the matmuls' b
 not by its kernel count. Per layer the step runs (`graph_step.decode_hidden`): the packed
 q/k/v product, the o product added into the residual stream (`residual_linear`), the packed
 gate/up product and the down product added into the stream; then the LM head once. Each is
-timed as the replay of a CUDA graph of 20 calls (`decode_attention_ab.graph_ms`), bf16.
+timed as the replay of a CUDA graph of 20 calls (`decode_attention_ab.graph_ms`), bf16;
+the copy bandwidth is `gpu.measured_copy_bandwidth`'s.
 
     python benchmarks/decode_matmuls.py     # the 0.5b and 100m shapes, 64 and 512 rows
 
@@ -27,25 +28,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+import gpu
 from decode_attention_ab import graph_ms
 
 RESULTS = Path(__file__).parent / "results" / "decode_matmuls.json"
-
-
-class Shape(NamedTuple):
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    layers: int
-
-
-SHAPES = {  # as benchmarks/gpu.py builds them
-    "0.5b": Shape(896, 14, 2, 64, 4864, 151936, 24),
-    "100m": Shape(768, 12, 12, 64, 2048, 32000, 12),
-}
+SHAPES = ("0.5b", "100m")
+"""Of `gpu.SHAPES`."""
 
 
 class Matmul(NamedTuple):
@@ -56,15 +44,19 @@ class Matmul(NamedTuple):
     per_step: int  # calls a step makes
 
 
-def step_matmuls(s: Shape) -> list[Matmul]:
-    """The products a decode step makes, with the packed q/k/v and gate/up weights."""
-    width = s.heads * s.head_dim
+def step_matmuls(shape: str) -> list[Matmul]:
+    """The products a decode step of `gpu.SHAPES[shape]` makes, with the packed q/k/v and
+    gate/up weights (the model built on the meta device: its config, no memory)."""
+    with torch.device("meta"):
+        c = gpu.SHAPES[shape]().config
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    width, layers = c.num_attention_heads * d, c.num_hidden_layers
     return [
-        Matmul("q/k/v", s.hidden, width + 2 * s.kv_heads * s.head_dim, False, s.layers),
-        Matmul("o", width, s.hidden, True, s.layers),
-        Matmul("gate/up", s.hidden, 2 * s.intermediate, False, s.layers),
-        Matmul("down", s.intermediate, s.hidden, True, s.layers),
-        Matmul("LM head", s.hidden, s.vocab, False, 1),
+        Matmul("q/k/v", c.hidden_size, width + 2 * c.num_key_value_heads * d, False, layers),
+        Matmul("o", width, c.hidden_size, True, layers),
+        Matmul("gate/up", c.hidden_size, 2 * c.intermediate_size, False, layers),
+        Matmul("down", c.intermediate_size, c.hidden_size, True, layers),
+        Matmul("LM head", c.hidden_size, c.vocab_size, False, 1),
     ]
 
 
@@ -75,16 +67,9 @@ def traffic(m: Matmul, rows: int, element: int = 2) -> int:
     return (m.inputs * m.outputs + rows * m.inputs + result) * element
 
 
-def copy_gb_s() -> float:
-    """A 256 MB device-to-device copy's bandwidth (one read and one write per byte)."""
-    x = torch.empty(128 * 2**20, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() * 2 / graph_ms(lambda: y.copy_(x)) / 1e6
-
-
 def main() -> None:
     torch.manual_seed(0)
-    copy = copy_gb_s()
+    copy = gpu.measured_copy_bandwidth(torch.device("cuda"), torch.bfloat16) / 1e9
     report = {
         "command": " ".join(["python", "benchmarks/decode_matmuls.py", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(),
@@ -92,10 +77,10 @@ def main() -> None:
         "copy_gb_s": copy,
         "results": [],
     }
-    for shape, s in SHAPES.items():
+    for shape in SHAPES:
         for rows in (64, 512):
             step_ms = 0.0
-            for m in step_matmuls(s):
+            for m in step_matmuls(shape):
                 x = torch.randn(rows, m.inputs, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(m.outputs, m.inputs, device="cuda", dtype=torch.bfloat16) / 30
                 h = torch.zeros(rows, m.outputs, device="cuda", dtype=torch.bfloat16)

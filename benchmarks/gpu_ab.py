@@ -67,6 +67,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -225,27 +226,42 @@ CHUNK_WAYS = {  # name: (way of `lm_head_ab.WAYS`, logits per chunk)
 }
 
 
-TRAIN_KERNEL_WAYS = {  # name: (PackedOps, rotary and SwiGLU, statistics, packed matmuls,
-    # varlen, residual additions fused with their RMSNorms, one gate/up gradient)
+class TrainWay(NamedTuple):
+    """Which of the update's GPU levers a way of the mini-batch A/B keeps (`use_train_kernels`)."""
+
+    attention: bool = True  # PackedOps' attention kernels (lever 31), else SDPA over padding
+    elementwise: bool = True  # Triton rotary embedding and SiLU·up (lever 33)
+    statistics: bool = True  # Triton token statistics (lever 32)
+    packed: bool = True  # one q/k/v and one gate/up matmul (lever 40)
+    varlen: bool = True  # FlashAttention-2's variable-length kernel (lever 41)
+    norms: bool = True  # residual additions fused with their RMSNorms (lever 50)
+    one_gradient: bool = True  # SiLU·up of the packed gate/up output whole (lever 51)
+
+
+ALL_ON = TrainWay()
+TRITON = ALL_ON._replace(varlen=False, norms=False, one_gradient=False)
+TRAIN_KERNEL_WAYS = {
     "varlen attention, Triton element-wise and statistics, packed projections, fused norms, "
-    "one gate/up gradient": (True, True, True, True, True, True, True),
+    "one gate/up gradient": ALL_ON,
     "varlen attention, Triton element-wise and statistics, packed projections, fused norms": (
-        True, True, True, True, True, True, False),
+        ALL_ON._replace(one_gradient=False)
+    ),
     "varlen attention, Triton element-wise and statistics, packed projections": (
-        True, True, True, True, True, False, False),
+        ALL_ON._replace(norms=False, one_gradient=False)
+    ),
     "varlen attention, Triton element-wise and statistics": (
-        True, True, True, False, True, False, False),
-    "Triton attention, element-wise and statistics, packed projections": (
-        True, True, True, True, False, False, False),
-    "Triton attention, element-wise and statistics": (
-        True, True, True, False, False, False, False),
+        ALL_ON._replace(packed=False, norms=False, one_gradient=False)
+    ),
+    "Triton attention, element-wise and statistics, packed projections": TRITON,
+    "Triton attention, element-wise and statistics": TRITON._replace(packed=False),
     "Triton attention and element-wise, PyTorch statistics": (
-        True, True, False, False, False, False, False),
+        TRITON._replace(packed=False, statistics=False)
+    ),
     "Triton attention, PyTorch element-wise and statistics": (
-        True, False, False, False, False, False, False),
-    "PyTorch attention, element-wise and statistics": (
-        False, False, False, False, False, False, False),
-}  # fmt: skip
+        TRITON._replace(packed=False, statistics=False, elementwise=False)
+    ),
+    "PyTorch attention, element-wise and statistics": TrainWay(*[False] * 7),
+}
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
 PACKED_PROJECTIONS = fused.PackedOps.projections
 PACKED_SWIGLU = fused.PackedOps.mlp_inner
@@ -257,21 +273,14 @@ KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
 first."""
 
 
-def use_train_kernels(
-    attention: bool,
-    elementwise: bool,
-    statistics: bool,
-    packed: bool,
-    varlen: bool,
-    norms: bool,
-    one_gradient: bool,
-) -> None:
+def use_train_kernels(way: TrainWay) -> None:
     """Let `fused.layer_ops` pick `PackedOps` (the Triton attention, or with `varlen`
     FlashAttention-2's variable-length kernel) with or without its Triton rotary embedding and
     SiLU·up, its packed q/k/v and gate/up matmuls, its residual additions fused with their
     RMSNorms (`norms`) and its SiLU·up of the packed gate/up output whole (`one_gradient`,
     lever 51: else split into views, whose gradients autograd joins), and `logprobs` the
     Triton token statistics, or not."""
+    attention, elementwise, statistics, packed, varlen, norms, one_gradient = way
     fused.PackedOps.add_rms_norm = FUSED_NORMS if norms else fused.TorchOps.add_rms_norm
     flash_varlen.ENABLED = varlen
     fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF
@@ -393,10 +402,10 @@ def main() -> None:
         budgets = args.micro_batch_tokens if cuda else [64]
         for tokens in budgets if "kernels" in args.parts else ():
             for name, way in [*TRAIN_KERNEL_WAYS.items()] * 2:
-                use_train_kernels(*way)
+                use_train_kernels(way)
                 run = train_run(model, device, tokens)
                 record(f"{shape} kernels mb {tokens} {name}", run, "step_s")
-        use_train_kernels(True, True, True, True, True, True, True)
+        use_train_kernels(ALL_ON)
         for tokens in budgets if "train" in args.parts else ():
             for name, way in [*WAYS.items()] * 2:
                 update.completion_token_stats = way

@@ -395,10 +395,11 @@ def test_the_triton_kernels_under_the_interpreter():
     assert "49 passed" in result.stdout
 
 
-UNTUNED = "the attention untuned: each tiling is checked on its own (every_tiling_on_a_gpu)"
-"""Why the GPU checks of whole computations turn `gpu_kernels.TUNE` off: the autotuner
-compiles all seven tilings of each attention kernel per head size, group and dtype (about a
-second each), which took these tests past the 150 s their stage of `gpu_checks.sh` has."""
+# The GPU checks of whole computations below turn `gpu_kernels.TUNE` off ("untuned"): the
+# autotuner compiles all seven tilings of each attention kernel per head size, group and
+# dtype (about a second each), likely what took them past their stage's 150 s in
+# `gpu_checks.sh`; `test_every_tiling_on_a_gpu_computes_the_same_attention` checks each
+# tiling on its own.
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -406,7 +407,7 @@ second each), which took these tests past the 150 s their stage of `gpu_checks.s
 def test_the_triton_kernels_on_a_gpu(monkeypatch, dtype):
     """`interpreted_triton`'s checks of the decode step's kernels and of the update's (the
     packed attention, the token statistics, the rotary embedding and SiLU·up), compiled and
-    run on a GPU (`UNTUNED`)."""
+    run on a GPU, the attention untuned."""
     pytest.importorskip("triton")
     import interpreted_triton as checks
 
@@ -437,7 +438,7 @@ def test_the_triton_kernels_on_a_gpu(monkeypatch, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_grpo_update_on_a_gpu_with_the_kernels_gives_the_pytorch_gradients(monkeypatch):
-    """`interpreted_triton.check_grpo_update` with the compiled kernels, in fp32 (`UNTUNED`)."""
+    """`interpreted_triton.check_grpo_update` with the compiled kernels, in fp32, untuned."""
     pytest.importorskip("triton")
     import interpreted_triton as checks
 
@@ -449,7 +450,7 @@ def test_a_grpo_update_on_a_gpu_with_the_kernels_gives_the_pytorch_gradients(mon
 @pytest.mark.parametrize("name", ["llama", "qwen2_gqa"])
 def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(monkeypatch, tok, name):
     """On a GPU the update's completions go through `fused.PackedOps`, and the log-probs and
-    gradients (fp32) are the `transformers` forward's (`UNTUNED`)."""
+    gradients (fp32) are the `transformers` forward's (the attention untuned)."""
     pytest.importorskip("triton")
     monkeypatch.setattr(gpu_kernels, "TUNE", False)
     model = MODELS[name](tok).cuda()
@@ -652,10 +653,10 @@ def test_every_way_of_the_mini_batch_ab_keeps_the_operations_call_signatures(mon
     names = ["add_rms_norm", "rotate", "silu_mul", "projections", "mlp_inner", "rms_norm"]
     try:
         for way in gpu_ab.TRAIN_KERNEL_WAYS.values():
-            gpu_ab.use_train_kernels(*way)
+            gpu_ab.use_train_kernels(way)
             ops = fused.PackedOps(torch.ones(1, 1), 1)
             for name in names:
                 expected = inspect.signature(getattr(reference, name)).parameters
                 assert list(inspect.signature(getattr(ops, name)).parameters) == list(expected)
     finally:
-        gpu_ab.use_train_kernels(*next(iter(gpu_ab.TRAIN_KERNEL_WAYS.values())))
+        gpu_ab.use_train_kernels(gpu_ab.ALL_ON)

@@ -49,16 +49,20 @@ def test_sync_sites_counts_the_debug_modes_warnings_by_line(monkeypatch):
 
 
 def test_the_decode_matmuls_are_the_steps_weights_and_their_least_traffic():
-    """`benchmarks/decode_matmuls.py`'s products of a 0.5B decode step: per layer 1,152 ×
-    896 (q/k/v), 896 × 896 (o), 9,728 × 896 (gate/up), 896 × 4,864 (down), over 24 layers, and
-    the 151,936 × 896 head: 493,961,216 weights, the shape's 494,032,768 parameters less its
-    norms (49 × 896) and q/k/v biases (24 × 1,152). The o product at 64 rows moves its
-    weights, its input and the stream read and written once: (896² + 64 · 896 · 3) · 2 bytes."""
+    """`benchmarks/decode_matmuls.py`'s products of a decode step read each of the model's
+    linear weights once (`gpu.matmul_params`, counted from the modules themselves): for the
+    0.5B shape 493,961,216, its 494,032,768 parameters less its norms (49 × 896) and q/k/v
+    biases (24 × 1,152). The o product at 64 rows moves its weights, its input and the
+    stream read and written once: (896² + 64 · 896 · 3) · 2 bytes."""
     import decode_matmuls as dm
 
-    matmuls = dm.step_matmuls(dm.SHAPES["0.5b"])
-    weights = sum(m.inputs * m.outputs * m.per_step for m in matmuls)
-    assert weights == 494_032_768 - 49 * 896 - 24 * 1_152 == 493_961_216
+    for shape in dm.SHAPES:
+        with torch.device("meta"):
+            model = gpu.SHAPES[shape]()
+        weights = sum(m.inputs * m.outputs * m.per_step for m in dm.step_matmuls(shape))
+        assert weights == gpu.matmul_params(model)
+    matmuls = dm.step_matmuls("0.5b")
+    assert sum(m.inputs * m.outputs * m.per_step for m in matmuls) == 493_961_216
     o = next(m for m in matmuls if m.name == "o")
     assert dm.traffic(o, 64) == (896 * 896 + 64 * 896 * 3) * 2
     qkv = next(m for m in matmuls if m.name == "q/k/v")
