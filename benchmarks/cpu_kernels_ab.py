@@ -13,6 +13,8 @@ seconds per rollout, median minor page faults and the paired speed-up. (That bot
 sample the same tokens is tested in `tests/test_cpu_kernels.py`.)
 
     python benchmarks/cpu_kernels_ab.py [--against HEAD~1]
+
+REV must be from lever 52 on: `decode_attention`'s arguments changed there.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def library_at(revision: str, scratch: Path) -> ctypes.CDLL:
         ["git", "show", f"{revision}:{relative.as_posix()}"],
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
+    if "prompt_of" not in source:
+        raise SystemExit(
+            f"{revision}'s decode_attention takes the arguments it had before lever 52 (the "
+            "prompts' keys read in place); compare against a revision from lever 52 on"
+        )
     path = scratch / "cpu_kernels.c"
     path.write_text(source)
     return cpu_kernels.open_library(cpu_kernels.build(os.environ.get("CC", "cc"), scratch, path))

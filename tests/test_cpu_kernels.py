@@ -12,7 +12,7 @@ import torch
 from rlvr.models import cpu_kernels, fused, gpu_kernels
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.hf import FusedDecoder, HFRolloutEngine
 
 needs_compiler = pytest.mark.skipif(
     shutil.which("cc") is None, reason="no C compiler to build the kernels"
@@ -70,7 +70,7 @@ def test_decode_attention_equals_the_torch_attention_on_a_cache_view(ops, q_head
     q = torch.randn(3, q_heads, 1, dim, generator=g)
     bias = torch.zeros(3, 1, 1, 7).masked_fill(~visible.view(3, 1, 1, 7), float("-inf"))
     expected = fused.attention(q, keys, values, bias, 0.3)
-    out = kernels.attention(q, keys, values, 0.3)
+    out = kernels.attention(q, keys, values, scale=0.3)
     assert torch.allclose(out, expected, atol=1e-6)
     # an independent formula for row 0, query head 1 (key/value head 1 // group)
     head = 1 // (q_heads // kv_heads)
@@ -93,10 +93,68 @@ def test_decode_attention_gives_hidden_keys_no_weight_whatever_their_scores():
     keys[:, :, -1] = -1.0
     values = torch.randn(2, 1, 5, 48, generator=torch.Generator().manual_seed(2))
     q = torch.full((2, 1, 1, 48), 50.0)  # scores: 2,400 for the hidden keys, -2,400 for the last
-    out = kernels.attention(q, keys, values, 1.0)
+    out = kernels.attention(q, keys, values, scale=1.0)
     assert torch.equal(out[0, 0, 0], values[0, 0, -1])
     # row 1: the last key's weight is exp(-4800) / (4 + exp(-4800)) = 0 in fp32
     assert torch.allclose(out[1, 0, 0], values[1, 0, :4].mean(0), atol=1e-6)
+
+
+@needs_compiler
+@pytest.mark.parametrize("q_heads, kv_heads, dim", [(4, 4, 48), (4, 2, 8)])
+def test_decode_attention_reads_a_shared_prompt_as_if_each_row_had_a_copy(q_heads, kv_heads, dim):
+    """Rows 0-1 share prompt 0 and rows 2-4 prompt 1, whose first key is hidden (left padding);
+    each row has 3 positions of its own, one hidden in row 3. Reading the prompts' keys in
+    place gives, to the bit, what a cache holding each row's copy gives, and the masked
+    attention of `fused.attention`."""
+    g = torch.Generator().manual_seed(5)
+    plen, own = 4, 3
+    prompt_k = torch.randn(2, kv_heads, 9, dim, generator=g)[:, :, :plen]  # views of a cache
+    prompt_v = torch.randn(2, kv_heads, 9, dim, generator=g)[:, :, :plen]
+    prompt_of = torch.tensor([0, 0, 1, 1, 1])
+    keys = torch.randn(5, kv_heads, 6, dim, generator=g)[:, :, :own]
+    values = torch.randn(5, kv_heads, 6, dim, generator=g)[:, :, :own]
+    q = torch.randn(5, q_heads, 1, dim, generator=g)
+    visible = torch.ones(5, plen + own, dtype=torch.bool)
+    visible[2:, 0] = False
+    visible[3, plen + 1] = False
+    kernels = cpu_kernels.DecodeOps(visible)
+    shared = kernels.attention(q, keys, values, prompt_k, prompt_v, prompt_of, scale=0.3)
+    copied_k = torch.cat([prompt_k[prompt_of], keys], dim=2)
+    copied_v = torch.cat([prompt_v[prompt_of], values], dim=2)
+    assert torch.equal(shared, kernels.attention(q, copied_k, copied_v, scale=0.3))
+    bias = torch.zeros(5, 1, 1, plen + own).masked_fill(~visible.view(5, 1, 1, -1), float("-inf"))
+    expected = fused.attention(q, copied_k, copied_v, bias, 0.3)
+    assert torch.allclose(shared, expected, atol=1e-6)
+    assert not torch.allclose(shared[2], shared[0], atol=1e-3)  # the rows read their own prompt
+
+
+@needs_compiler
+def test_a_shared_prompt_that_does_not_fit_is_refused():
+    kernels = cpu_kernels.DecodeOps(torch.ones(2, 5, dtype=torch.bool))
+    q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 3, 8)
+    prompts, rows = torch.randn(1, 2, 2, 8), torch.tensor([0, 0])
+    with pytest.raises(ValueError, match="prompt keys, values or rows do not match"):
+        kernels.attention(q, k, k, prompts, prompts, rows.int(), scale=1.0)
+    with pytest.raises(ValueError, match="prompt keys, values or rows do not match"):
+        kernels.attention(q, k, k, prompts, prompts, torch.tensor([0]), scale=1.0)
+    with pytest.raises(ValueError, match="prompt keys, values or rows do not match"):
+        kernels.attention(q, k, k, prompts[:, :1], prompts[:, :1], rows, scale=1.0)
+    with pytest.raises(ValueError, match="mask does not match the keys"):
+        kernels.attention(q, k[:, :, :2], k[:, :, :2], prompts, prompts, rows, scale=1.0)
+    assert kernels.attention(q, k, k, prompts, prompts, rows, scale=1.0).shape == q.shape
+
+
+def test_a_shared_prompt_cache_refuses_rows_it_cannot_hold():
+    prompts = fused.BufferKV(1, 6)
+    prompts.update(0, torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4))
+    prompts.length = 3
+    with pytest.raises(ValueError, match="row 2's prompt 2 is not one of the 2 prompts"):
+        fused.SharedPromptKV(prompts, torch.tensor([0, 1, 2]))
+    cache = fused.SharedPromptKV(prompts, torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="rows can leave the batch, not be repeated"):
+        cache.batch_select_indices(torch.tensor([0, 0, 1, 2, 3]))
+    cache.batch_select_indices(torch.tensor([1, 3]))
+    assert cache.prompt_of.tolist() == [0, 1]
 
 
 @needs_compiler
@@ -111,10 +169,10 @@ def test_bad_layouts_are_refused_with_the_operation_named(ops):
         kernels.rotate(torch.randn(2, 1, 2, 8), torch.ones(3, 1, 1, 8), torch.ones(3, 1, 1, 8))
     k = torch.randn(3, 2, 8, 7).transpose(-1, -2)  # positions not dense
     with pytest.raises(ValueError, match="cache positions not dense"):
-        kernels.attention(torch.randn(3, 2, 1, 8), k, k, 1.0)
+        kernels.attention(torch.randn(3, 2, 1, 8), k, k, scale=1.0)
     k = torch.randn(3, 2, 5, 8)
     with pytest.raises(ValueError, match="mask does not match the keys"):
-        kernels.attention(torch.randn(3, 2, 1, 8), k, k, 1.0)
+        kernels.attention(torch.randn(3, 2, 1, 8), k, k, scale=1.0)
 
 
 @needs_compiler
@@ -152,6 +210,41 @@ def test_a_rollout_with_the_kernels_samples_what_the_torch_operations_sample(mon
     assert out.completion_ids == ref.completion_ids
     for a, b in zip(out.logprobs, ref.logprobs):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+@needs_compiler
+def test_a_rollout_with_shared_prompts_samples_what_copied_prompts_sample(monkeypatch):
+    """Same seed, with each prompt's cache shared by its samples (`fused.SharedPromptKV`) and
+    copied into each: the same tokens and log-probs, bit for bit, with rows finishing at many
+    steps (the rows' own positions compacted, the prompts' left in place); one sample per
+    prompt repeats nothing, so it shares nothing."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128, seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
+    made = []
+    shared_cache = fused.SharedPromptKV
+
+    def counted(*args, **kwargs):
+        made.append(args[1].tolist())
+        return shared_cache(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "SharedPromptKV", counted)
+    for n in (4, 1):
+        params = SamplingParams(n=n, temperature=0.9, max_new_tokens=24)
+        outs = []
+        for share in (False, True):
+            monkeypatch.setattr(FusedDecoder, "share_prompts", share)
+            made.clear()
+            engine = HFRolloutEngine(
+                model, [20, 21], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+            )
+            outs.append(engine.generate(prompts, params))
+            assert made == ([[0] * 4 + [1] * 4 + [2] * 4] if share and n > 1 else [])
+        copied, shared = outs
+        assert shared.completion_ids == copied.completion_ids
+        assert shared.logprobs == copied.logprobs
+    assert len({len(c) for c in shared.completion_ids}) > 1
 
 
 def test_a_missing_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):

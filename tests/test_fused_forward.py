@@ -185,7 +185,8 @@ def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
     One engine runs three rollouts of different prompt widths, group sizes and finishing
     steps; before each, every pooled storage is filled with NaN, so a read of a position that
     was not written would poison the logits. Each rollout must equal a fresh engine's with the
-    same generator state, and the pool holds one storage per (keys/values, layer, slot).
+    same generator state, and the pool holds one storage per (keys/values, layer, slot): slot
+    0 the prompts' positions, slot 2 the positions each sample decodes (`SharedPromptKV`).
     """
     model = llama(tok)
     rounds = [
@@ -215,7 +216,7 @@ def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
         (name, layer, slot)
         for name in ("keys", "values")
         for layer in range(layers)
-        for slot in (0, 1)
+        for slot in (0, 2)
     }
 
 

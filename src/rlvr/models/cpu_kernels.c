@@ -102,67 +102,96 @@ static inline float exp_and_sum(float *restrict s, long n, float top) {
     return total;
 }
 
-/* The attention of one (row, key/value head) pair, the body of decode_attention: for each of
-   its `group` query heads, o = softmax(q.k^T * scale over the visible keys) . v. A hidden
-   key's score is -3e38, whose exp is 0, so that the exp loop has no branch and vectorises
-   (glibc's libmvec); a query always sees at least itself, so the largest score is a visible
-   one. scores [group, len]: scratch. */
-static inline void pair_attention(const float *restrict query, const float *restrict keys,
-                                  const float *restrict values, const unsigned char *restrict mask,
-                                  float *restrict out, float *restrict scores, long group,
-                                  long len, long dim, float scale) {
-    for (long g = 0; g < group; g++) {
-        const float *restrict q = query + g * dim;
-        float *restrict s = scores + g * len;
-        float top = -3.0e38f;
-        for (long j = 0; j < len; j++) {
-            const float *restrict key = keys + j * dim;
-            float dot = 0.f;
+/* s[j] <- scale q.keys[j] for the j < n keys with mask[j], -3e38 for the others; returns the
+   largest of `top` and those scores. */
+static inline float segment_scores(const float *restrict q, const float *restrict keys,
+                                   const unsigned char *restrict mask, float *restrict s, long n,
+                                   long dim, float scale, float top) {
+    for (long j = 0; j < n; j++) {
+        const float *restrict key = keys + j * dim;
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (long i = 0; i < dim; i++) dot += q[i] * key[i];
-            dot = mask[j] ? dot * scale : -3.0e38f;
-            s[j] = dot;
-            top = dot > top ? dot : top;
-        }
-        float inv = 1.f / exp_and_sum(s, len, top);
-        float *restrict o = out + g * dim;
-        for (long i = 0; i < dim; i++) o[i] = 0.f;
-        for (long j = 0; j < len; j++) {
-            const float *restrict value = values + j * dim;
-            float p = s[j] * inv;
+        for (long i = 0; i < dim; i++) dot += q[i] * key[i];
+        dot = mask[j] ? dot * scale : -3.0e38f;
+        s[j] = dot;
+        top = dot > top ? dot : top;
+    }
+    return top;
+}
+
+/* o += inv p[j] values[j] for j < n. */
+static inline void segment_values(const float *restrict p, const float *restrict values,
+                                  float *restrict o, long n, long dim, float inv) {
+    for (long j = 0; j < n; j++) {
+        const float *restrict value = values + j * dim;
+        float w = p[j] * inv;
 #pragma omp simd
-            for (long i = 0; i < dim; i++) o[i] += p * value[i];
-        }
+        for (long i = 0; i < dim; i++) o[i] += w * value[i];
     }
 }
 
-/* Attention of one query position per row over its first `len` cached positions:
-   out = softmax(q.k^T * scale, over the visible keys) . v.
+/* The attention of one (row, key/value head) pair, the body of decode_attention: for each of
+   its `group` query heads, o = softmax(q.k^T * scale over the visible keys) . v, over the
+   row's keys: the `plen` of its prompt (pkeys, pvalues: shared by the prompt's samples) and
+   then its own `len`. A hidden key's score is -3e38, whose exp is 0, so that the exp loop
+   has no branch and vectorises (glibc's libmvec); a query always sees at least itself, so
+   the largest score is a visible one. The scores of both parts go into one array, so the
+   result is the same, to the bit, as over one cache holding the prompt's keys and the
+   row's. mask [plen + len]; scores [group, plen + len]: scratch. */
+static inline void pair_attention(const float *restrict query, const float *restrict pkeys,
+                                  const float *restrict pvalues, long plen,
+                                  const float *restrict keys, const float *restrict values,
+                                  long len, const unsigned char *restrict mask,
+                                  float *restrict out, float *restrict scores, long group,
+                                  long dim, float scale) {
+    long total = plen + len;
+    for (long g = 0; g < group; g++) {
+        const float *restrict q = query + g * dim;
+        float *restrict s = scores + g * total;
+        float top = segment_scores(q, pkeys, mask, s, plen, dim, scale, -3.0e38f);
+        top = segment_scores(q, keys, mask + plen, s + plen, len, dim, scale, top);
+        float inv = 1.f / exp_and_sum(s, total, top);
+        float *restrict o = out + g * dim;
+        for (long i = 0; i < dim; i++) o[i] = 0.f;
+        segment_values(s, pvalues, o, plen, dim, inv);
+        segment_values(s + plen, values, o, len, dim, inv);
+    }
+}
+
+/* Attention of one query position per row over its keys: its prompt's first `plen` cached
+   positions, then its own first `len`: out = softmax(q.k^T * scale, over the visible keys) . v.
    q, out [batch, q_heads, dim]; k, v: element (b, h, j, i) at b*stride_b + h*stride_h + j*dim
-   + i (a [batch, kv_heads, capacity, dim] cache); visible [batch, len], 1 where a key counts.
+   + i (a [batch, kv_heads, capacity, dim] cache); pk, pv the same for prompt p at
+   p*prompt_b + h*prompt_h + j*dim + i, row b's prompt being prompt_of[b] (the prompt's keys
+   stored once for all of its samples; with plen 0, pk, pv and prompt_of are not read);
+   visible [batch, plen + len], 1 where a key counts.
    Query head h uses key/value head h / (q_heads / kv_heads) (grouped-query attention); one
    thread runs all the query heads of a key/value head, one after another, so its keys and
-   values come from memory once and then from the CPU's caches.
-   workspace [threads, q_heads / kv_heads * len]: each thread's scores.
+   values come from memory once and then from the CPU's caches; a prompt's samples are
+   consecutive rows, so the threads' static share of the (row, head) pairs reads a prompt's
+   keys from memory about once.
+   workspace [threads, q_heads / kv_heads * (plen + len)]: each thread's scores.
    The common head sizes get their own copy of the loops (a constant `dim` lets the compiler
    unroll them and keep a head's output in registers). */
-void decode_attention(const float *q, const float *k, const float *v,
-                      const unsigned char *visible, float *out, float *workspace, long batch,
-                      long q_heads, long kv_heads, long len, long dim, long stride_b,
+void decode_attention(const float *q, const float *pk, const float *pv, const long *prompt_of,
+                      const float *k, const float *v, const unsigned char *visible, float *out,
+                      float *workspace, long batch, long q_heads, long kv_heads, long plen,
+                      long len, long dim, long prompt_b, long prompt_h, long stride_b,
                       long stride_h, float scale, int threads) {
-    long group = q_heads / kv_heads;
+    long group = q_heads / kv_heads, total = plen + len;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = workspace + omp_get_thread_num() * group * len;
+        float *scores = workspace + omp_get_thread_num() * group * total;
 #pragma omp for schedule(static)
         for (long pair = 0; pair < batch * kv_heads; pair++) {
             long b = pair / kv_heads, head = pair % kv_heads;
+            long prompt = plen ? prompt_of[b] * prompt_b + head * prompt_h : 0;
             const float *keys = k + b * stride_b + head * stride_h;
             const float *values = v + b * stride_b + head * stride_h;
-            const unsigned char *mask = visible + b * len;
-#define PAIR_ATTENTION(D)                                                                  \
-    pair_attention(q + pair * group * D, keys, values, mask, out + pair * group * D, scores, \
-                   group, len, D, scale)
+            const unsigned char *mask = visible + b * total;
+#define PAIR_ATTENTION(D)                                                                   \
+    pair_attention(q + pair * group * D, pk + prompt, pv + prompt, plen, keys, values, len,  \
+                   mask, out + pair * group * D, scores, group, D, scale)
             FOR_HEAD_DIM(dim, PAIR_ATTENTION)
 #undef PAIR_ATTENTION
         }

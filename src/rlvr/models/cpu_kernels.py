@@ -48,7 +48,7 @@ SIGNATURES = {
     "rms_norm_backward": [_ptr] * 6 + [_c_long, _c_long, _c_int],
     "rotary": [_ptr, _ptr, _ptr, _c_long, _c_long, _c_long, _c_int],
     "silu_mul": [_ptr, _ptr, _c_long, _c_int],
-    "decode_attention": [_ptr] * 6 + [_c_long] * 7 + [_c_float, _c_int],
+    "decode_attention": [_ptr] * 9 + [_c_long] * 10 + [_c_float, _c_int],
     "compact_rows": [_ptr, _ptr] + [_c_long] * 5,
     "swiglu": [_ptr, _ptr, _ptr, _c_long, _c_int],
     "swiglu_backward": [_ptr] * 5 + [_c_long, _c_int],
@@ -531,33 +531,61 @@ class DecodeOps(Composites):
     @staticmethod
     def cached(cache: Any, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
         """Add one position's k, v [b, 1, kv_heads, dim] to `cache` (a `fused.KVStore`);
-        return all of the layer's keys and values."""
+        return the layer's keys and values as `attention` takes them after q (a
+        `fused.SharedPromptKV` gives each row's own and its prompt's apart)."""
         return cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
-    ) -> torch.Tensor:
-        """`attention` of the per-token queries q [b, 1, q_heads, dim]; returns [b, 1,
-        q_heads·dim] (with one position, the per-token and per-head layouts coincide)."""
+    def attend(self, q: torch.Tensor, *kv: torch.Tensor, scale: float) -> torch.Tensor:
+        """`attention` of the per-token queries q [b, 1, q_heads, dim] over what `cached`
+        returned; returns [b, 1, q_heads·dim] (with one position, the per-token and per-head
+        layouts coincide)."""
         b, _, heads, dim = q.shape
-        return self.attention(q.view(b, heads, 1, dim), k, v, scale).view(b, 1, heads * dim)
+        return self.attention(q.view(b, heads, 1, dim), *kv, scale=scale).view(b, 1, heads * dim)
 
     def attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        prompt_k: torch.Tensor | None = None,
+        prompt_v: torch.Tensor | None = None,
+        prompt_of: torch.Tensor | None = None,
+        *,
+        scale: float,
     ) -> torch.Tensor:
         """One query per row: q [b, q_heads, 1, dim] against k, v [b, kv_heads, len, dim] (views
-        of a cache with any batch and head strides); returns [b, q_heads, 1, dim]."""
+        of a cache with any batch and head strides), after, when given, the keys and values of
+        row b's prompt, prompt_k[prompt_of[b]], prompt_v[prompt_of[b]] ([prompts, kv_heads,
+        plen, dim], views of the same kind): the prompt's keys read once for all its rows, not
+        copied into each. `visible` covers the plen prompt keys, then the len own ones.
+        Returns [b, q_heads, 1, dim]."""
         b, nq, t, d = q.shape
         nkv, length = k.shape[1], k.shape[2]
         _check(t == 1 and q.is_contiguous(), "attention takes one contiguous query per row")
+        plen = 0
+        if prompt_k is not None:
+            plen = prompt_k.shape[2]
+            _check(
+                prompt_k.stride() == prompt_v.stride()
+                and prompt_k.stride()[2:] == (d, 1)
+                and prompt_k.shape[1] == nkv
+                and prompt_of is not None
+                and prompt_of.dtype == torch.long
+                and prompt_of.shape == (b,)
+                and prompt_of.is_contiguous(),
+                "attention: prompt keys, values or rows do not match",
+            )
+        else:
+            prompt_k, prompt_v, prompt_of = k, v, k.new_empty(0, dtype=torch.long)
         _check(k.stride() == v.stride(), "attention: keys and values differ in layout")
         _check(k.stride(2) == d and k.stride(3) == 1, "attention: cache positions not dense")
-        _check(self.visible.shape == (b, length), "attention: mask does not match the keys")
+        _check(self.visible.shape == (b, plen + length), "attention: mask does not match the keys")
         out = torch.empty_like(q)
-        scores = q.new_empty(self.threads, nq // nkv * length)
+        scores = q.new_empty(self.threads, nq // nkv * (plen + length))
         self.lib.decode_attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), self.visible.data_ptr(), out.data_ptr(),
-            scores.data_ptr(), b, nq, nkv, length, d, k.stride(0), k.stride(1), scale,
-            self.threads,
+            q.data_ptr(), prompt_k.data_ptr(), prompt_v.data_ptr(), prompt_of.data_ptr(),
+            k.data_ptr(), v.data_ptr(), self.visible.data_ptr(), out.data_ptr(),
+            scores.data_ptr(), b, nq, nkv, plen, length, d, prompt_k.stride(0),
+            prompt_k.stride(1), k.stride(0), k.stride(1), scale, self.threads,
         )  # fmt: skip
         return out

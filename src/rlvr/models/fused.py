@@ -249,6 +249,56 @@ class BufferKV:
                 store[layer] = select_rows(buffer, indices, self.length, allocate)
 
 
+class SharedPromptKV:
+    """A decode cache that keeps each prompt's keys and values once for all of its samples
+    (for `cpu_kernels.DecodeOps`, whose attention reads them in place): the prefill's
+    `BufferKV` [prompts, kv_heads, capacity, head_dim] holds the prompts' positions, and
+    per-layer [rows, kv_heads, capacity - prompt length, head_dim] buffers the positions each
+    row decodes. Row b's prompt is `prompt_of[b]`. A CPU decode step reads every key of every
+    row once, so a prompt's keys, copied into each of its `n` rows' cache, were read n times.
+
+    `update` returns the row's own keys and values, then the prompts' and `prompt_of`, as
+    `DecodeOps.attention` takes them; only finished rows leaving the batch are selected later
+    (`batch_select_indices`), the prompts' buffers staying as they are.
+    """
+
+    def __init__(
+        self, prompts: BufferKV, prompt_of: torch.Tensor, pool: BufferPool | None = None
+    ) -> None:
+        self.prompts, self.prompt_length = prompts, prompts.length
+        self.prompt_of = prompt_of.to(torch.long).contiguous()
+        count = prompts.keys[0].shape[0]
+        outside = ((self.prompt_of < 0) | (self.prompt_of >= count)).nonzero()
+        if len(outside):
+            row = int(outside[0, 0])
+            raise ValueError(
+                f"SharedPromptKV: row {row}'s prompt {int(self.prompt_of[row])} is not one of "
+                f"the {count} prompts"
+            )
+        self.own = BufferKV(len(prompts.keys), prompts.capacity - prompts.length, pool)
+        self.own.slot = 2  # the prompts' buffers use the pool's slots 0 and 1
+        self.length = prompts.length
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Write the rows' positions [length, length + t) of `layer`; return their own filled
+        part, the prompts' keys and values, and `prompt_of`."""
+        self.own.length = self.length - self.prompt_length
+        own_k, own_v = self.own.update(layer, k, v)
+        end = self.prompt_length
+        prompt_k = self.prompts.keys[layer][:, :, :end]
+        prompt_v = self.prompts.values[layer][:, :, :end]
+        return own_k, own_v, prompt_k, prompt_v, self.prompt_of
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices` (increasing: finished rows leaving the batch)."""
+        if len(indices) > len(self.prompt_of):
+            raise ValueError("SharedPromptKV: rows can leave the batch, not be repeated")
+        if self.own.keys[0] is not None:  # not before the first decode step
+            self.own.length = self.length - self.prompt_length
+            self.own.batch_select_indices(indices)
+        self.prompt_of = self.prompt_of[indices]
+
+
 class KVStore(Protocol):
     """What the forward needs of a cache (`ConcatKV`, `BufferKV`, the CUDA-graph `SlotKV`)."""
 

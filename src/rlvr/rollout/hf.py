@@ -1,7 +1,9 @@
 """The in-process rollout engine: batched sampling from a Hugging Face model with a KV cache.
 
 Departures from `model.generate`, all for speed and for the trainer's needs:
-- each prompt is prefilled once and its KV cache repeated for its `n` samples;
+- each prompt is prefilled once and its KV cache repeated for its `n` samples; where the C
+  kernels run the decode step (a CPU, fp32) its samples read it in place instead
+  (`fused.SharedPromptKV`);
 - the KV cache is preallocated for prompt + budget and written in place (`PreallocatedLayer`),
   instead of being re-concatenated at every token;
 - finished sequences are dropped from the batch, so late tokens cost only the live rows (the
@@ -30,7 +32,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-from rlvr.models import fused
+from rlvr.models import cpu_kernels, fused
 from rlvr.models.hf_cache import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
@@ -316,11 +318,17 @@ class HFDecoder(SampleAfterStep):
 class FusedDecoder(SampleAfterStep):
     """Decoding through `rlvr.models.fused` (same function, fewer operations)."""
 
+    share_prompts = True
+    """Keep each prompt's cache once for its samples where the C kernels run the decode step
+    (`fused.SharedPromptKV`); False: a copy per sample (before lever 52; for the A/B)."""
+
     def __init__(
         self, model: nn.Module, capacity: int, pool: fused.BufferPool | None = None
     ) -> None:
         self.forward = fused.FusedForward(model)
+        self.cache: fused.BufferKV | fused.SharedPromptKV
         self.cache = fused.BufferKV(len(self.forward.layers), capacity, pool)
+        self.pool = pool
 
     def _logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.forward.hidden(input_ids, position_ids, attention_mask, self.cache)
@@ -331,8 +339,14 @@ class FusedDecoder(SampleAfterStep):
         return self._logits(input_ids, attention_mask, position_ids)
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep (or repeat) cache rows."""
-        self.cache.batch_select_indices(rows)
+        """Keep (or repeat) cache rows: a prompt's cache repeated for its samples is shared
+        by them instead where the C kernels will run the decode step."""
+        cache = self.cache
+        repeats = isinstance(cache, fused.BufferKV) and len(rows) > cache.keys[0].shape[0]
+        if repeats and self.share_prompts and cpu_kernels.usable(cache.keys[0]):
+            self.cache = fused.SharedPromptKV(cache, rows, self.pool)
+        else:
+            cache.batch_select_indices(rows)
 
     def step(self, token, attention_mask, position) -> torch.Tensor:
         """Feed one token per row; next-token logits [b, vocab]."""
