@@ -300,7 +300,8 @@ class SharedPromptKV:
 
 
 class KVStore(Protocol):
-    """What the forward needs of a cache (`ConcatKV`, `BufferKV`, the CUDA-graph `SlotKV`)."""
+    """What the forward needs of a cache (`ConcatKV`, `BufferKV`, `SharedPromptKV`, the CUDA-graph
+    `SlotKV`)."""
 
     length: int
 
