@@ -5,7 +5,10 @@ threads.
 
 Two rollouts of 16 prompts × 8 samples, up to 64 tokens: one with every completion forced to
 64 tokens (the cache is only repeated after the prefill) and one where two frequent tokens end
-a completion, so rows leave the batch at many different steps.
+a completion, so rows leave the batch at many different steps. Since lever 52 a CPU rollout
+no longer repeats a prompt's cache for its samples (`fused.SharedPromptKV`), so the selection
+moves only the rows' own positions, and the forced case, whose rows never leave, selects
+nothing (1.00×).
 
     python benchmarks/kv_select_ab.py
 """
