@@ -139,6 +139,10 @@ def test_a_shared_prompt_that_does_not_fit_is_refused():
         kernels.attention(q, k, k, prompts, prompts, torch.tensor([0]), scale=1.0)
     with pytest.raises(ValueError, match="prompt keys, values or rows do not match"):
         kernels.attention(q, k, k, prompts[:, :1], prompts[:, :1], rows, scale=1.0)
+    with pytest.raises(ValueError, match="a row's prompt is not given"):
+        kernels.attention(q, k, k, prompts, prompts, torch.tensor([0, 1]), scale=1.0)
+    with pytest.raises(ValueError, match="a row's prompt is not given"):
+        kernels.attention(q, k, k, prompts, prompts, torch.tensor([-1, 0]), scale=1.0)
     with pytest.raises(ValueError, match="mask does not match the keys"):
         kernels.attention(q, k[:, :, :2], k[:, :, :2], prompts, prompts, rows, scale=1.0)
     assert kernels.attention(q, k, k, prompts, prompts, rows, scale=1.0).shape == q.shape

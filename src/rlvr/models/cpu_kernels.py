@@ -575,6 +575,8 @@ class DecodeOps(Composites):
                 and prompt_of.is_contiguous(),
                 "attention: prompt keys, values or rows do not match",
             )
+            low, high = (int(x) for x in torch.aminmax(prompt_of)) if b else (0, 0)
+            _check(low >= 0 and high < len(prompt_k), "attention: a row's prompt is not given")
         else:
             prompt_k, prompt_v, prompt_of = k, v, k.new_empty(0, dtype=torch.long)
         _check(k.stride() == v.stride(), "attention: keys and values differ in layout")
