@@ -75,14 +75,14 @@ def compiled_rollout(run) -> dict[str, float]:
     return {"first_call": times[0], "compiled": statistics.median(times[1:])}
 
 
-def demo_setup() -> tuple:
+def demo_setup(prompt_len: int = PROMPT_LEN) -> tuple:
     """2 threads; the demo-shaped tiny model, its tokenizer, and `PROMPTS` random prompts of
-    `PROMPT_LEN` tokens (shared with the other decode A/B scripts)."""
+    `prompt_len` tokens (shared with the other decode A/B scripts)."""
     torch.set_num_threads(2)
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=192, intermediate_size=576, num_layers=4)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(10, 100, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    prompts = [torch.randint(10, 100, (prompt_len,), generator=g).tolist() for _ in range(PROMPTS)]
     return tok, model, prompts
 
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from fused_ab import decode_ab, decode_cases, demo_setup
+from fused_ab import PROMPT_LEN, decode_ab, decode_cases, demo_setup
 
 from rlvr.rollout.hf import FusedDecoder, HFRolloutEngine
 
@@ -45,14 +45,9 @@ def same_samples(tok, model, prompts) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-len", type=int, default=None, help="default: fused_ab's 18")
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     args = parser.parse_args()
-    tok, model, prompts = demo_setup()
-    if args.prompt_len:
-        g = torch.Generator().manual_seed(0)
-        prompts = [
-            torch.randint(10, 100, (args.prompt_len,), generator=g).tolist() for _ in prompts
-        ]
+    tok, model, prompts = demo_setup(args.prompt_len)
 
     def switch(share: bool):
         return lambda: setattr(FusedDecoder, "share_prompts", share)
@@ -66,7 +61,7 @@ def main() -> None:
         FusedDecoder.share_prompts = True
     report["same_samples"] = same
     report["prompt_len"] = len(prompts[0])
-    suffix = f"-prompt{args.prompt_len}" if args.prompt_len else ""
+    suffix = f"-prompt{args.prompt_len}" if args.prompt_len != PROMPT_LEN else ""
     path = RESULTS.with_name(f"{RESULTS.stem}{suffix}.json")
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")

@@ -562,7 +562,7 @@ class DecodeOps(Composites):
         b, nq, t, d = q.shape
         nkv, length = k.shape[1], k.shape[2]
         _check(t == 1 and q.is_contiguous(), "attention takes one contiguous query per row")
-        plen = 0
+        plen, rows_prompt = 0, 0  # without prompts the kernel reads neither
         if prompt_k is not None:
             plen = prompt_k.shape[2]
             _check(
@@ -577,15 +577,16 @@ class DecodeOps(Composites):
             )
             low, high = (int(x) for x in torch.aminmax(prompt_of)) if b else (0, 0)
             _check(low >= 0 and high < len(prompt_k), "attention: a row's prompt is not given")
+            rows_prompt = prompt_of.data_ptr()
         else:
-            prompt_k, prompt_v, prompt_of = k, v, k.new_empty(0, dtype=torch.long)
+            prompt_k, prompt_v = k, v
         _check(k.stride() == v.stride(), "attention: keys and values differ in layout")
         _check(k.stride(2) == d and k.stride(3) == 1, "attention: cache positions not dense")
         _check(self.visible.shape == (b, plen + length), "attention: mask does not match the keys")
         out = torch.empty_like(q)
         scores = q.new_empty(self.threads, nq // nkv * (plen + length))
         self.lib.decode_attention(
-            q.data_ptr(), prompt_k.data_ptr(), prompt_v.data_ptr(), prompt_of.data_ptr(),
+            q.data_ptr(), prompt_k.data_ptr(), prompt_v.data_ptr(), rows_prompt,
             k.data_ptr(), v.data_ptr(), self.visible.data_ptr(), out.data_ptr(),
             scores.data_ptr(), b, nq, nkv, plen, length, d, prompt_k.stride(0),
             prompt_k.stride(1), k.stride(0), k.stride(1), scale, self.threads,

@@ -212,12 +212,16 @@ class BufferKV:
     of its storages, so a prompt's cache repeated for its samples never overwrites its source.
     """
 
-    def __init__(self, num_layers: int, capacity: int, pool: BufferPool | None = None) -> None:
+    def __init__(
+        self, num_layers: int, capacity: int, pool: BufferPool | None = None, slot: int = 0
+    ) -> None:
+        """`slot`: the pool's first storage slot for these buffers (`SharedPromptKV` keeps its
+        rows' own apart from the prompts' slots 0 and 1)."""
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.capacity, self.length = capacity, 0
         self.pool = pool
-        self.slot = 0
+        self.slot = slot
 
     def _empty(
         self, name: str, layer: int, like: torch.Tensor, shape: tuple[int, ...]
@@ -265,36 +269,33 @@ class SharedPromptKV:
     def __init__(
         self, prompts: BufferKV, prompt_of: torch.Tensor, pool: BufferPool | None = None
     ) -> None:
+        """`prompt_of` is checked where the attention reads it (`DecodeOps.attention`)."""
         self.prompts, self.prompt_length = prompts, prompts.length
         self.prompt_of = prompt_of.to(torch.long).contiguous()
-        count = prompts.keys[0].shape[0]
-        outside = ((self.prompt_of < 0) | (self.prompt_of >= count)).nonzero()
-        if len(outside):
-            row = int(outside[0, 0])
-            raise ValueError(
-                f"SharedPromptKV: row {row}'s prompt {int(self.prompt_of[row])} is not one of "
-                f"the {count} prompts"
-            )
-        self.own = BufferKV(len(prompts.keys), prompts.capacity - prompts.length, pool)
-        self.own.slot = 2  # the prompts' buffers use the pool's slots 0 and 1
-        self.length = prompts.length
+        self.own = BufferKV(len(prompts.keys), prompts.capacity - prompts.length, pool, slot=2)
+
+    @property
+    def length(self) -> int:
+        """Positions filled so far, the prompts' and each row's own."""
+        return self.prompt_length + self.own.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.own.length = value - self.prompt_length
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Write the rows' positions [length, length + t) of `layer`; return their own filled
         part, the prompts' keys and values, and `prompt_of`."""
-        self.own.length = self.length - self.prompt_length
-        own_k, own_v = self.own.update(layer, k, v)
         end = self.prompt_length
         prompt_k = self.prompts.keys[layer][:, :, :end]
         prompt_v = self.prompts.values[layer][:, :, :end]
-        return own_k, own_v, prompt_k, prompt_v, self.prompt_of
+        return *self.own.update(layer, k, v), prompt_k, prompt_v, self.prompt_of
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows `indices` (increasing: finished rows leaving the batch)."""
         if len(indices) > len(self.prompt_of):
             raise ValueError("SharedPromptKV: rows can leave the batch, not be repeated")
         if self.own.keys[0] is not None:  # not before the first decode step
-            self.own.length = self.length - self.prompt_length
             self.own.batch_select_indices(indices)
         self.prompt_of = self.prompt_of[indices]
 
