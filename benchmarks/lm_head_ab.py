@@ -35,8 +35,9 @@ import time
 
 import torch
 from gpu import token_batch
+from step_probes import peak_rss_mb, proc_status_mb
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from vs_trl import RESULTS_DIR, peak_rss_mb, proc_status_mb
+from vs_trl import RESULTS_DIR
 
 from rlvr.config import AlgorithmConfig
 from rlvr.models import fused

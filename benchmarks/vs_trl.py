@@ -34,7 +34,6 @@ import argparse
 import functools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from step_probes import ForwardCounter, digit_share, peak_rss_mb
 
 FRAMEWORKS = ("rlvr", "trl")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -158,95 +158,6 @@ QUICK = {
 # --------------------------------------------------------------------------- worker side
 
 
-def digit_share(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """The dense reward (`--reward dense`): the share of digits in the completion. It differs
-    between the samples of a group, so no group has all-zero advantages and both frameworks
-    train on every sample (with the task's verifier a random model scores 0 almost everywhere,
-    and rlvr skips those samples)."""
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
-
-
-class ForwardCounter:
-    """Token slots of the rollout and training forwards, and how many of them were wasted.
-
-    A forward pre-hook on the input embedding counts slots (rlvr's lean forward does not call
-    the model's own `forward`, but both frameworks embed the tokens). Before the embedding
-    runs, the caller's mask over the positions is handed over with `expect_mask`: a forward
-    pre-hook on the model does it for TRL (its `attention_mask`), a wrapper around
-    `FusedForward.hidden` for rlvr (its key mask; a padding-free call embeds real tokens only).
-    A slot is wasted when it holds padding (mask 0 at an input position) or, in a decode step,
-    a row that has already produced EOS (TRL keeps finished rows in the batch and feeds them
-    padding; rlvr drops them). Wasted / all slots is the padding-waste fraction.
-    """
-
-    def __init__(self, eos_ids: list[int]) -> None:
-        self.eos_ids = torch.tensor(eos_ids)
-        self.slots = {"rollout": 0, "train": 0}
-        self.wasted = {"rollout": 0, "train": 0}
-        self.mask: torch.Tensor | None = None
-        self.finished: torch.Tensor | None = None
-
-    def expect_mask(self, mask: torch.Tensor | None) -> None:
-        """The [b, s] mask (1 = real token) whose last positions the next embedding call gets."""
-        self.mask = mask
-
-    def model_pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
-        """`register_forward_pre_hook(..., with_kwargs=True)` on a `transformers` model."""
-        self.expect_mask(kwargs.get("attention_mask"))
-
-    def __call__(self, module: Any, args: tuple) -> None:
-        ids, mask = args[0], self.mask
-        self.mask = None
-        phase = "train" if torch.is_grad_enabled() else "rollout"
-        self.slots[phase] += ids.numel()
-        if ids.dim() != 2:  # padding-free: only real tokens
-            return
-        rows, width = ids.shape
-        if mask is not None:
-            self.wasted[phase] += int((mask[:, -width:] == 0).sum())
-        if phase == "train":
-            return
-        if width > 1 or self.finished is None or len(self.finished) != rows:
-            self.finished = torch.zeros(rows, dtype=torch.bool)  # a new rollout (or fewer rows)
-            if width > 1:
-                return
-        self.finished |= torch.isin(ids[:, 0].cpu(), self.eos_ids)
-        self.wasted[phase] += int(self.finished.sum())
-
-    def report(self, completion_tokens: float) -> dict[str, float]:
-        """Slots per generated completion token, and the padding-waste fractions."""
-        out = {}
-        for phase in ("train", "rollout"):
-            out[f"{phase}_slots_per_token"] = self.slots[phase] / max(completion_tokens, 1)
-            out[f"{phase}_padding_frac"] = self.wasted[phase] / max(self.slots[phase], 1)
-        return out
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB.
-
-    Linux: ``VmHWM``, the high-water mark of this program's own memory. ``ru_maxrss`` is not
-    used there because it also keeps the parent's resident size at fork time (the kernel carries
-    it over ``execve``), so a light child of a heavy parent would report the parent's peak.
-    """
-    peak = proc_status_mb("VmHWM")
-    if peak is not None:
-        return peak
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, else KiB
-
-
-def proc_status_mb(key: str) -> float | None:
-    """A memory line of Linux's /proc/self/status (``VmRSS``, ``VmHWM``, ...) in MiB; None
-    elsewhere."""
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1]) / 1024
-    return None
-
-
 def evaluate_checkpoints(spec: RunSpec, checkpoints: dict[int, Path]) -> list[dict]:
     """Held-out pass@1 of each checkpoint, with the same evaluator for both frameworks."""
     from rlvr.config import DataConfig
@@ -302,7 +213,7 @@ def run_rlvr(spec: RunSpec) -> dict:
     fused.FusedForward.hidden = hidden_with_mask
     forced = [f"rollout.min_new_tokens={spec.max_new_tokens}"] if spec.force_length else []
     if spec.reward == "dense":
-        forced.append('reward.functions=[{name: "vs_trl:digit_share"}]')
+        forced.append('reward.functions=[{name: "step_probes:digit_share"}]')
     overrides = [f"data.{key}={value}" for key, value in spec.data.items()] + [
         f"model.name_or_path={spec.model_dir}",
         f"rollout.prompts_per_step={spec.prompts_per_step}",
