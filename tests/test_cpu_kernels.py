@@ -445,7 +445,7 @@ def _attend(ops, q, k, v, pk, pv, select):
         (6, 2, 7, 3, 32, "grouped"),
         (4, 1, 16, 9, 64, "shuffled"),
         (2, 2, 3, 4, 17, "grouped"),
-        (4, 2, 75, 13, 48, "grouped"),  # 88 keys: across two of the kernel's blocks of 64
+        (4, 2, 75, 13, 48, "grouped"),  # rows of 29-88 keys, four over one 64-key block
     ],
 )
 def test_kernel_attention_equals_the_torch_attention_forward_and_backward(
