@@ -1,4 +1,12 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the background run of the Triton interpreter's
+checks."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +78,67 @@ def padded_logits(model, prompts, completions, rows, pad_id):
 def padded_reference():
     """`padded_logits`, for the tests that check the shared-prefix layout against it."""
     return padded_logits
+
+
+INTERPRETED = "test_the_triton_kernels_under_the_interpreter"
+
+
+class InterpretedChecks:
+    """`interpreted_triton.py` under pytest in a child process with `TRITON_INTERPRET=1` (which
+    Triton reads when it is imported), on one thread at the lowest CPU priority, its output in
+    a temporary file."""
+
+    def __init__(self) -> None:
+        checks = Path(__file__).with_name("interpreted_triton.py")
+        env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+        code = "import os, sys, pytest; os.nice(19); sys.exit(pytest.main(sys.argv[1:]))"
+        fd, name = tempfile.mkstemp(prefix="interpreted-triton-", suffix=".log")
+        self.log = Path(name)
+        with os.fdopen(fd, "w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", code, "-q", "-p", "no:cacheprovider", str(checks)],
+                env=env,
+                cwd=checks.parent,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def result(self) -> tuple[int, str]:
+        """Waits for the run; its exit status and output."""
+        return self.process.wait(), self.log.read_text()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.unlink(missing_ok=True)
+
+
+RUNNING = pytest.StashKey[InterpretedChecks]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The interpreter's checks take about four minutes of one core, most of the suite's idle
+    core time (its tests keep 1.4 of 2 cores busy on average): they start in the background
+    once the suite is collected, and the test that reads their result moves to the end."""
+    waiting = [item for item in items if item.name == INTERPRETED]
+    if not waiting or torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return
+    items[:] = [item for item in items if item.name != INTERPRETED] + waiting
+    config.stash[RUNNING] = InterpretedChecks()
+
+
+def pytest_unconfigure(config):
+    """A run stopped early (`-x`, Ctrl-C) leaves no child behind."""
+    checks = config.stash.get(RUNNING, None)
+    if checks is not None:
+        checks.stop()
+
+
+@pytest.fixture
+def interpreted_checks(request) -> InterpretedChecks:
+    """The background run started at collection (started now when there was none)."""
+    pytest.importorskip("triton")
+    if RUNNING not in request.config.stash:
+        request.config.stash[RUNNING] = InterpretedChecks()
+    return request.config.stash[RUNNING]

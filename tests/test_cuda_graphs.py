@@ -3,9 +3,6 @@ samples. Its static-buffer steps run uncaptured on a CPU (`GraphState(capture=Fa
 capture itself is checked where a GPU is present."""
 
 import itertools
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -382,17 +379,13 @@ ON_A_GPU = "on a GPU the kernels run compiled (test_the_triton_kernels_on_a_gpu)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason=ON_A_GPU)
-def test_the_triton_kernels_under_the_interpreter():
+def test_the_triton_kernels_under_the_interpreter(interpreted_checks):
     """`interpreted_triton.py` (the decode step's Triton kernels against PyTorch, and the step
-    with them against the eager decoder) in a process with `TRITON_INTERPRET=1`, which Triton
-    reads when it is imported."""
-    pytest.importorskip("triton")
-    checks = Path(__file__).with_name("interpreted_triton.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checks.parent)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "49 passed" in result.stdout
+    with them against the eager decoder) in a process with `TRITON_INTERPRET=1`; `conftest`
+    starts it in the background and runs this test last."""
+    status, output = interpreted_checks.result()
+    assert status == 0, output[-6000:]
+    assert "49 passed" in output
 
 
 # The GPU checks of whole computations below turn `gpu_kernels.TUNE` off ("untuned"): the
