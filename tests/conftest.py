@@ -117,10 +117,12 @@ class InterpretedChecks:
 RUNNING = pytest.StashKey[InterpretedChecks]()
 
 
+@pytest.hookimpl(trylast=True)  # after `-k` and `-m` have deselected tests
 def pytest_collection_modifyitems(config, items):
     """The interpreter's checks take about four minutes of one core, most of the suite's idle
-    core time (its tests keep 1.4 of 2 cores busy on average): they start in the background
-    once the suite is collected, and the test that reads their result moves to the end."""
+    core time (its tests keep 1.4 of 2 cores busy on average): when their test is selected,
+    they start in the background once the suite is collected, and the test that reads their
+    result moves to the end."""
     waiting = [item for item in items if item.name == INTERPRETED]
     if not waiting or torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
         return
