@@ -572,3 +572,111 @@ def test_concat_kv_lays_out_a_selection_only_for_the_layers_it_holds():
     late = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 1, 4, 2)
     cache.update(1, late, late)
     torch.testing.assert_close(cache.stored(1)[0], late)
+
+
+@needs_compiler
+def test_panel_products_by_hand():
+    """x = [1, 2] through W = [[1, 0], [0, 1], [1, 1]] with bias [0.5, 0, -1]: [1.5, 2, 2]."""
+    layer = torch.nn.Linear(2, 3)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+        layer.bias.copy_(torch.tensor([0.5, 0.0, -1.0]))
+    (y,) = cpu_kernels.PanelStore().products(
+        cpu_kernels.load(), torch.tensor([[1.0, 2.0]]), (layer,), 2
+    )
+    assert y.tolist() == [[1.5, 2.0, 2.0]]
+
+
+@needs_compiler
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 128])  # the kernel takes rows six at a time
+@pytest.mark.parametrize("threads", [1, 2])
+def test_panel_products_equal_linear_for_any_rows_widths_and_biases(rows, threads):
+    """Outputs of 7, 16 and 107 columns (panels of 16, the last partly used), with and
+    without a bias, from one call; each contiguous and equal to `F.linear`."""
+    g = torch.Generator().manual_seed(0)
+    modules = (
+        torch.nn.Linear(50, 7),
+        torch.nn.Linear(50, 16, bias=False),
+        torch.nn.Linear(50, 107),
+    )
+    x = torch.randn(rows, 1, 50, generator=g)
+    store = cpu_kernels.PanelStore()
+    outs = store.products(cpu_kernels.load(), x, modules, threads)
+    for out, module in zip(outs, modules, strict=True):
+        assert out.shape == (rows, 1, module.out_features) and out.is_contiguous()
+        expected = torch.nn.functional.linear(x, module.weight, module.bias)
+        assert torch.allclose(out, expected.detach(), rtol=1e-5, atol=1e-5)
+    panels = store.groups[tuple(id(m) for m in modules)][1]
+    assert store.products(cpu_kernels.load(), x, modules, threads)[0].equal(outs[0])
+    assert store.groups[tuple(id(m) for m in modules)][1] is panels  # packed once
+
+
+@needs_compiler
+def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
+    store, lib = cpu_kernels.PanelStore(), cpu_kernels.load()
+    layer = torch.nn.Linear(8, 4)
+    with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
+        store.products(lib, torch.randn(8, 3).T, (layer,), 2)
+    with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
+        store.products(lib, torch.randn(3, 7), (layer,), 2)
+    with pytest.raises(ValueError, match="input sizes differ"):
+        store.products(lib, torch.randn(3, 8), (layer, torch.nn.Linear(9, 4)), 2)
+    with pytest.raises(ValueError, match="fp32 weights"):
+        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4).double(),), 2)
+    assert not store.groups  # nothing half-packed is kept
+
+
+@needs_compiler
+def test_decode_steps_take_the_panel_products_on_two_threads_and_not_on_one():
+    threads = torch.get_num_threads()
+    store = cpu_kernels.PanelStore()
+    try:
+        torch.set_num_threads(2)
+        assert cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store).panels is store
+        torch.set_num_threads(1)
+        assert cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store).panels is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_each_rollout_multiplies_by_the_weights_of_its_time(monkeypatch):
+    """The packed weights are copies made for one rollout: after the weights change in place
+    without a version bump (as `p.data.copy_` or a fused optimizer step leave them), the next
+    rollout samples what the PyTorch operations sample with the new weights."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128, seed=3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
+    params = SamplingParams(n=4, temperature=0.9, max_new_tokens=24)
+    products = []
+    panel_products = cpu_kernels.PanelStore.products
+
+    def counted(self, *args):
+        products.append(1)
+        return panel_products(self, *args)
+
+    monkeypatch.setattr(cpu_kernels.PanelStore, "products", counted)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+
+        def rollout(kernels: str):
+            monkeypatch.setenv(cpu_kernels.DISABLE_ENV, kernels)
+            engine = HFRolloutEngine(
+                model, [20, 21], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+            )
+            return engine.generate(prompts, params)
+
+        before = rollout("1")
+        for p in model.parameters():
+            p.data.copy_(p.data * 1.5 + 0.01)
+        count = len(products)
+        after, reference = rollout("1"), rollout("0")
+    finally:
+        torch.set_num_threads(threads)
+    assert count > 0 and len(products) > count
+    assert after.completion_ids == reference.completion_ids
+    assert after.completion_ids != before.completion_ids
+    for a, b in zip(after.logprobs, reference.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)

@@ -522,3 +522,92 @@ int attention_backward(const float *q, const float *k, const float *v, const lon
                           (float *)lse, dout, dq, dk, dv, dpk, dpv, prefixes, t, sp, q_heads,
                           kv_heads, dim, psb, psh, pss, scale, threads);
 }
+
+/* The decode step's products y = x W^T (+ bias), x [m, k] row-major, for the small m of a
+   decode step (one row per sequence), where PyTorch's BLAS leaves the second core idle (128
+   rows x 192 hidden: about 95 GFLOP/s on two threads against 82 on one; see lever 53 of
+   docs/benchmarks.md). W [n, k] is packed once (`pack_panels`) into panels of PANEL output
+   columns, each [k][PANEL], so that a micro-kernel reads a panel's PANEL weights of one input
+   feature as two vector loads, and keeps a ROWS x PANEL block of outputs in registers across
+   the k products (the register blocking of Goto & van de Geijn 2008, "Anatomy of
+   High-Performance Matrix Multiplication", without their packing of x, which a decode step's
+   few rows do not need). The threads split the panels. */
+
+#define PANEL 16
+#define ROWS 6
+/* Eight floats; read from any float address (aligned(4), may_alias). */
+typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* panels [ceil(n / PANEL)][k][PANEL] from w [n, k]; columns past n are zero. */
+void pack_panels(const float *w, float *panels, long n, long k) {
+    for (long j0 = 0; j0 < n; j0 += PANEL)
+        for (long c = 0; c < k; c++)
+            for (long j = 0; j < PANEL; j++)
+                panels[j0 * k + c * PANEL + j] = j0 + j < n ? w[(j0 + j) * k + c] : 0.f;
+}
+
+/* Outputs [rows, cols] of a block (cols <= PANEL) at y (row stride ldy) from x (row stride k)
+   and one panel: ROWS rows with the ROWS x PANEL accumulators in registers (`full_block`),
+   fewer (the last rows) one at a time (`part_block`). */
+INLINE void store_row(vec8 low, vec8 high, const float *restrict bias, float *restrict y,
+                      long cols) {
+    float out[PANEL];
+    memcpy(out, &low, sizeof low);
+    memcpy(out + 8, &high, sizeof high);
+    for (long j = 0; j < cols; j++) y[j] = out[j] + (bias ? bias[j] : 0.f);
+}
+
+INLINE void full_block(const float *restrict x, const float *restrict panel,
+                       const float *restrict bias, float *restrict y, long ldy, long k,
+                       long cols) {
+    vec8 acc[ROWS][2];
+    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = (vec8){0};
+    for (long c = 0; c < k; c++) {
+        vec8 w0 = *(const vec8 *)(panel + c * PANEL), w1 = *(const vec8 *)(panel + c * PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < ROWS; r++) {
+            vec8 s = (vec8){0} + x[r * k + c];
+            acc[r][0] += s * w0;
+            acc[r][1] += s * w1;
+        }
+    }
+    for (int r = 0; r < ROWS; r++) store_row(acc[r][0], acc[r][1], bias, y + r * ldy, cols);
+}
+
+static void part_block(const float *restrict x, const float *restrict panel,
+                       const float *restrict bias, float *restrict y, long ldy, long k,
+                       long rows, long cols) {
+    for (long r = 0; r < rows; r++) {
+        vec8 a = {0}, b = {0};
+        for (long c = 0; c < k; c++) {
+            vec8 s = (vec8){0} + x[r * k + c];
+            a += s * *(const vec8 *)(panel + c * PANEL);
+            b += s * *(const vec8 *)(panel + c * PANEL + 8);
+        }
+        store_row(a, b, bias, y + r * ldy, cols);
+    }
+}
+
+/* ys[o] = x W_o^T + biases[o] (a null bias adds nothing) for `outputs` weights packed one
+   after another (each by pack_panels), W_o [widths[o], k]; ys[o] is [m, widths[o]]. */
+void panel_linear(const float *x, const float *panels, long m, long k, long outputs,
+                  float *const *ys, const long *widths, const float *const *biases,
+                  int threads) {
+    long first[outputs + 1];
+    first[0] = 0;
+    for (long o = 0; o < outputs; o++) first[o + 1] = first[o] + (widths[o] + PANEL - 1) / PANEL;
+    long total = first[outputs], columns = 0;
+    for (long o = 0; o < outputs; o++) columns += widths[o];
+#pragma omp parallel for num_threads(threads) schedule(static) if (m * k * columns >= 16 * PARALLEL_MIN)
+    for (long p = 0; p < total; p++) {
+        long o = 0;
+        while (p >= first[o + 1]) o++;
+        long j0 = (p - first[o]) * PANEL, n = widths[o];
+        long cols = n - j0 < PANEL ? n - j0 : PANEL;
+        const float *panel = panels + p * PANEL * k, *bias = biases[o] ? biases[o] + j0 : 0;
+        long i = 0;
+        for (; i + ROWS <= m; i += ROWS)
+            full_block(x + i * k, panel, bias, ys[o] + i * n + j0, n, k, cols);
+        part_block(x + i * k, panel, bias, ys[o] + i * n + j0, n, k, m - i, cols);
+    }
+}

@@ -5,7 +5,8 @@ overhead, not arithmetic, sets the pace of RMSNorm, the rotary embedding, SiLU·
 attention (`DecodeOps`). In training and prefill the same operations are memory-bound chains
 of passes, forward and backward, and the attention runs over a padded layout; `rms_norm`,
 `rotary`, `swiglu` and `attention` are autograd functions over one kernel pass each way.
-`cpu_kernels.c` does each in one pass (the matmuls stay with PyTorch's BLAS). It is
+`cpu_kernels.c` does each in one pass. The matmuls stay with PyTorch's BLAS, except a decode
+step's, which it leaves on one core at these sizes (`PanelStore`). It is
 compiled on first use with the system C compiler (`$CC`, else `cc`; `-O3 -march=native
 -ffast-math -fopenmp`) into `$RLVR_KERNEL_CACHE` (default `~/.cache/rlvr/kernels`), keyed by
 the source, the flags, the compiler and the CPU, and loaded with `ctypes`; the library links
@@ -55,6 +56,8 @@ SIGNATURES = {
     "rotary_out": [_ptr] * 4 + [_c_long] * 3 + [_c_float, _c_int],
     "attention_forward": [_ptr] * 11 + [_c_long] * 9 + [_c_float, _c_int],
     "attention_backward": [_ptr] * 17 + [_c_long] * 9 + [_c_float, _c_int],
+    "pack_panels": [_ptr, _ptr, _c_long, _c_long],
+    "panel_linear": [_ptr, _ptr, _c_long, _c_long, _c_long, _ptr, _ptr, _ptr, _c_int],
 }
 
 
@@ -461,9 +464,75 @@ def _check(condition: bool, what: str) -> None:
         raise ValueError(f"cpu_kernels: {what}")
 
 
+PANEL = 16
+"""Output columns per packed panel (`PANEL` in `cpu_kernels.c`)."""
+
+
+class PanelStore:
+    """The weights of a decode step's products packed for `panel_linear`, each group of
+    modules once, at its first product: copies, so valid only while the weights do not
+    change. The rollout engine's decoder (`fused.FusedForward`) lives for one rollout and
+    keeps a store of its own; the packed copies (as large as the weights) go with it.
+
+    `panel_linear` splits the output columns between the threads, where PyTorch's BLAS runs a
+    decode step's products (128 rows × 192 hidden) on one of two cores (lever 53 of
+    `docs/benchmarks.md`)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[int, ...], tuple[tuple, torch.Tensor, Any]] = {}
+        """By the modules' ids: the modules (held, so that no other module takes an id while
+        the store lives), their packed weights and their output sizes (as a C array)."""
+
+    def _packed(self, lib: ctypes.CDLL, modules: tuple[torch.nn.Linear, ...]) -> tuple:
+        key = tuple(id(m) for m in modules)
+        if key not in self.groups:
+            k = modules[0].in_features
+            sizes = [-(-m.out_features // PANEL) * PANEL * k for m in modules]
+            panels = torch.empty(sum(sizes), dtype=torch.float32)
+            for m, part in zip(modules, panels.split(sizes), strict=True):
+                weight = m.weight.detach().contiguous()
+                _check(weight.dtype == torch.float32, "panel products take fp32 weights")
+                lib.pack_panels(weight.data_ptr(), part.data_ptr(), m.out_features, k)
+            widths = (ctypes.c_long * len(modules))(*(m.out_features for m in modules))
+            self.groups[key] = modules, panels, widths
+        return self.groups[key][1:]
+
+    def products(
+        self, lib: ctypes.CDLL, x: torch.Tensor, modules: tuple[torch.nn.Linear, ...], threads: int
+    ) -> tuple[torch.Tensor, ...]:
+        """x [..., k] (contiguous fp32) through each of `modules` (bias or none; one input
+        size): contiguous [..., out_features] outputs, `F.linear`'s up to rounding."""
+        k = modules[0].in_features
+        _check(
+            x.is_contiguous() and x.dtype == torch.float32 and x.shape[-1] == k,
+            "panel products take a contiguous fp32 x of the modules' input size",
+        )
+        _check(all(m.in_features == k for m in modules), "panel products: input sizes differ")
+        panels, widths = self._packed(lib, modules)
+        ys = [x.new_empty(*x.shape[:-1], m.out_features) for m in modules]
+        biases = [None if m.bias is None else m.bias.detach() for m in modules]
+        _check(
+            all(b is None or (b.is_contiguous() and b.dtype == torch.float32) for b in biases),
+            "panel products take contiguous fp32 biases",
+        )
+        n = len(modules)
+        lib.panel_linear(
+            x.data_ptr(), panels.data_ptr(), x.numel() // k, k, n,
+            (ctypes.c_void_p * n)(*(y.data_ptr() for y in ys)), widths,
+            (ctypes.c_void_p * n)(*(None if b is None else b.data_ptr() for b in biases)),
+            threads,
+        )  # fmt: skip
+        return tuple(ys)
+
+
 class Composites:
     """The fused forward's operations made of others, for a set of them that has `rms_norm`,
     `projections` and `silu_mul` (`fused.PackedOps` replaces both with kernels of their own)."""
+
+    @staticmethod
+    def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+        """`module(x)` without the module call."""
+        return torch.nn.functional.linear(x, module.weight, module.bias)
 
     def add_rms_norm(
         self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
@@ -486,16 +555,23 @@ class DecodeOps(Composites):
     contiguous where the kernels read them flat (checked).
     """
 
-    def __init__(self, visible: torch.Tensor) -> None:
+    def __init__(self, visible: torch.Tensor, panels: PanelStore | None = None) -> None:
+        """`panels`: where the products' packed weights are kept (`PanelStore`); None, or one
+        thread (where PyTorch's BLAS is the faster), for PyTorch's products."""
         self.lib = load()
         self.visible = visible.to(torch.uint8).contiguous()
         self.threads = torch.get_num_threads()
+        self.panels = panels if self.threads > 1 else None
 
-    @staticmethod
-    def projections(x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
-        """x through each of `modules`, one matmul each: contiguous outputs, as the kernels
-        below read them."""
+    def projections(self, x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
+        """x through each of `modules`: contiguous outputs, as the kernels below read them."""
+        if self.panels is not None:
+            return self.panels.products(self.lib, x, modules, self.threads)
         return tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in modules)
+
+    def linear(self, x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+        """`module(x)`, by `projections`."""
+        return self.projections(x, module)[0]
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of the last axis of x, times `weight`."""

@@ -586,16 +586,21 @@ def packed_linear(x: torch.Tensor, *modules: nn.Linear) -> torch.Tensor | None:
 
 
 def layer_ops(
-    h: torch.Tensor, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None
+    h: torch.Tensor,
+    key_mask: torch.Tensor,
+    t: int,
+    flat: torch.Tensor | None = None,
+    panels: cpu_kernels.PanelStore | None = None,
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
     `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
     SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`), and the
     attention, the rotary embedding and SiLU·up of a padding-free forward by Triton kernels
     where `gpu_kernels.usable` (on a GPU: `PackedOps`). `flat`: the positions computed in the
-    [b·t] layout (`real_positions`), None for all."""
+    [b·t] layout (`real_positions`), None for all; `panels`: the decode step's packed weights
+    (`cpu_kernels.PanelStore`), None for PyTorch's products."""
     if t == 1 and flat is None and cpu_kernels.usable(h):
-        return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1))
+        return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1), panels)
     if cpu_kernels.trainable(h):
         return KernelOps(key_mask, t, flat)
     if flat is not None and gpu_kernels.usable(h):
@@ -637,7 +642,11 @@ def _recomputed(function: Callable, *args: object) -> object:
 
 
 class FusedForward:
-    """The decoder of a supported model as plain tensor operations."""
+    """The decoder of a supported model as plain tensor operations.
+
+    Its CPU decode steps multiply by packed copies of the weights (`panels`), made at the
+    first step: an instance serves weights that do not change, as the rollout engine's
+    decoder, made for each rollout, does."""
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.config
@@ -648,6 +657,7 @@ class FusedForward:
         self.eps = model.model.norm.variance_epsilon
         self.scale = model.model.layers[0].self_attn.scaling
         self.layers = list(model.model.layers)
+        self.panels = cpu_kernels.PanelStore()
 
     def hidden(
         self,
@@ -677,7 +687,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        ops = ops or layer_ops(h, key_mask, t, flat)
+        ops = ops or layer_ops(h, key_mask, t, flat, self.panels)
 
         def qkv(
             layer: nn.Module, h: torch.Tensor, x: torch.Tensor | None
@@ -705,10 +715,10 @@ class FusedForward:
             `ops.cached` gave, and that output's RMSNorm by `gain` (the next layer's input
             norm, or the final one)."""
             attn, mlp = layer.self_attn, layer.mlp
-            attended = linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
+            attended = ops.linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
             h, x = ops.add_rms_norm(h, attended, layer.post_attention_layernorm.weight, self.eps)
             inner = ops.mlp_inner(x, mlp.gate_proj, mlp.up_proj)
-            return ops.add_rms_norm(h, linear(inner, mlp.down_proj), gain, self.eps)
+            return ops.add_rms_norm(h, ops.linear(inner, mlp.down_proj), gain, self.eps)
 
         gains = [layer.input_layernorm.weight for layer in self.layers[1:]]
         gains.append(self.model.model.norm.weight)
