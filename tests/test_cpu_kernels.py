@@ -606,24 +606,26 @@ def test_panel_products_equal_linear_for_any_rows_widths_and_biases(rows, thread
         assert out.shape == (rows, 1, module.out_features) and out.is_contiguous()
         expected = torch.nn.functional.linear(x, module.weight, module.bias)
         assert torch.allclose(out, expected.detach(), rtol=1e-5, atol=1e-5)
-    panels = store.groups[tuple(id(m) for m in modules)][1]
+    panels = store.groups[tuple(id(m) for m in modules)].panels
     assert store.products(cpu_kernels.load(), x, modules, threads)[0].equal(outs[0])
-    assert store.groups[tuple(id(m) for m in modules)][1] is panels  # packed once
+    assert store.groups[tuple(id(m) for m in modules)].panels is panels  # packed once
 
 
 @needs_compiler
 def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
     store, lib = cpu_kernels.PanelStore(), cpu_kernels.load()
+    with pytest.raises(ValueError, match="fp32 weights"):
+        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4).double(),), 2)
+    with pytest.raises(ValueError, match="input sizes differ"):
+        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4), torch.nn.Linear(9, 4)), 2)
+    assert not store.groups  # nothing half-packed is kept
     layer = torch.nn.Linear(8, 4)
     with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
         store.products(lib, torch.randn(8, 3).T, (layer,), 2)
     with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
         store.products(lib, torch.randn(3, 7), (layer,), 2)
-    with pytest.raises(ValueError, match="input sizes differ"):
-        store.products(lib, torch.randn(3, 8), (layer, torch.nn.Linear(9, 4)), 2)
-    with pytest.raises(ValueError, match="fp32 weights"):
-        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4).double(),), 2)
-    assert not store.groups  # nothing half-packed is kept
+    with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
+        store.products(lib, torch.randn(3, 8, dtype=torch.float64), (layer,), 2)
 
 
 @needs_compiler

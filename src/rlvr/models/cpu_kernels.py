@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -468,6 +468,19 @@ PANEL = 16
 """Output columns per packed panel (`PANEL` in `cpu_kernels.c`)."""
 
 
+class PanelGroup(NamedTuple):
+    """Modules packed together (`PanelStore`): their weights one after another, a copy of
+    their biases, their input size, output sizes, and the sizes and biases as C arrays."""
+
+    modules: tuple[torch.nn.Linear, ...]
+    panels: torch.Tensor
+    biases: list[torch.Tensor | None]
+    k: int
+    widths: list[int]
+    c_widths: Any
+    c_biases: Any
+
+
 class PanelStore:
     """The weights of a decode step's products packed for `panel_linear`, each group of
     modules once, at its first product: copies, so valid only while the weights do not
@@ -479,50 +492,55 @@ class PanelStore:
     `docs/benchmarks.md`)."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple[int, ...], tuple[tuple, torch.Tensor, Any]] = {}
-        """By the modules' ids: the modules (held, so that no other module takes an id while
-        the store lives), their packed weights and their output sizes (as a C array)."""
+        self.groups: dict[tuple[int, ...], PanelGroup] = {}
+        """By the modules' ids (the groups hold the modules, so no other module takes an id
+        while the store lives)."""
 
-    def _packed(self, lib: ctypes.CDLL, modules: tuple[torch.nn.Linear, ...]) -> tuple:
+    def _packed(self, lib: ctypes.CDLL, modules: tuple[torch.nn.Linear, ...]) -> PanelGroup:
         key = tuple(id(m) for m in modules)
         if key not in self.groups:
             k = modules[0].in_features
+            _check(all(m.in_features == k for m in modules), "panel products: input sizes differ")
             sizes = [-(-m.out_features // PANEL) * PANEL * k for m in modules]
             panels = torch.empty(sum(sizes), dtype=torch.float32)
             for m, part in zip(modules, panels.split(sizes), strict=True):
                 weight = m.weight.detach().contiguous()
                 _check(weight.dtype == torch.float32, "panel products take fp32 weights")
                 lib.pack_panels(weight.data_ptr(), part.data_ptr(), m.out_features, k)
-            widths = (ctypes.c_long * len(modules))(*(m.out_features for m in modules))
-            self.groups[key] = modules, panels, widths
-        return self.groups[key][1:]
+            biases = [None if m.bias is None else m.bias.detach().float().clone() for m in modules]
+            n = len(modules)
+            self.groups[key] = PanelGroup(
+                modules, panels, biases, k, [m.out_features for m in modules],
+                (ctypes.c_long * n)(*(m.out_features for m in modules)),
+                (ctypes.c_void_p * n)(*(None if b is None else b.data_ptr() for b in biases)),
+            )  # fmt: skip
+        return self.groups[key]
 
     def products(
         self, lib: ctypes.CDLL, x: torch.Tensor, modules: tuple[torch.nn.Linear, ...], threads: int
     ) -> tuple[torch.Tensor, ...]:
         """x [..., k] (contiguous fp32) through each of `modules` (bias or none; one input
         size): contiguous [..., out_features] outputs, `F.linear`'s up to rounding."""
-        k = modules[0].in_features
+        group = self._packed(lib, modules)
+        k = group.k
         _check(
             x.is_contiguous() and x.dtype == torch.float32 and x.shape[-1] == k,
             "panel products take a contiguous fp32 x of the modules' input size",
         )
-        _check(all(m.in_features == k for m in modules), "panel products: input sizes differ")
-        panels, widths = self._packed(lib, modules)
-        ys = [x.new_empty(*x.shape[:-1], m.out_features) for m in modules]
-        biases = [None if m.bias is None else m.bias.detach() for m in modules]
-        _check(
-            all(b is None or (b.is_contiguous() and b.dtype == torch.float32) for b in biases),
-            "panel products take contiguous fp32 biases",
-        )
-        n = len(modules)
+        ys = [x.new_empty(*x.shape[:-1], width) for width in group.widths]
         lib.panel_linear(
-            x.data_ptr(), panels.data_ptr(), x.numel() // k, k, n,
-            (ctypes.c_void_p * n)(*(y.data_ptr() for y in ys)), widths,
-            (ctypes.c_void_p * n)(*(None if b is None else b.data_ptr() for b in biases)),
-            threads,
+            x.data_ptr(), group.panels.data_ptr(), x.numel() // k, k, len(ys),
+            (ctypes.c_void_p * len(ys))(*(y.data_ptr() for y in ys)), group.c_widths,
+            group.c_biases, threads,
         )  # fmt: skip
         return tuple(ys)
+
+
+def panels_pay() -> bool:
+    """Whether a decode step's products run faster by `PanelStore` than by PyTorch's BLAS:
+    with two threads or more (on one, the BLAS is the faster: about 100 against 70 GFLOP/s
+    for 128 rows × 192 hidden on the AMD EPYC VM)."""
+    return torch.get_num_threads() > 1
 
 
 class Composites:
@@ -556,12 +574,12 @@ class DecodeOps(Composites):
     """
 
     def __init__(self, visible: torch.Tensor, panels: PanelStore | None = None) -> None:
-        """`panels`: where the products' packed weights are kept (`PanelStore`); None, or one
-        thread (where PyTorch's BLAS is the faster), for PyTorch's products."""
+        """`panels`: where the products' packed weights are kept (`PanelStore`); None, or where
+        they do not pay (`panels_pay`), for PyTorch's products."""
         self.lib = load()
         self.visible = visible.to(torch.uint8).contiguous()
         self.threads = torch.get_num_threads()
-        self.panels = panels if self.threads > 1 else None
+        self.panels = panels if panels_pay() else None
 
     def projections(self, x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
         """x through each of `modules`: contiguous outputs, as the kernels below read them."""
