@@ -4,6 +4,7 @@ message that names the compiler or the source."""
 
 import logging
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -629,13 +630,23 @@ def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
 
 
 @needs_compiler
-def test_decode_steps_take_the_panel_products_on_two_threads_and_not_on_one():
+def test_decode_steps_take_the_panel_products_where_measured_to_pay():
+    """Two threads or more on a CPU with AVX2 and FMA and without AVX-512 (as /proc/cpuinfo
+    lists its flags); one thread never."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    measured = {"avx2", "fma"} <= flags and "avx512f" not in flags
     threads = torch.get_num_threads()
     store = cpu_kernels.PanelStore()
     try:
         torch.set_num_threads(2)
-        assert cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store).panels is store
+        assert cpu_kernels.panels_pay() is measured
+        ops = cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store)
+        assert ops.panels is (store if measured else None)
         torch.set_num_threads(1)
+        assert not cpu_kernels.panels_pay()
         assert cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store).panels is None
     finally:
         torch.set_num_threads(threads)
@@ -659,6 +670,7 @@ def test_each_rollout_multiplies_by_the_weights_of_its_time(monkeypatch):
         return panel_products(self, *args)
 
     monkeypatch.setattr(cpu_kernels.PanelStore, "products", counted)
+    monkeypatch.setattr(cpu_kernels, "panels_pay", lambda: True)  # on any CPU
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -535,6 +535,18 @@ int attention_backward(const float *q, const float *k, const float *v, const lon
 
 #define PANEL 16
 #define ROWS 6
+
+/* Whether the panel products are built for a CPU where they were measured to beat PyTorch's
+   BLAS at a decode step's sizes: AVX2 with FMA and no AVX-512 (the AMD EPYC VM). With
+   AVX-512 (the Xeon VM) the BLAS ran them at 220-300 GFLOP/s, more than this kernel's
+   8-wide vectors reach. */
+int panels_pay(void) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 /* Eight floats; read from any float address (aligned(4), may_alias). */
 typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
 

@@ -58,6 +58,7 @@ SIGNATURES = {
     "attention_backward": [_ptr] * 17 + [_c_long] * 9 + [_c_float, _c_int],
     "pack_panels": [_ptr, _ptr, _c_long, _c_long],
     "panel_linear": [_ptr, _ptr, _c_long, _c_long, _c_long, _ptr, _ptr, _ptr, _c_int],
+    "panels_pay": [],
 }
 
 
@@ -113,7 +114,12 @@ def build(compiler: str, out_dir: Path, source_path: Path | None = None) -> Path
     raise KernelBuildError("building " + str(source_path) + " failed:\n" + "\n".join(errors))
 
 
-RETURNS = {"compact_rows": _c_int, "attention_forward": _c_int, "attention_backward": _c_int}
+RETURNS = {
+    "compact_rows": _c_int,
+    "attention_forward": _c_int,
+    "attention_backward": _c_int,
+    "panels_pay": _c_int,
+}
 """Kernels that return a value (the others return nothing)."""
 
 
@@ -537,10 +543,13 @@ class PanelStore:
 
 
 def panels_pay() -> bool:
-    """Whether a decode step's products run faster by `PanelStore` than by PyTorch's BLAS:
-    with two threads or more (on one, the BLAS is the faster: about 100 against 70 GFLOP/s
-    for 128 rows × 192 hidden on the AMD EPYC VM)."""
-    return torch.get_num_threads() > 1
+    """Whether a decode step's products run faster by `PanelStore` than by PyTorch's BLAS,
+    as measured: with two threads or more (on one the BLAS is the faster, about 100 against
+    70 GFLOP/s for 128 rows × 192 hidden on the AMD EPYC VM), on a CPU with AVX2 and FMA and
+    without AVX-512 (the library's `panels_pay`; on the AVX-512 Xeon VM the BLAS ran these
+    products at 220–300 GFLOP/s, more than the kernel's 8-wide vectors reach)."""
+    lib = load()
+    return torch.get_num_threads() > 1 and lib is not None and bool(lib.panels_pay())
 
 
 class Composites:
