@@ -525,8 +525,8 @@ int attention_backward(const float *q, const float *k, const float *v, const lon
 
 /* The decode step's products y = x W^T (+ bias), x [m, k] row-major, for the small m of a
    decode step (one row per sequence), where PyTorch's BLAS leaves the second core idle (128
-   rows x 192 hidden: about 95 GFLOP/s on two threads against 82 on one; see lever 53 of
-   docs/benchmarks.md). W [n, k] is packed once (`pack_panels`) into panels of PANEL output
+   rows x 192 hidden on the AMD EPYC VM: 76-83 GFLOP/s on two threads, 78-81 on one; lever 53
+   of docs/benchmarks.md). W [n, k] is packed once (`pack_panels`) into panels of PANEL output
    columns, each [k][PANEL], so that a micro-kernel reads a panel's PANEL weights of one input
    feature as two vector loads, and keeps a ROWS x PANEL block of outputs in registers across
    the k products (the register blocking of Goto & van de Geijn 2008, "Anatomy of
@@ -547,6 +547,7 @@ int panels_pay(void) {
     return 0;
 #endif
 }
+
 /* Eight floats; read from any float address (aligned(4), may_alias). */
 typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
 

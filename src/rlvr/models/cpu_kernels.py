@@ -476,7 +476,8 @@ PANEL = 16
 
 class PanelGroup(NamedTuple):
     """Modules packed together (`PanelStore`): their weights one after another, a copy of
-    their biases, their input size, output sizes, and the sizes and biases as C arrays."""
+    their biases (held for `c_biases`, which points at them), their input size, output
+    sizes, and the sizes and biases as C arrays."""
 
     modules: tuple[torch.nn.Linear, ...]
     panels: torch.Tensor
