@@ -582,9 +582,7 @@ def test_panel_products_by_hand():
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
         layer.bias.copy_(torch.tensor([0.5, 0.0, -1.0]))
-    (y,) = cpu_kernels.PanelStore().products(
-        cpu_kernels.load(), torch.tensor([[1.0, 2.0]]), (layer,), 2
-    )
+    (y,) = cpu_kernels.PanelStore().products(torch.tensor([[1.0, 2.0]]), (layer,))
     assert y.tolist() == [[1.5, 2.0, 2.0]]
 
 
@@ -602,31 +600,36 @@ def test_panel_products_equal_linear_for_any_rows_widths_and_biases(rows, thread
     )
     x = torch.randn(rows, 1, 50, generator=g)
     store = cpu_kernels.PanelStore()
-    outs = store.products(cpu_kernels.load(), x, modules, threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        outs = store.products(x, modules)
+    finally:
+        torch.set_num_threads(before)
     for out, module in zip(outs, modules, strict=True):
         assert out.shape == (rows, 1, module.out_features) and out.is_contiguous()
         expected = torch.nn.functional.linear(x, module.weight, module.bias)
         assert torch.allclose(out, expected.detach(), rtol=1e-5, atol=1e-5)
     panels = store.groups[tuple(id(m) for m in modules)].panels
-    assert store.products(cpu_kernels.load(), x, modules, threads)[0].equal(outs[0])
+    assert store.products(x, modules)[0].equal(outs[0])
     assert store.groups[tuple(id(m) for m in modules)].panels is panels  # packed once
 
 
 @needs_compiler
 def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
-    store, lib = cpu_kernels.PanelStore(), cpu_kernels.load()
+    store = cpu_kernels.PanelStore()
     with pytest.raises(ValueError, match="fp32 weights"):
-        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4).double(),), 2)
+        store.products(torch.randn(3, 8), (torch.nn.Linear(8, 4).double(),))
     with pytest.raises(ValueError, match="input sizes differ"):
-        store.products(lib, torch.randn(3, 8), (torch.nn.Linear(8, 4), torch.nn.Linear(9, 4)), 2)
+        store.products(torch.randn(3, 8), (torch.nn.Linear(8, 4), torch.nn.Linear(9, 4)))
     assert not store.groups  # nothing half-packed is kept
     layer = torch.nn.Linear(8, 4)
     with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
-        store.products(lib, torch.randn(8, 3).T, (layer,), 2)
+        store.products(torch.randn(8, 3).T, (layer,))
     with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
-        store.products(lib, torch.randn(3, 7), (layer,), 2)
+        store.products(torch.randn(3, 7), (layer,))
     with pytest.raises(ValueError, match="contiguous fp32 x of the modules' input size"):
-        store.products(lib, torch.randn(3, 8, dtype=torch.float64), (layer,), 2)
+        store.products(torch.randn(3, 8, dtype=torch.float64), (layer,))
 
 
 @needs_compiler

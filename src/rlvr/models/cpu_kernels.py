@@ -470,6 +470,11 @@ def _check(condition: bool, what: str) -> None:
         raise ValueError(f"cpu_kernels: {what}")
 
 
+def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+    """`module(x)` without the module call (for a plain `nn.Linear`)."""
+    return torch.nn.functional.linear(x, module.weight, module.bias)
+
+
 PANEL = 16
 """Output columns per packed panel (`PANEL` in `cpu_kernels.c`)."""
 
@@ -503,9 +508,10 @@ class PanelStore:
         """By the modules' ids (the groups hold the modules, so no other module takes an id
         while the store lives)."""
 
-    def _packed(self, lib: ctypes.CDLL, modules: tuple[torch.nn.Linear, ...]) -> PanelGroup:
+    def _packed(self, modules: tuple[torch.nn.Linear, ...]) -> PanelGroup:
         key = tuple(id(m) for m in modules)
         if key not in self.groups:
+            lib = load()
             k = modules[0].in_features
             _check(all(m.in_features == k for m in modules), "panel products: input sizes differ")
             sizes = [-(-m.out_features // PANEL) * PANEL * k for m in modules]
@@ -524,21 +530,22 @@ class PanelStore:
         return self.groups[key]
 
     def products(
-        self, lib: ctypes.CDLL, x: torch.Tensor, modules: tuple[torch.nn.Linear, ...], threads: int
+        self, x: torch.Tensor, modules: tuple[torch.nn.Linear, ...]
     ) -> tuple[torch.Tensor, ...]:
         """x [..., k] (contiguous fp32) through each of `modules` (bias or none; one input
-        size): contiguous [..., out_features] outputs, `F.linear`'s up to rounding."""
-        group = self._packed(lib, modules)
+        size): contiguous [..., out_features] outputs, `F.linear`'s up to rounding, on
+        PyTorch's intra-op threads."""
+        group = self._packed(modules)
         k = group.k
         _check(
             x.is_contiguous() and x.dtype == torch.float32 and x.shape[-1] == k,
             "panel products take a contiguous fp32 x of the modules' input size",
         )
         ys = [x.new_empty(*x.shape[:-1], width) for width in group.widths]
-        lib.panel_linear(
+        load().panel_linear(
             x.data_ptr(), group.panels.data_ptr(), x.numel() // k, k, len(ys),
             (ctypes.c_void_p * len(ys))(*(y.data_ptr() for y in ys)), group.c_widths,
-            group.c_biases, threads,
+            group.c_biases, torch.get_num_threads(),
         )  # fmt: skip
         return tuple(ys)
 
@@ -557,10 +564,7 @@ class Composites:
     """The fused forward's operations made of others, for a set of them that has `rms_norm`,
     `projections` and `silu_mul` (`fused.PackedOps` replaces both with kernels of their own)."""
 
-    @staticmethod
-    def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
-        """`module(x)` without the module call."""
-        return torch.nn.functional.linear(x, module.weight, module.bias)
+    linear = staticmethod(linear)
 
     def add_rms_norm(
         self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
@@ -594,7 +598,7 @@ class DecodeOps(Composites):
     def projections(self, x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
         """x through each of `modules`: contiguous outputs, as the kernels below read them."""
         if self.panels is not None:
-            return self.panels.products(self.lib, x, modules, self.threads)
+            return self.panels.products(x, modules)
         return tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in modules)
 
     def linear(self, x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:

@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.models import cpu_kernels, flash_varlen, gpu_kernels
+from rlvr.models.cpu_kernels import linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 ENABLE_ATTR = "rlvr_fused_forward"
@@ -314,11 +315,6 @@ class KVStore(Protocol):
 def real_positions(real: torch.Tensor) -> torch.Tensor:
     """Indices of the True entries of a [b, t] mask in its flattened [b·t] layout."""
     return real.reshape(-1).nonzero().squeeze(-1)
-
-
-def linear(x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-    """`module(x)` without the module call (`supports` checked it is a plain nn.Linear)."""
-    return F.linear(x, module.weight, module.bias)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -737,6 +733,5 @@ class FusedForward:
         vocabulary ran at about 15 GFLOP/s by PyTorch's BLAS)."""
         head = self.model.lm_head
         if cpu_kernels.usable(hidden) and cpu_kernels.panels_pay() and _plain_linear(head):
-            lib, threads = cpu_kernels.load(), torch.get_num_threads()
-            return self.panels.products(lib, hidden.contiguous(), (head,), threads)[0]
+            return self.panels.products(hidden.contiguous(), (head,))[0]
         return head(hidden)
