@@ -191,6 +191,7 @@ STEP_WAYS = {
     "packed step, sequential steps": StepWay(overlap=False),
     "packed step, residual copied": StepWay(residual=residual_linear_copied),
     "packed step, our attention": StepWay(attention=triton_ops.decode_attention),
+    "packed step, SDPA attention": StepWay(attention=graph_step.sdpa_decode_attention),
     "packed step, norms apart": StepWay(fold_norms=False),
     "packed step, rotary computed per step": StepWay(rotary_table=False),
     "packed step, norms apart, rotation per head": StepWay(

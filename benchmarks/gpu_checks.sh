@@ -14,9 +14,10 @@
 #      50 and 51;
 #   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
 #   6. decode_matmuls.py: the step's matmuls alone at 64 and 512 rows, their weights' read
-#      rate against the copy bandwidth; then gpu_ab.py --parts decode: the decode step with
-#      our split-KV attention kernel instead of SDPA (lever 46) and without the Triton
-#      kernels, both shapes, 64 and 512 rows, with a profile of each;
+#      rate against the copy bandwidth; then gpu_ab.py --parts decode: the decode step as
+#      it picks its attention, with our split-KV kernel (lever 46) and with SDPA at every
+#      row count, and without the Triton kernels, both shapes, 64 and 512 rows, with a
+#      profile of each;
 #   7. every tiling the attention's autotuner may pick, each compiled and checked on its own;
 #   8. train_kernels_ab.py: each update kernel against the PyTorch it replaces, the attention
 #      by FlashAttention-2 varlen, by Triton autotuned and untuned, and by SDPA (levers 31-41);
@@ -89,7 +90,7 @@ stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m -
 stage decode_matmuls 45 decode_matmuls.json "$PYTHON" benchmarks/decode_matmuls.py
 stage decode_ab 120 gpu_ab.json "$PYTHON" benchmarks/gpu_ab.py --parts decode --shapes 0.5b 100m \
   --batches 64 512 --ways "packed step" "packed step, our attention" \
-  "packed step, no Triton kernels"
+  "packed step, SDPA attention" "packed step, no Triton kernels"
 stage tilings 90 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs -o faulthandler_timeout=60 \
   tests/test_cuda_graphs.py \
   -k every_tiling_on_a_gpu

@@ -113,7 +113,7 @@ def check_silu_mul(device: str, dtype, normed: str = "no norm") -> None:
 def check_decode_attention(
     heads: int, kv_heads: int, dim: int, span: int, splits: int | None, device: str, dtype
 ) -> None:
-    """`triton_ops.decode_attention` against `graph_step.decode_attention` (PyTorch's SDPA):
+    """`triton_ops.decode_attention` against `graph_step.sdpa_decode_attention`:
     keys and values read as the first `span` positions of a larger cache (its strides), a
     span that is no multiple of the key block, rows with hidden keys (one whose whole first
     split is hidden, one that sees its last key only), one split or several."""
@@ -128,7 +128,7 @@ def check_decode_attention(
     visible[:, span - 1] = True
     bias = fused.additive_bias(visible[:, None, :].to(device), dtype)
     got = triton_ops.decode_attention(q, keys, values, bias, 0.3, splits)
-    expected = graph_step.decode_attention(
+    expected = graph_step.sdpa_decode_attention(
         q.float(), keys.float(), values.float(), bias.float(), 0.3
     )
     close(got, expected)
@@ -553,8 +553,8 @@ def test_the_step_with_kernels_samples_what_the_eager_decoder_samples(monkeypatc
         monkeypatch.setattr(
             triton_ops, name, lambda *a, run=run, name=name: calls.append(name) or run(*a)
         )
-    if ours:
-        monkeypatch.setattr(graph_step, "decode_attention", triton_ops.decode_attention)
+    if ours:  # the step's own choice, from one row on
+        monkeypatch.setattr(graph_step, "OUR_ATTENTION_ROWS", 1)
     tok = build_tiny_tokenizer()
     model = MODELS["qwen2_gqa"](tok)
     g = torch.Generator().manual_seed(4)

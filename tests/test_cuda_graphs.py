@@ -127,6 +127,32 @@ def test_the_graph_step_gives_the_eager_step_logits(tok, monkeypatch):
     assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("rows", "usable", "ours"), [(512, True, True), (511, True, False), (512, False, False)]
+)
+def test_the_step_attention_is_ours_from_512_rows_where_triton_runs(
+    monkeypatch, rows, usable, ours
+):
+    """`graph_step.decode_attention` hands 512 rows or more to `triton_ops.decode_attention`
+    where Triton runs (lever 46, faster there on an H200) and anything else to PyTorch's SDPA,
+    whose result it returns: softmax(q·kᵀ·scale + bias)·v computed here by hand."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(rows, 4, 8, generator=g)
+    keys, values = torch.randn(2, rows, 2, 5, 8, generator=g)
+    called = []
+    monkeypatch.setattr(triton_ops, "usable", lambda x: usable)
+    monkeypatch.setattr(triton_ops, "decode_attention", lambda *a: called.append(a) or "ours")
+    bias = torch.zeros(rows, 1, 1, 5)
+    bias[:, :, :, 0] = float("-inf")
+    got = graph_step.decode_attention(q, keys, values, bias, 0.5)
+    assert (got == "ours") == ours == bool(called)
+    if not ours:
+        k, v = keys.repeat_interleave(2, dim=1), values.repeat_interleave(2, dim=1)
+        scores = torch.einsum("bhd,bhsd->bhs", q, k) * 0.5 + bias[:, 0]
+        want = torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).reshape(rows, 32)
+        assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_kept_buffers_never_leak_stale_values(tok, monkeypatch):
     """One state serves rollouts of other widths, group sizes and budgets; before each, the
     kept buffers are filled with NaN, so a read of anything not written this rollout would

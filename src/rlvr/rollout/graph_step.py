@@ -13,8 +13,9 @@ levers 25 and 27). Per layer this step runs:
   device's memory reads its projections one by one instead);
 - the rotary embedding of q and k together, as x·cos + roll(x, d/2)·(±sin) (three kernels,
   RoFormer eq. 34 in Llama's half-split layout);
-- attention as one fused scaled-dot-product kernel that reads each K/V head once for its
-  group of query heads (`decode_attention`);
+- attention as one fused kernel that reads each K/V head once for its group of query heads
+  (`decode_attention`): PyTorch's SDPA, or from `OUR_ATTENTION_ROWS` rows on where Triton
+  runs our split-KV kernel (`triton_ops.decode_attention`, lever 46);
 - the residual additions inside the output matmuls, in place (`residual_linear`);
 - where Triton runs (`triton_ops.usable`: a GPU), the rotary embedding with the KV-cache write
   as one kernel and SiLU·up as one (`triton_ops`, lever 29), instead of six and two;
@@ -235,12 +236,30 @@ def rotary_table(
     return torch.stack([cos[0], signed_sin[0]], dim=1)
 
 
+OUR_ATTENTION_ROWS = 512
+"""From this many rows on, `decode_attention` runs our split-KV kernel where Triton runs. On an
+H200 (`docs/benchmarks.md`, lever 46) it made the captured step 1.11× faster for the ≈110M
+shape and 1.01–1.02× for the 0.5B shape at 512 rows (two sessions for the 0.5B shape), and
+0.98× (0.5B) and 1.00–1.03× (≈110M) at 64 rows; between the two it has not been timed."""
+
+
 def decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """`fused.attention` for one query per row, q [b, heads, d], as one fused kernel that
-    reads each K/V head (keys, values [b, kv_heads, s, d]) for its group of query heads
-    without repeating it (`enable_gqa`); returns [b, heads·d]."""
+    """`fused.attention` for one query per row, q [b, heads, d], against keys and values
+    [b, kv_heads, s, d] under the additive `bias` [b, 1, 1, s]; returns [b, heads·d]. By
+    `triton_ops.decode_attention` from `OUR_ATTENTION_ROWS` rows on where `triton_ops.usable`,
+    else by `sdpa_decode_attention`."""
+    if q.shape[0] >= OUR_ATTENTION_ROWS and triton_ops.usable(q):
+        return triton_ops.decode_attention(q, keys, values, bias, scale)
+    return sdpa_decode_attention(q, keys, values, bias, scale)
+
+
+def sdpa_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`decode_attention` by PyTorch's SDPA, one fused kernel that reads each K/V head for its
+    group of query heads without repeating it (`enable_gqa`)."""
     b, heads, d = q.shape
     out = F.scaled_dot_product_attention(
         q[:, :, None], keys, values, attn_mask=bias, scale=scale, enable_gqa=heads != keys.shape[1]

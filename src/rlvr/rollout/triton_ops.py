@@ -17,9 +17,9 @@ doing in one or two kernels what took PyTorch several:
 - `sample`: the next token by inverse-CDF sampling and its log-prob, without top-k or top-p
   (`sampling.sample_tokens`' rules); in PyTorch a dozen passes over [rows, vocab];
 - `decode_attention`: one query per row against the K/V cache, split over the keys and
-  merged (FlashDecoding), each K/V head read once for its query group; a candidate for
-  `graph_step.decode_attention` (lever 46), which keeps PyTorch's SDPA until a GPU has timed
-  the two.
+  merged (FlashDecoding), each K/V head read once for its query group; what
+  `graph_step.decode_attention` runs from `graph_step.OUR_ATTENTION_ROWS` rows on (lever 46:
+  faster than PyTorch's SDPA there on an H200, no faster at 64 rows).
 
 Inside a CUDA graph a kernel costs no launch but still runs for microseconds however little
 it does, and these element-wise kernels were about a third of the step's kernels
