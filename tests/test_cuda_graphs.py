@@ -15,7 +15,7 @@ from rlvr.rollout import graph_step, graphs, hf, triton_ops
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
 from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
-from rlvr.training.batching import to_device
+from rlvr.training.batching import completion_token_stats, to_device
 from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
 
 
@@ -486,6 +486,31 @@ def test_the_padding_free_forward_on_a_gpu_runs_the_packed_attention(monkeypatch
     for param_name, expected in expected_grads.items():
         torch.testing.assert_close(grads[param_name], expected, rtol=1e-3, atol=1e-4)
     assert len(calls) == model.config.num_hidden_layers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["llama", "qwen2_gqa"])
+def test_a_micro_batch_on_a_gpu_never_waits_for_it(monkeypatch, tok, name):
+    """Lever 54: a bf16 micro-batch's copy to the GPU, padding-free forward (FlashAttention-2's
+    varlen plan made on the host), log-probs and backward run under PyTorch's sync debug mode
+    set to raise: the host never waits for the GPU, so it can prepare the next micro-batch
+    while this one runs. A first pass compiles the kernels."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(gpu_kernels, "TUNE", False)
+    model = MODELS[name](tok).to("cuda", torch.bfloat16)
+    mb = ragged_batch(tok)
+
+    def micro_batch() -> None:
+        logp, entropy = completion_token_stats(model, to_device(mb, torch.device("cuda")), 0.7)
+        (logp.sum() + entropy.sum()).backward()
+
+    micro_batch()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        micro_batch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

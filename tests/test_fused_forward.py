@@ -23,8 +23,10 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batching import (
     collate_shared_prefix,
+    completion_token_stats,
     forward_logits_shared_prefix,
     packed_micro_batches,
+    to_device,
     token_budget_micro_batches,
 )
 from rlvr.training.logprobs import token_logprobs
@@ -413,3 +415,73 @@ def test_short_cpu_attention_with_explicit_scores_equals_the_fused_kernel(
     for got, want in zip(explicit, kernel, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert explicit[0][0, 0, 0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_padding_free_forward_and_backward_never_read_the_device_back(tok, name):
+    """Lever 54: with the model and the micro-batch's tensors on PyTorch's meta device, where
+    every read of a value (`nonzero`, `bool`, `int`) raises, `completion_token_stats` and its
+    backward still run: the positions, masks and token checks come from the CPU batch
+    (`SharedPrefixBatch.host`), so on a GPU the host never waits for the device there. The
+    shapes are the CPU run's."""
+    model = MODELS[name](tok)
+    mb = ragged_batch(tok)
+    want, _ = completion_token_stats(model, to_device(mb, torch.device("cpu")), 0.7)
+    model.to("meta")
+    sb = to_device(mb, torch.device("meta"))
+    assert sb.host is mb and sb.completion_ids.is_meta
+    logp, entropy = completion_token_stats(model, sb, 0.7)
+    (logp.sum() + entropy.sum()).backward()
+    assert logp.is_meta and logp.shape == entropy.shape == want.shape
+    assert all(p.grad is not None and p.grad.is_meta for p in model.parameters())
+
+
+def layout_case(order: str) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
+    """A completion forward's key mask [4, 3 + 5] (prompt keys left-padded), its computed
+    positions (ragged rows of 5, 2, 4 and 1) and each row's prompt, in group order or not."""
+    select = torch.tensor([0, 0, 1, 1] if order == "in order" else [1, 0, 1, 0])
+    prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    lengths = torch.tensor([5, 2, 4, 1])
+    real = torch.arange(5)[None, :] < lengths[:, None]
+    key_mask = torch.cat([prompt_mask[select], torch.ones(4, 5, dtype=torch.long)], dim=1)
+    return key_mask, 5, fused.real_positions(real), select
+
+
+def layout_tensors(layout) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in vars(layout).items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("order", ["in order", "shuffled"])
+def test_a_layout_made_on_the_host_is_the_devices_and_is_sent_without_a_read(order):
+    """`KernelOps._layout` with a `HostIndex` (lever 54) gives the layout made from the
+    device's tensors (every tensor, the query count and whether rows gather their prompt's
+    keys), with the FlashAttention-2 plan made on the host for `PackedOps`; and with the
+    device tensors on the meta device, where a read raises, the layout arrives there whole."""
+    key_mask, t, flat, select = layout_case(order)
+    device_made = fused.KernelOps(key_mask, t, flat)
+    want = device_made._layout(select, 2)
+    host = fused.HostIndex(key_mask, flat, select, lambda x: x)
+    ops = fused.PackedOps(key_mask, t, flat, host)
+    got = ops._layout(select, 2)
+    assert ops.gather == device_made.gather == (order == "shuffled")
+    assert got.queries == want.queries == int(flat.numel())
+    for name, tensor in layout_tensors(want).items():
+        assert torch.equal(layout_tensors(got)[name], tensor), name
+    assert "varlen" in vars(got) and "varlen" not in vars(want)
+    for got_part, want_part in zip(got.varlen, want.varlen, strict=True):
+        assert (
+            torch.equal(got_part, want_part)
+            if torch.is_tensor(want_part)
+            else got_part == want_part
+        )
+
+    meta = fused.HostIndex(key_mask, flat, select, lambda x: x.to("meta"))
+    ops = fused.PackedOps(key_mask.to("meta"), t, flat.to("meta"), meta)
+    sent = ops._layout(select.to("meta"), 2)
+    assert ops.gather == (order == "shuffled")
+    assert sent.queries == want.queries
+    for name, tensor in layout_tensors(want).items():
+        assert (
+            layout_tensors(sent)[name].is_meta and layout_tensors(sent)[name].shape == tensor.shape
+        )
+    assert all(x.is_meta for x in sent.varlen if torch.is_tensor(x))

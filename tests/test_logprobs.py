@@ -48,6 +48,35 @@ def test_values_and_gradients_match_the_logits_path(temperature, bias):
     assert torch.allclose(lp_only, direct_lp, atol=1e-6) and empty.numel() == 0
 
 
+@pytest.mark.parametrize("bad", [VOCAB, -1])
+def test_token_ids_given_on_the_host_are_checked_there(monkeypatch, bad):
+    """`host_tokens` (lever 54): their range is checked on the host, with the kernels' error
+    naming it, even where the kernels' path would not check (`_outputs` is told not to, so a
+    GPU is never read back for it); ids in range give the values of the unchecked call."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(D, VOCAB)
+    hidden = torch.randn(N, D)
+    tokens = torch.randint(0, VOCAB, (N,))
+    plain = linear_token_stats(hidden, head, tokens)
+    checked = linear_token_stats(hidden, head, tokens, host_tokens=tokens.clone())
+    for a, b in zip(plain, checked, strict=True):
+        assert torch.equal(a, b)
+    wrong = tokens.clone()
+    wrong[3] = bad
+    low, high = min(int(tokens.min()), bad), max(int(tokens.max()), bad)
+    shown = f"from {low} to {high}"
+    with pytest.raises(ValueError, match=f"token ids {shown}, outside the vocabulary of {VOCAB}"):
+        linear_token_stats(hidden, head, tokens, host_tokens=wrong)
+    seen = []
+    monkeypatch.setattr(logprobs_module.gpu_kernels, "usable", lambda x: True)
+    monkeypatch.setattr(logprobs_module.gpu_kernels, "check_token_ids", lambda *a: seen.append(a))
+    monkeypatch.setattr(logprobs_module, "_stats_into", lambda *a: None)
+    host = tokens.clone()
+    linear_token_stats(hidden, head, tokens, host_tokens=host)  # checked once, on the host
+    linear_token_stats(hidden, head, tokens)  # checked once, in `_outputs`
+    assert len(seen) == 2 and seen[0][0] is host and seen[1][0] is tokens
+
+
 def test_only_a_chunk_of_logits_exists_and_backward_keeps_no_logits(monkeypatch):
     torch.manual_seed(0)
     head = torch.nn.Linear(D, VOCAB, bias=False)

@@ -27,6 +27,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -411,6 +412,22 @@ class AttentionLayout:
         batch, t = self.rows.shape
         computed = torch.arange(1, t + 1, device=self.rows.device) * (self.rows >= 0)
         return computed.amax(1) if t else self.rows.new_zeros(batch)
+
+    def sent(self, send: Callable[[torch.Tensor], torch.Tensor]) -> AttentionLayout:
+        """This layout with its tensors, and the derived ones made so far (a `varlen` plan's
+        among them), passed through `send`: a layout made and checked on the host, sent to a
+        GPU without reading anything back there (`fused.KernelOps`, lever 54)."""
+
+        def moved(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return send(value)
+            if hasattr(value, "_fields"):  # a NamedTuple such as `flash_varlen.Plan`
+                return type(value)(*(moved(x) for x in value))
+            return value
+
+        copy = object.__new__(AttentionLayout)
+        copy.__dict__.update({name: moved(value) for name, value in vars(self).items()})
+        return copy
 
 
 def attention(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -317,6 +317,52 @@ def real_positions(real: torch.Tensor) -> torch.Tensor:
     return real.reshape(-1).nonzero().squeeze(-1)
 
 
+class HostIndex(NamedTuple):
+    """A padding-free forward's index tensors on the CPU, of which the forward's inputs are
+    copies: the key mask [b, s], the computed positions (`real_positions`; None: all) and each
+    row's prefix (its prompt's row in a filled `ConcatKV`; None: its own), with `send`, which
+    copies a CPU tensor to the forward's device without waiting for it. From them
+    `KernelOps` lays the attention out on the host and sends the layout: a forward on a GPU
+    then never waits to read the GPU back, and the host prepares the next micro-batch while
+    the GPU runs this one (lever 54)."""
+
+    key_mask: torch.Tensor
+    flat: torch.Tensor | None
+    select: torch.Tensor | None
+    send: Callable[[torch.Tensor], torch.Tensor]
+
+
+def computed_rows(b: int, t: int, flat: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """[b, t]: each position's row in the per-token tensors, -1 where not computed (`flat`:
+    the computed positions in the [b·t] layout, None for all)."""
+    if flat is None:
+        return torch.arange(b * t, device=device).view(b, t)
+    rows = torch.full((b * t,), -1, dtype=torch.long, device=device)
+    rows.index_copy_(0, flat, torch.arange(len(flat), device=device))
+    return rows.view(b, t)
+
+
+def prefix_layout(
+    key_mask: torch.Tensor, rows: torch.Tensor, select: torch.Tensor | None, prefixes: int
+) -> tuple[cpu_kernels.AttentionLayout, bool]:
+    """The attention's layout when row b reads the keys of prefix `select[b]` (None: its
+    own) before its own positions `rows` [b, t] (`computed_rows`), key_mask [b, s] 1 on real
+    keys; and whether the rows must gather their prefixes' keys (a selection not in group
+    order: each row then gets its own copy)."""
+    b, t = rows.shape
+    sp = key_mask.shape[1] - t
+    device = key_mask.device
+    gather = select is not None and not bool((select[1:] >= select[:-1]).all())
+    if select is not None and not gather:
+        starts = torch.searchsorted(select, torch.arange(prefixes + 1, device=device))
+        firsts = starts[:-1].clamp(max=max(b - 1, 0))
+    else:
+        starts = torch.arange(b + 1, device=device)
+        firsts = starts[:-1]
+    own_mask, prefix_mask = key_mask[:, sp:], key_mask[firsts, :sp]
+    return cpu_kernels.AttentionLayout(rows, own_mask, prefix_mask, starts), gather
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (Su et al. 2021, RoFormer eq. 34, half-split layout as in Llama):
     x·cos + rotate_half(x)·sin, with rotate_half(x1, x2) = (-x2, x1)."""
@@ -444,15 +490,18 @@ class KernelOps(TorchOps):
     layout of every row, with each sample's copy of its prompt's keys. `key_mask` [b, s] is 1
     on real keys, of which the last t are the queries'."""
 
-    def __init__(self, key_mask: torch.Tensor, t: int, flat: torch.Tensor | None = None) -> None:
-        self.key_mask, self.flat = key_mask, flat
-        b = key_mask.shape[0]
-        if flat is None:
-            self.rows = torch.arange(b * t, device=key_mask.device).view(b, t)
-        else:
-            self.rows = torch.full((b * t,), -1, dtype=torch.long, device=key_mask.device)
-            self.rows.index_copy_(0, flat, torch.arange(len(flat), device=key_mask.device))
-            self.rows = self.rows.view(b, t)
+    PLAN_ON_HOST = False
+    """Whether a layout made on the host (`HostIndex`) gets its FlashAttention-2 plan there."""
+
+    def __init__(
+        self,
+        key_mask: torch.Tensor,
+        t: int,
+        flat: torch.Tensor | None = None,
+        host: HostIndex | None = None,
+    ) -> None:
+        self.key_mask, self.flat, self.host = key_mask, flat, host
+        self.rows = computed_rows(key_mask.shape[0], t, flat, key_mask.device)
         self.layout: cpu_kernels.AttentionLayout | None = None
         self.gather = False
 
@@ -493,19 +542,19 @@ class KernelOps(TorchOps):
         return k.reshape(-1, heads, d), v.reshape(-1, heads, d), pk, pv
 
     def _layout(self, select: torch.Tensor | None, prefixes: int) -> cpu_kernels.AttentionLayout:
-        """Each prefix's rows (`select[b]` is row b's prefix, all in order; none: row b's own)."""
+        """`prefix_layout` of these rows (`select[b]` is row b's prefix; None: row b's own),
+        made from the `HostIndex` on the host and sent where there is one."""
+        host = self.host
+        if host is None:
+            layout, self.gather = prefix_layout(self.key_mask, self.rows, select, prefixes)
+            return layout
         b, t = self.rows.shape
-        sp = self.key_mask.shape[1] - t
-        device = self.key_mask.device
-        self.gather = select is not None and not bool((select[1:] >= select[:-1]).all())
-        if select is not None and not self.gather:
-            starts = torch.searchsorted(select, torch.arange(prefixes + 1, device=device))
-            firsts = starts[:-1].clamp(max=max(b - 1, 0))
-        else:
-            starts = torch.arange(b + 1, device=device)
-            firsts = starts[:-1]
-        own_mask, prefix_mask = self.key_mask[:, sp:], self.key_mask[firsts, :sp]
-        return cpu_kernels.AttentionLayout(self.rows, own_mask, prefix_mask, starts)
+        rows = computed_rows(b, t, host.flat, host.key_mask.device)
+        chosen = None if select is None else host.select
+        layout, self.gather = prefix_layout(host.key_mask, rows, chosen, prefixes)
+        if self.PLAN_ON_HOST:
+            _ = layout.varlen
+        return layout.sent(host.send)
 
     attention_kernel = staticmethod(cpu_kernels.attention)
 
@@ -543,6 +592,7 @@ class PackedOps(KernelOps):
     (`projections`, `mlp_inner`); each residual addition with the RMSNorm after it
     (`add_rms_norm`, one kernel each way). The embeddings' RMSNorm by PyTorch."""
 
+    PLAN_ON_HOST = True
     rms_norm = staticmethod(TorchOps.rms_norm)
     add_rms_norm = staticmethod(gpu_kernels.add_rms_norm)
     rotate = staticmethod(gpu_kernels.rotary)
@@ -587,6 +637,7 @@ def layer_ops(
     t: int,
     flat: torch.Tensor | None = None,
     panels: cpu_kernels.PanelStore | None = None,
+    host: HostIndex | None = None,
 ) -> TorchOps | cpu_kernels.DecodeOps:
     """The C kernels for a decode step (one position per row, no padding-free layout) where
     `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
@@ -594,13 +645,14 @@ def layer_ops(
     attention, the rotary embedding and SiLU·up of a padding-free forward by Triton kernels
     where `gpu_kernels.usable` (on a GPU: `PackedOps`). `flat`: the positions computed in the
     [b·t] layout (`real_positions`), None for all; `panels`: the decode step's packed weights
-    (`cpu_kernels.PanelStore`), None for PyTorch's products."""
+    (`cpu_kernels.PanelStore`), None for PyTorch's products; `host`: the index tensors on
+    the CPU, from which the kernels' attention is laid out there (`HostIndex`)."""
     if t == 1 and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1), panels)
     if cpu_kernels.trainable(h):
-        return KernelOps(key_mask, t, flat)
+        return KernelOps(key_mask, t, flat, host)
     if flat is not None and gpu_kernels.usable(h):
-        return PackedOps(key_mask, t, flat)
+        return PackedOps(key_mask, t, flat, host)
     return TorchOps(mask_bias(key_mask, t, h.dtype), flat)
 
 
@@ -663,6 +715,7 @@ class FusedForward:
         cache: KVStore,
         flat: torch.Tensor | None = None,
         ops: TorchOps | None = None,
+        host: HostIndex | None = None,
     ) -> torch.Tensor:
         """Final-norm hidden states of `input_ids` [b, t] placed after the cached positions.
 
@@ -671,7 +724,8 @@ class FusedForward:
         the matmuls (padding-free): the result is [N, hidden] in that order, and only attention
         sees the padded layout.
         Without it the result is [b, t, hidden]. `ops` replaces the per-layer operations
-        `layer_ops` would pick (a CUDA-graph decode step brings its own attention mask).
+        `layer_ops` would pick (a CUDA-graph decode step brings its own attention mask);
+        `host`: key_mask and flat on the CPU, for `layer_ops` (`HostIndex`).
         """
         b, t = input_ids.shape
         d = self.head_dim
@@ -683,7 +737,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        ops = ops or layer_ops(h, key_mask, t, flat, self.panels)
+        ops = ops or layer_ops(h, key_mask, t, flat, self.panels, host)
 
         def qkv(
             layer: nn.Module, h: torch.Tensor, x: torch.Tensor | None

@@ -37,11 +37,12 @@ class ValueModel(nn.Module):
         position_ids: torch.Tensor,
         cache: Cache | None = None,
         keep_last: int | None = None,
-        real: torch.Tensor | None = None,
+        flat: torch.Tensor | None = None,
+        host: object = None,
     ) -> tuple[torch.Tensor, Cache]:
         """Values [b, keep_last] of the last `keep_last` positions (all when None), and the
-        KV cache (extended in place when one is given). Every position is computed; `real` is
-        accepted for the `PrefixStep` signature."""
+        KV cache (extended in place when one is given). Every position is computed; `flat`
+        and `host` are accepted for the `PrefixStep` signature."""
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,

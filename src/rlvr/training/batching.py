@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import TypeVar
 
 import torch
 from torch import nn
@@ -29,8 +28,6 @@ from rlvr.models import fused
 from rlvr.models.hf_cache import cache_kwarg, returned_cache
 from rlvr.rollout.hf import staged
 from rlvr.training.logprobs import linear_token_stats, token_logprobs_and_entropy
-
-Batch = TypeVar("Batch")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -45,10 +42,11 @@ def on_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return staged(x, device).to(device, non_blocking=True)
 
 
-def to_device(mb: Batch, device: torch.device) -> Batch:
-    """A copy of a collated micro-batch (`SharedPrefixBatch`) with every tensor on `device`.
-    Collation builds on the CPU; only the model's inputs travel."""
-    return replace(mb, **{f.name: on_device(getattr(mb, f.name), device) for f in fields(mb)})
+def to_device(mb: SharedPrefixBatch, device: torch.device) -> SharedPrefixBatch:
+    """A copy of a collated micro-batch with every tensor on `device` and `host` the CPU batch
+    it copies. Collation builds on the CPU; only the model's inputs travel."""
+    moved = {f.name: on_device(getattr(mb, f.name), device) for f in fields(mb) if f.name != "host"}
+    return replace(mb, **moved, host=mb.host or mb)
 
 
 def rows_on(
@@ -139,6 +137,9 @@ class SharedPrefixBatch:
     """[b, T] completion tokens, right-padded."""
     response_mask: torch.Tensor
     """[b, T] 1 on completion tokens (from lengths, DESIGN rule 2)."""
+    host: SharedPrefixBatch | None = None
+    """The batch on the CPU that this one copies (`to_device`; None: this one is it), from which
+    the forward derives its index tensors without reading the device back."""
 
 
 def collate_shared_prefix(
@@ -171,10 +172,11 @@ def collate_shared_prefix(
 
 
 PrefixStep = Callable[..., tuple[torch.Tensor, Cache]]
-"""`step(input_ids, attention_mask, position_ids, cache, keep_last, real)` ->
-(per-position outputs of the last `keep_last` positions (all when None), the KV cache). `real`
-([b, t] bool, or None) marks the positions whose outputs are used; a step may skip the others
-(padding-free) and leave zeros there."""
+"""`step(input_ids, attention_mask, position_ids, cache, keep_last, flat, host)` ->
+(per-position outputs of the last `keep_last` positions (all when None), the KV cache).
+`flat` (or None) holds the positions whose outputs are used, in the flattened [b·t] layout
+(`fused.real_positions`); a step may skip the others (padding-free) and leave zeros there.
+`host` (`fused.HostIndex`): the attention mask, `flat` and the rows' prompts on the CPU."""
 
 
 def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tensor:
@@ -184,21 +186,36 @@ def shared_prefix_forward(step: PrefixStep, sb: SharedPrefixBatch) -> torch.Tens
     differentiable index) and the completions attend to them. Gradients flow back through the
     shared prompt activations once per prompt instead of once per sample, which is what makes a
     group of G samples of one prompt cost P + G·T tokens instead of G·(P + T).
+
+    The masks, positions and computed positions are made from the CPU batch (`sb.host`) and
+    sent to the device, with the CPU copies for the step (lever 54): nothing here reads a
+    GPU back.
     """
-    prompt_positions = (sb.prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    first, cache = step(sb.prompt_ids, sb.prompt_mask, prompt_positions, None, 1, None)
+    host = sb.host or sb
+    device = sb.prompt_ids.device
+
+    def send(x: torch.Tensor) -> torch.Tensor:
+        return on_device(x, device)
+
+    prompt_positions = (host.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    prompts = fused.HostIndex(host.prompt_mask, None, None, send)
+    first, cache = step(
+        sb.prompt_ids, sb.prompt_mask, send(prompt_positions), None, 1, None, prompts
+    )
     first = first[:, -1].index_select(0, sb.prompt_index).unsqueeze(1)
     width = sb.completion_ids.shape[1]
     if width == 1:
         return first
     cache.batch_select_indices(sb.prompt_index)
-    prompt_mask = sb.prompt_mask[sb.prompt_index]
+    prompt_mask = host.prompt_mask[host.prompt_index]
     inputs = sb.completion_ids[:, :-1]
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(inputs)], dim=-1)
-    steps = torch.arange(width - 1, device=inputs.device)
-    positions = prompt_mask.sum(-1, keepdim=True) + steps[None, :]
-    real = sb.response_mask[:, 1:].bool()
-    rest, _ = step(inputs, attention_mask, positions, cache, None, real)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(host.completion_ids[:, :-1])], -1)
+    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width - 1)[None, :]
+    flat = fused.real_positions(host.response_mask[:, 1:].bool())
+    completions = fused.HostIndex(attention_mask, flat, host.prompt_index, send)
+    rest, _ = step(
+        inputs, send(attention_mask), send(positions), cache, None, send(flat), completions
+    )
     return torch.cat([first, rest], dim=1)
 
 
@@ -206,15 +223,13 @@ def fused_hidden_step(model: nn.Module) -> PrefixStep:
     """A `PrefixStep` whose outputs are the fused forward's final-norm hidden states."""
     forward = fused.FusedForward(model)
 
-    def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
+    def step(input_ids, attention_mask, position_ids, cache, keep_last, flat, host):
         cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
-        if real is None:
-            hidden = forward.hidden(input_ids, position_ids, attention_mask, cache)
+        hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat, host=host)
+        if flat is None:
             return (hidden[:, -keep_last:] if keep_last else hidden), cache
-        flat = fused.real_positions(real)
-        hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat)
-        padded = hidden.new_zeros(real.numel(), hidden.shape[-1]).index_copy(0, flat, hidden)
-        return padded.view(*real.shape, -1), cache
+        padded = hidden.new_zeros(input_ids.numel(), hidden.shape[-1]).index_copy(0, flat, hidden)
+        return padded.view(*input_ids.shape, -1), cache
 
     return step
 
@@ -227,7 +242,7 @@ def forward_logits_shared_prefix(model: nn.Module, sb: SharedPrefixBatch) -> tor
     if fused.supports(model):
         return model.lm_head(shared_prefix_forward(fused_hidden_step(model), sb))
 
-    def hf_step(input_ids, attention_mask, position_ids, cache, keep_last, real):
+    def hf_step(input_ids, attention_mask, position_ids, cache, keep_last, flat, host):
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -259,13 +274,16 @@ def completion_token_stats(
         mask = sb.response_mask.to(logp.dtype)
         return logp * mask, entropy * mask if with_entropy else entropy
     hidden = shared_prefix_forward(fused_hidden_step(model), sb)
-    flat = fused.real_positions(sb.response_mask.bool())
+    host = sb.host or sb
+    host_flat = fused.real_positions(host.response_mask.bool())
+    flat = on_device(host_flat, hidden.device)
     logp, entropy = linear_token_stats(
         hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat),
         model.lm_head,
         sb.completion_ids.reshape(-1)[flat],
         temperature,
         with_entropy,
+        host_tokens=host.completion_ids.reshape(-1)[host_flat],
     )
     placed = placed_at(logp, flat, sb.response_mask)
     return placed, placed_at(entropy, flat, sb.response_mask) if with_entropy else entropy

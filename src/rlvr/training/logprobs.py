@@ -112,17 +112,19 @@ def _stats_into(
 
 
 def _outputs(
-    x: torch.Tensor, tokens: torch.Tensor, vocab: int, with_entropy: bool
+    x: torch.Tensor, tokens: torch.Tensor, vocab: int, with_entropy: bool, check: bool = True
 ) -> tuple[torch.Tensor, ...]:
     """The fp32 log-probs [n], entropies ([n], or empty without `with_entropy`) and, where the
     Triton kernels run (`gpu_kernels.usable`: on a GPU), log-sum-exps [n] (else empty) of the
-    n rows of x. The kernels' path checks the token ids here, once (PyTorch's gather checks
-    them on the other)."""
+    n rows of x. The kernels' path checks the token ids here, once, unless `check` is off
+    because the caller checked them on the host (PyTorch's gather checks them on the
+    other)."""
     out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
     if not gpu_kernels.usable(x):
         return out, entropy, out.new_empty(0)
-    gpu_kernels.check_token_ids(tokens, vocab)
+    if check:
+        gpu_kernels.check_token_ids(tokens, vocab)
     return out, entropy, torch.empty_like(out)
 
 
@@ -220,8 +222,8 @@ class _LinearLogprobs(torch.autograd.Function):
     the head: hidden dz @ W, weight Σ dzᵀ @ h (summed over the chunks in fp32), bias Σ dz."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk, with_entropy):
-        out, entropy, lse = _outputs(hidden, tokens, weight.shape[0], with_entropy)
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk, with_entropy, check):
+        out, entropy, lse = _outputs(hidden, tokens, weight.shape[0], with_entropy, check)
         for i in range(0, hidden.shape[0], chunk):
             rows = slice(i, i + chunk)
             logits = F.linear(hidden[rows], weight, bias)
@@ -254,6 +256,7 @@ class _LinearLogprobs(torch.autograd.Function):
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
             None,
             None,
             None,
@@ -293,13 +296,18 @@ def linear_token_stats(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk_elements: int | None = None,
+    host_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs_and_entropy(head(hidden), tokens, temperature)` for hidden [n, d] and
     tokens [n], without the [n, vocab] logits (`_LinearLogprobs`): at most `chunk_elements`
     (default `default_chunk_elements` of hidden's device) logits exist at a time, in forward
-    and in backward."""
+    and in backward. `host_tokens`: the same ids on the CPU, whose range is checked there
+    (`gpu_kernels.check_token_ids`) instead of reading the GPU's back (lever 54)."""
     chunk_elements = chunk_elements or default_chunk_elements(hidden.device)
     chunk = max(1, chunk_elements // head.out_features)
+    if host_tokens is not None:
+        gpu_kernels.check_token_ids(host_tokens, head.out_features)
     return _LinearLogprobs.apply(
-        hidden, head.weight, head.bias, tokens, temperature, chunk, with_entropy
-    )
+        hidden, head.weight, head.bias, tokens, temperature, chunk, with_entropy,
+        host_tokens is None,
+    )  # fmt: skip
