@@ -35,8 +35,9 @@
   third without 50 and 51, the fourth without 40 as well; then the third and fourth ways
   with the Triton attention, then without the statistics too (before lever 32), with the attention
   alone (before levers 32 and 33), and with none (PyTorch's SDPA over the padded layout with
-  an additive mask: before lever 31), alternating twice, at 16k- and 32k-token micro-batches,
-  with the peak memory;
+  an additive mask: before lever 31), and last the first way with the attention's layout and
+  plan made from the GPU's tensors, each check reading the GPU back (before lever 54),
+  alternating twice, at 16k- and 32k-token micro-batches, with the peak memory;
 - **training**: one GRPO mini-batch (`gpu.train_case`) with the three ways of scoring the
   completion tokens of `lm_head_ab.py` (padded logits, as before; real-row logits; no logits,
   the default), alternating twice, at 16k- and 32k-token micro-batches, with the peak memory.
@@ -237,6 +238,7 @@ class TrainWay(NamedTuple):
     varlen: bool = True  # FlashAttention-2's variable-length kernel (lever 41)
     norms: bool = True  # residual additions fused with their RMSNorms (lever 50)
     one_gradient: bool = True  # SiLU·up of the packed gate/up output whole (lever 51)
+    host_layout: bool = True  # the attention's layout and plan made on the host (lever 54)
 
 
 ALL_ON = TrainWay()
@@ -261,7 +263,8 @@ TRAIN_KERNEL_WAYS = {
     "Triton attention, PyTorch element-wise and statistics": (
         TRITON._replace(packed=False, statistics=False, elementwise=False)
     ),
-    "PyTorch attention, element-wise and statistics": TrainWay(*[False] * 7),
+    "PyTorch attention, element-wise and statistics": TrainWay(*[False] * 7, host_layout=True),
+    "all on, the attention's layout and plan made on the GPU": ALL_ON._replace(host_layout=False),
 }
 TRITON_ELEMENTWISE = fused.PackedOps.rotate, fused.PackedOps.silu_mul
 PACKED_PROJECTIONS = fused.PackedOps.projections
@@ -269,9 +272,19 @@ PACKED_SWIGLU = fused.PackedOps.mlp_inner
 FUSED_NORMS = fused.PackedOps.__dict__["add_rms_norm"]
 """The staticmethod itself: read through the class it is a plain function, which set back on
 the class would be bound to the instance."""
-KERNELS_OFF = SimpleNamespace(usable=lambda x: False)
+HOST_LAYOUT = fused.KernelOps._layout
+
+
+def device_layout(self: fused.KernelOps, select: torch.Tensor | None, prefixes: int):
+    """`KernelOps._layout` as before lever 54: from the device's tensors, checked and planned
+    there, each check and the plan reading the GPU back."""
+    layout, self.gather = fused.prefix_layout(self.key_mask, self.rows, select, prefixes)
+    return layout
+
+
+KERNELS_OFF = SimpleNamespace(usable=lambda x: False, check_token_ids=gpu_kernels.check_token_ids)
 """Stands in for `gpu_kernels` where a way turns its kernels off: both users ask `usable`
-first."""
+first, and `logprobs` checks the token ids given on the host with it whatever the kernels."""
 
 
 def use_train_kernels(way: TrainWay) -> None:
@@ -279,9 +292,11 @@ def use_train_kernels(way: TrainWay) -> None:
     FlashAttention-2's variable-length kernel) with or without its Triton rotary embedding and
     SiLU·up, its packed q/k/v and gate/up matmuls, its residual additions fused with their
     RMSNorms (`norms`) and its SiLU·up of the packed gate/up output whole (`one_gradient`,
-    lever 51: else split into views, whose gradients autograd joins), and `logprobs` the
+    lever 51: else split into views, whose gradients autograd joins), its attention laid out
+    on the host (`host_layout`, lever 54: else on the GPU, as before), and `logprobs` the
     Triton token statistics, or not."""
-    attention, elementwise, statistics, packed, varlen, norms, one_gradient = way
+    attention, elementwise, statistics, packed, varlen, norms, one_gradient, host_layout = way
+    fused.KernelOps._layout = HOST_LAYOUT if host_layout else device_layout
     fused.PackedOps.add_rms_norm = FUSED_NORMS if norms else fused.TorchOps.add_rms_norm
     flash_varlen.ENABLED = varlen
     fused.gpu_kernels = gpu_kernels if attention else KERNELS_OFF

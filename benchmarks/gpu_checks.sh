@@ -6,12 +6,12 @@
 #      fused AdamW), the attention untuned (one tiling: autotuning all seven per shape is the
 #      likely reason they ran past 150 s on the sixth 11-26 run), a traceback of any test
 #      still running after 100 s;
-#   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met);
-#   3. the same for the 0.5B shape with PyTorch's allocator growing its segments in place
-#      (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), in a process of its own; then
-#      gpu.py --profile: where the 0.5B training step's time goes now;
+#   2. gpu.py --parts train: training MFU, both shapes (the target nearest to being met), the
+#      median of 5 steps (the medians of 3 spread over 0.80-0.85 s on 11-27);
+#   3. gpu.py --profile: where the 0.5B training step's time goes now (the allocator's
+#      expandable segments, measured on 11-27, cost 7 % and are no longer run);
 #   4. gpu_ab.py --parts kernels: the 0.5B mini-batch with and without levers 31-33, 40, 41,
-#      50 and 51;
+#      50, 51 and 54;
 #   5. gpu.py --parts decode: decode against the roofline (64 and 512 rows), both shapes;
 #   6. decode_matmuls.py: the step's matmuls alone at 64 and 512 rows, their weights' read
 #      rate against the copy bandwidth; then gpu_ab.py --parts decode: the decode step as
@@ -68,7 +68,7 @@ stage() {  # stage NAME MAX_SECONDS RESULT_FILE COMMAND...
   "$PYTHON" -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__, torch.cuda.get_device_capability())"
 } > "$LOGS/device.log" 2>&1
 cat "$LOGS/device.log"
-stage tests 180 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --durations=15 \
+stage tests 210 "" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --durations=15 \
   -o faulthandler_timeout=100 tests/test_flash_varlen.py tests/test_cuda_graphs.py \
   tests/test_logprobs.py tests/test_optim.py \
   -k "(on_a_gpu or do_not_wait or fused_adamw or varlen) and not every_tiling"
@@ -77,13 +77,10 @@ if grep -q "FAILED tests/test_flash_varlen.py" "$LOGS/tests.log"; then
   echo "== FlashAttention-2 varlen failed its GPU test: RLVR_FLASH_VARLEN=0 from here on"
 fi
 stage train 90 gpu-train-64k.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts train \
-  --micro-batch-tokens 65536 --repeats 3 --out gpu-train-64k.json
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True stage train_expandable 45 \
-  gpu-train-expandable.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b --parts train \
-  --micro-batch-tokens 65536 --repeats 3 --out gpu-train-expandable.json
+  --micro-batch-tokens 65536 --repeats 5 --out gpu-train-64k.json
 stage train_profile 60 gpu-train-profile.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b \
   --parts train --micro-batch-tokens 65536 --repeats 1 --profile --out gpu-train-profile.json
-stage train_ab 150 gpu_ab.json \
+stage train_ab 170 gpu_ab.json \
   "$PYTHON" benchmarks/gpu_ab.py --parts kernels --shapes 0.5b --micro-batch-tokens 65536
 stage decode 90 gpu-decode.json "$PYTHON" benchmarks/gpu.py --shapes 0.5b 100m --parts decode \
   --batch 64 512 --no-eager --repeats 1 --out gpu-decode.json

@@ -3,6 +3,7 @@ samples. Its static-buffer steps run uncaptured on a CPU (`GraphState(capture=Fa
 capture itself is checked where a GPU is present."""
 
 import itertools
+import re
 import warnings
 from pathlib import Path
 
@@ -411,7 +412,8 @@ def test_the_triton_kernels_under_the_interpreter(interpreted_checks):
     starts it in the background and runs this test last."""
     status, output = interpreted_checks.result()
     assert status == 0, output[-6000:]
-    assert "49 passed" in output
+    summary = output.strip().splitlines()[-1]  # every collected check passed, none skipped
+    assert re.match(r"\d+ passed(, \d+ warnings?)? in ", summary), summary
 
 
 # The GPU checks of whole computations below turn `gpu_kernels.TUNE` off ("untuned"): the
