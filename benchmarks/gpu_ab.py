@@ -278,7 +278,7 @@ HOST_LAYOUT = fused.KernelOps._layout
 def device_layout(self: fused.KernelOps, select: torch.Tensor | None, prefixes: int):
     """`KernelOps._layout` as before lever 54: from the device's tensors, checked and planned
     there, each check and the plan reading the GPU back."""
-    layout, self.gather = fused.prefix_layout(self.key_mask, self.rows, select, prefixes)
+    layout, self.gather = fused.prefix_layout(self.key_mask, self.t, self.flat, select, prefixes)
     return layout
 
 

@@ -332,26 +332,24 @@ class HostIndex(NamedTuple):
     send: Callable[[torch.Tensor], torch.Tensor]
 
 
-def computed_rows(b: int, t: int, flat: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """[b, t]: each position's row in the per-token tensors, -1 where not computed (`flat`:
-    the computed positions in the [b·t] layout, None for all)."""
-    if flat is None:
-        return torch.arange(b * t, device=device).view(b, t)
-    rows = torch.full((b * t,), -1, dtype=torch.long, device=device)
-    rows.index_copy_(0, flat, torch.arange(len(flat), device=device))
-    return rows.view(b, t)
-
-
 def prefix_layout(
-    key_mask: torch.Tensor, rows: torch.Tensor, select: torch.Tensor | None, prefixes: int
+    key_mask: torch.Tensor,
+    t: int,
+    flat: torch.Tensor | None,
+    select: torch.Tensor | None,
+    prefixes: int,
 ) -> tuple[cpu_kernels.AttentionLayout, bool]:
     """The attention's layout when row b reads the keys of prefix `select[b]` (None: its
-    own) before its own positions `rows` [b, t] (`computed_rows`), key_mask [b, s] 1 on real
-    keys; and whether the rows must gather their prefixes' keys (a selection not in group
-    order: each row then gets its own copy)."""
-    b, t = rows.shape
-    sp = key_mask.shape[1] - t
-    device = key_mask.device
+    own) before its own t positions, of which those in `flat` (in the [b·t] layout; None: all)
+    are computed, key_mask [b, s] 1 on real keys; and whether the rows must gather their
+    prefixes' keys (a selection not in group order: each row then gets its own copy)."""
+    b, s = key_mask.shape
+    sp, device = s - t, key_mask.device
+    if flat is None:
+        rows = torch.arange(b * t, device=device).view(b, t)
+    else:
+        rows = torch.full((b * t,), -1, dtype=torch.long, device=device)
+        rows = rows.index_copy_(0, flat, torch.arange(len(flat), device=device)).view(b, t)
     gather = select is not None and not bool((select[1:] >= select[:-1]).all())
     if select is not None and not gather:
         starts = torch.searchsorted(select, torch.arange(prefixes + 1, device=device))
@@ -500,8 +498,7 @@ class KernelOps(TorchOps):
         flat: torch.Tensor | None = None,
         host: HostIndex | None = None,
     ) -> None:
-        self.key_mask, self.flat, self.host = key_mask, flat, host
-        self.rows = computed_rows(key_mask.shape[0], t, flat, key_mask.device)
+        self.key_mask, self.t, self.flat, self.host = key_mask, t, flat, host
         self.layout: cpu_kernels.AttentionLayout | None = None
         self.gather = False
 
@@ -525,7 +522,7 @@ class KernelOps(TorchOps):
         k, v and the keys and values before them, one entry per prefix. A filled `ConcatKV`
         whose row selection is in group order (a prompt's samples together) gives one prefix
         per prompt, read in place; otherwise each row is its own prefix."""
-        b, t = self.rows.shape
+        b, t = self.key_mask.shape[0], self.t
         if isinstance(cache, ConcatKV) and cache.keys[layer] is not None:
             pk, pv, select = cache.append_tokens(layer, k, v, self.flat, b, t)
         else:
@@ -543,17 +540,15 @@ class KernelOps(TorchOps):
 
     def _layout(self, select: torch.Tensor | None, prefixes: int) -> cpu_kernels.AttentionLayout:
         """`prefix_layout` of these rows (`select[b]` is row b's prefix; None: row b's own),
-        made from the `HostIndex` on the host and sent where there is one."""
+        made from the `HostIndex` on the host and sent, where there is one."""
         host = self.host
         if host is None:
-            layout, self.gather = prefix_layout(self.key_mask, self.rows, select, prefixes)
+            layout, self.gather = prefix_layout(self.key_mask, self.t, self.flat, select, prefixes)
             return layout
-        b, t = self.rows.shape
-        rows = computed_rows(b, t, host.flat, host.key_mask.device)
         chosen = None if select is None else host.select
-        layout, self.gather = prefix_layout(host.key_mask, rows, chosen, prefixes)
+        layout, self.gather = prefix_layout(host.key_mask, self.t, host.flat, chosen, prefixes)
         if self.PLAN_ON_HOST:
-            _ = layout.varlen
+            _ = layout.varlen  # made here, on the host, and sent with the layout
         return layout.sent(host.send)
 
     attention_kernel = staticmethod(cpu_kernels.attention)
