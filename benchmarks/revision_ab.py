@@ -10,9 +10,13 @@ revision / working tree. Cases:
   `minibatch_backward` on 4,096-token micro-batches, gradient clipping and an AdamW step;
 - `update-ragged`: the same on a learning-mode-shaped batch (32 prompts × 8 samples,
   22-token prompts, completions of 8–39 tokens);
+- `update-long`: the same on the scaling benchmark's longest batch (4 prompts × 8 samples,
+  18-token prompts, 512-token completions), where attention is a third of the update;
 - `rollout`: sampling 8 completions of 64 forced tokens for each of 16 prompts;
 - `rollout-ragged`: the same with two frequent tokens ending completions, so that rows
   finish at many steps (`fused_ab.decode_cases`);
+- `rollout-long`: 8 completions of 512 forced tokens for each of 4 prompts (the scaling
+  benchmark's longest rollout, whose decode cache no longer fits the L3 cache);
 - `host-turn`: the engine's own work between decode steps (reading the tokens, dropping
   finished rows, drawing the uniforms), with a decoder that computes nothing: 64 prompts × 8
   samples, up to 256 tokens, each row ending with probability 1/64 per step. On a GPU this
@@ -44,9 +48,10 @@ REPO = HERE.parent
 RESULTS_DIR = HERE / "results"
 
 
-def update_case(ragged: bool = False):
+def update_case(ragged: bool = False, long: bool = False):
     """A function running one GRPO mini-batch update of the dense systems-mode batch, or with
-    `ragged`, of a learning-mode-shaped one (32 prompts × 8, 22-token prompts, 8–39 tokens)."""
+    `ragged`, of a learning-mode-shaped one (32 prompts × 8, 22-token prompts, 8–39 tokens),
+    or with `long`, of the scaling benchmark's L = 512 one (4 prompts × 8, 512 tokens)."""
     import torch
     from gpu import token_batch
 
@@ -59,7 +64,9 @@ def update_case(ragged: bool = False):
         build_tiny_tokenizer(), hidden_size=192, intermediate_size=576, num_layers=4
     )
     g = torch.Generator().manual_seed(1)
-    prompts, group, length, prompt_length = (32, 8, 40, 22) if ragged else (16, 8, 64, 18)
+    prompts, group, length, prompt_length = (
+        (32, 8, 40, 22) if ragged else (4, 8, 512, 18) if long else (16, 8, 64, 18)
+    )
     prompt_ids = [
         torch.randint(10, 100, (prompt_length,), generator=g).tolist() for _ in range(prompts)
     ]
@@ -83,17 +90,20 @@ def update_case(ragged: bool = False):
     return run
 
 
-def rollout_case(ragged: bool = False):
+def rollout_case(ragged: bool = False, long: bool = False):
     """A function sampling the systems-mode rollout (16 prompts × 8, 64 forced tokens), or with
     `ragged`, the same with two frequent tokens ending completions (rows finish at many
-    steps)."""
+    steps), or with `long`, 4 prompts × 8 with 512 forced tokens."""
     import torch
     from fused_ab import decode_cases, demo_setup
 
+    from rlvr.rollout.base import SamplingParams
     from rlvr.rollout.hf import HFRolloutEngine
 
     tok, model, prompts = demo_setup()
     eos, params = decode_cases(tok)["rows finish at many steps" if ragged else "64 forced tokens"]
+    if long:
+        prompts, params = prompts[:4], SamplingParams(n=8, max_new_tokens=512, min_new_tokens=512)
     engine = HFRolloutEngine(model, eos, tok.pad_token_id, generator=torch.Generator())
     return lambda: engine.generate(prompts, params)
 
@@ -139,8 +149,10 @@ def host_turn_case():
 CASES = {
     "update": update_case,
     "update-ragged": lambda: update_case(ragged=True),
+    "update-long": lambda: update_case(long=True),
     "rollout": rollout_case,
     "rollout-ragged": lambda: rollout_case(ragged=True),
+    "rollout-long": lambda: rollout_case(long=True),
     "host-turn": host_turn_case,
 }
 

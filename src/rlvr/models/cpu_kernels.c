@@ -26,6 +26,11 @@
     default: CALL(dim);                                                                      \
     }
 
+#define INLINE static inline __attribute__((always_inline))
+
+/* Eight floats; read from any float address (aligned(4), may_alias). */
+typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+
 /* y = x / sqrt(mean(x^2) + eps) * w for each row of x [rows, dim]
    (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4); where `inverse` is
    not null, each row's 1 / sqrt(mean(x^2) + eps) is kept there for the backward. */
@@ -280,39 +285,98 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
    [n, q_heads]: each query's log-sum-exp of its scaled scores, kept for the backward. Query
    head h uses key/value head h / (q_heads / kv_heads). One thread runs a (prefix, key/value
    head) pair: it transposes the keys to kt [dim, sp + t] (the prefix's once, each row's own
-   after it) so that a query's scores are a vectorised loop over keys. */
+   after it), and takes a row's queries QUERY_BLOCK at a time through register tiles of
+   QUERY_BLOCK queries x KEY_TILE keys (`tile_scores`), the register blocking of a matrix
+   product (Goto & van de Geijn 2008), so that each key read from the caches serves
+   QUERY_BLOCK queries and each key gradient is read and written once per block, not once per
+   query (lever 55 of docs/benchmarks.md). */
 
-#define KEY_BLOCK 64 /* keys whose dot products are summed together in registers */
+#define QUERY_BLOCK 6 /* queries of a tile: 12 of the 16 AVX registers hold its sums */
+#define KEY_TILE 16   /* keys of a tile: two 8-float vectors */
 
-/* out[j] = factor x.y_j for j < n rounded up to KEY_BLOCK, from the transpose yt [dim, width]
-   (width a multiple of KEY_BLOCK): a block's sums stay in registers over the dim terms. */
-static inline void dots(const float *restrict x, const float *restrict yt, float *restrict out,
-                        long n, long width, long dim, float factor) {
-    for (long jb = 0; jb < n; jb += KEY_BLOCK) {
-        float acc[KEY_BLOCK] __attribute__((aligned(64))) = {0.f};
+/* out[r][j] = x_r . yt[:, j] for the QUERY_BLOCK rows of x [QUERY_BLOCK][dim] and the keys
+   j < n rounded up to KEY_TILE, from the transpose yt [dim, width] (width a multiple of
+   KEY_TILE); out's rows have stride width. */
+INLINE void tile_scores(const float *restrict x, const float *restrict yt, float *restrict out,
+                        long n, long width, long dim) {
+    for (long jb = 0; jb < n; jb += KEY_TILE) {
+        vec8 acc[QUERY_BLOCK][2];
+        for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = (vec8){0};
         for (long c = 0; c < dim; c++) {
-            float a = x[c] * factor;
-            const float *restrict row = yt + c * width + jb;
-#pragma omp simd aligned(acc : 64)
-            for (long jj = 0; jj < KEY_BLOCK; jj++) acc[jj] += a * row[jj];
+            vec8 k0 = *(const vec8 *)(yt + c * width + jb);
+            vec8 k1 = *(const vec8 *)(yt + c * width + jb + 8);
+#pragma GCC unroll 6
+            for (int r = 0; r < QUERY_BLOCK; r++) {
+                vec8 s = (vec8){0} + x[r * dim + c];
+                acc[r][0] += s * k0;
+                acc[r][1] += s * k1;
+            }
         }
-        for (long jj = 0; jj < KEY_BLOCK; jj++) out[jb + jj] = acc[jj];
+        for (int r = 0; r < QUERY_BLOCK; r++) {
+            *(vec8 *)(out + r * width + jb) = acc[r][0];
+            *(vec8 *)(out + r * width + jb + 8) = acc[r][1];
+        }
     }
 }
 
-/* The scaled scores sc[j] = scale q.k_j, j < n, from kt [dim, width]; hidden keys (seen[j] 0,
-   except the query's own key n - 1) score -3e38 (exp 0, no branch). Returns the largest. */
-static inline float visible_scores(const float *restrict query, const float *restrict kt,
-                                   const unsigned char *restrict seen, float *restrict sc,
-                                   long n, long width, long dim, float scale) {
-    dots(query, kt, sc, n, width, dim, scale);
-    float top = -3.0e38f;
-    for (long j = 0; j < n; j++) {
-        float x = (seen[j] || j == n - 1) ? sc[j] : -3.0e38f;
-        sc[j] = x;
-        top = x > top ? x : top;
+/* out[r][c] = sum_{j < n} a[r][j] src[j][c] for r < QUERY_BLOCK (a's rows of stride width):
+   an output's or a query gradient's sum over its keys' vectors. */
+INLINE void tile_sums(const float *restrict a, const float *const *src, float *restrict out,
+                      long n, long width, long dim) {
+    long full = dim - dim % KEY_TILE;
+    for (long c0 = 0; c0 < full; c0 += KEY_TILE) {
+        vec8 acc[QUERY_BLOCK][2];
+        for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = (vec8){0};
+        for (long j = 0; j < n; j++) {
+            vec8 v0 = *(const vec8 *)(src[j] + c0), v1 = *(const vec8 *)(src[j] + c0 + 8);
+#pragma GCC unroll 6
+            for (int r = 0; r < QUERY_BLOCK; r++) {
+                vec8 s = (vec8){0} + a[r * width + j];
+                acc[r][0] += s * v0;
+                acc[r][1] += s * v1;
+            }
+        }
+        for (int r = 0; r < QUERY_BLOCK; r++) {
+            *(vec8 *)(out + r * dim + c0) = acc[r][0];
+            *(vec8 *)(out + r * dim + c0 + 8) = acc[r][1];
+        }
     }
-    return top;
+    for (long c = full; c < dim; c++)
+        for (int r = 0; r < QUERY_BLOCK; r++) {
+            float acc = 0.f;
+            for (long j = 0; j < n; j++) acc += a[r * width + j] * src[j][c];
+            out[r * dim + c] = acc;
+        }
+}
+
+/* dst[j][c] += sum_r a[r][j] x[r][c] for j < n, r < QUERY_BLOCK, x [QUERY_BLOCK][dim]: the
+   key and value gradients of a block of queries, each dst[j] read and written once (several
+   j may share one dst, the sink of positions not computed). */
+INLINE void tile_scatter(const float *restrict a, const float *restrict x, float *const *dst,
+                         long n, long width, long dim) {
+    long full = dim - dim % KEY_TILE;
+    for (long c0 = 0; c0 < full; c0 += KEY_TILE) {
+        vec8 xs[QUERY_BLOCK][2];
+        for (int r = 0; r < QUERY_BLOCK; r++)
+            xs[r][0] = *(const vec8 *)(x + r * dim + c0),
+            xs[r][1] = *(const vec8 *)(x + r * dim + c0 + 8);
+        for (long j = 0; j < n; j++) {
+            vec8 d0 = *(vec8 *)(dst[j] + c0), d1 = *(vec8 *)(dst[j] + c0 + 8);
+#pragma GCC unroll 6
+            for (int r = 0; r < QUERY_BLOCK; r++) {
+                vec8 s = (vec8){0} + a[r * width + j];
+                d0 += s * xs[r][0];
+                d1 += s * xs[r][1];
+            }
+            *(vec8 *)(dst[j] + c0) = d0, *(vec8 *)(dst[j] + c0 + 8) = d1;
+        }
+    }
+    for (long j = 0; j < n; j++)
+        for (long c = full; c < dim; c++) {
+            float acc = dst[j][c];
+            for (int r = 0; r < QUERY_BLOCK; r++) acc += a[r * width + j] * x[r * dim + c];
+            dst[j][c] = acc;
+        }
 }
 
 /* The keys (and values) of one pair as the loops read them: key j's vector at key[j], its
@@ -366,18 +430,31 @@ static long set_own(struct pair_keys *keys, const float *k, const float *v, floa
     return count;
 }
 
-/* A thread's scratch for `width` key columns; returns 0 when an allocation failed (then
-   nothing else is set, and free_scratch still frees what was allocated). */
-static int pair_scratch(struct pair_keys *keys, long width, long dim, int with_values,
-                        float **floats) {
+/* A thread's buffers for one block of queries: scores or probabilities s and their gradients
+   ds [QUERY_BLOCK, width]; the queries q, the scaled queries qs, the output gradients g and
+   the results o [QUERY_BLOCK, dim]. */
+struct block {
+    float *s, *ds, *q, *qs, *g, *o;
+};
+
+/* A thread's scratch for `width` key columns and its block buffers, then `zero` [dim] and
+   `sinks` [2 dim] (the vectors and gradients of positions not computed); returns 0 when an
+   allocation failed (then nothing else is set, and free_scratch still frees what was
+   allocated). */
+static int pair_scratch(struct pair_keys *keys, struct block *b, long width, long dim,
+                        int with_values, float **floats) {
     keys->width = width;
     keys->key = malloc(sizeof(float *) * 4 * width);
     keys->seen = malloc(width);
-    *floats = calloc((with_values ? 2 : 1) * dim * width + 2 * width + 3 * dim, sizeof(float));
+    long transposes = (with_values ? 2 : 1) * dim * width;
+    *floats = calloc(transposes + 2 * QUERY_BLOCK * (width + 2 * dim) + 3 * dim, sizeof(float));
     if (!keys->key || !keys->seen || !*floats) return 0;
     keys->value = keys->key + width, keys->dkey = (float **)keys->value + width;
     keys->dvalue = keys->dkey + width;
     keys->kt = *floats, keys->vt = with_values ? keys->kt + dim * width : 0;
+    b->s = *floats + transposes, b->ds = b->s + QUERY_BLOCK * width;
+    b->q = b->ds + QUERY_BLOCK * width, b->qs = b->q + QUERY_BLOCK * dim;
+    b->g = b->qs + QUERY_BLOCK * dim, b->o = b->g + QUERY_BLOCK * dim;
     return 1;
 }
 
@@ -385,70 +462,97 @@ static void free_scratch(struct pair_keys *keys, float *floats) {
     free(keys->key), free(keys->seen), free(floats);
 }
 
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE void query_forward(const float *restrict query, const struct pair_keys *keys,
-                          float *restrict out, float *restrict lse, float *restrict sc, long n,
-                          long dim, float scale) {
-    float top = visible_scores(query, keys->kt, keys->seen, sc, n, keys->width, dim, scale);
-    float total = exp_and_sum(sc, n, top), inv = 1.f / total;
-    float acc[dim] __attribute__((aligned(64)));
-    for (long c = 0; c < dim; c++) acc[c] = 0.f;
-    for (long j = 0; j < n; j++) {
-        const float *restrict value = keys->value[j];
-        float p = sc[j] * inv;
-#pragma omp simd aligned(acc : 64)
-        for (long c = 0; c < dim; c++) acc[c] += p * value[c];
+/* The scaled scores of a block's m queries over the keys j < n[m - 1] into b->s, each row's
+   hidden keys at -3e38 (exp 0, no branch): query r sees key j < n[r] where seen[j] and its
+   own key n[r] - 1. */
+INLINE void block_scores(const struct pair_keys *keys, const struct block *b, const long *n,
+                         int m, long dim) {
+    long width = keys->width, last = n[m - 1];
+    tile_scores(b->qs, keys->kt, b->s, last, width, dim);
+    for (int r = 0; r < m; r++) {
+        float *restrict s = b->s + r * width;
+        for (long j = 0; j < last; j++)
+            s[j] = j < n[r] && (keys->seen[j] || j == n[r] - 1) ? s[j] : -3.0e38f;
     }
-    for (long c = 0; c < dim; c++) out[c] = acc[c];
-    *lse = top + logf(total);
 }
 
-/* With p = softmax(scores) recomputed from lse and D = dout . out (FlashAttention,
-   Algorithm 2): dv_j += p_j dout, ds_j = p_j (dout . v_j - D), dq = scale sum_j ds_j k_j,
-   dk_j += scale ds_j q. */
-INLINE void query_backward(const float *restrict query, const float *restrict grad,
-                           const float *restrict out, float level, const struct pair_keys *keys,
-                           float *restrict dq, float *restrict sc, float *restrict ds, long n,
-                           long dim, float scale) {
-    visible_scores(query, keys->kt, keys->seen, sc, n, keys->width, dim, scale);
-    float d = 0.f, q[dim] __attribute__((aligned(64))), g[dim] __attribute__((aligned(64)));
-    float acc[dim] __attribute__((aligned(64)));
-    for (long c = 0; c < dim; c++) q[c] = query[c], g[c] = grad[c], acc[c] = 0.f;
-#pragma omp simd reduction(+ : d)
-    for (long c = 0; c < dim; c++) d += g[c] * out[c];
-#pragma omp simd
-    for (long j = 0; j < n; j++) sc[j] = expf(sc[j] - level);
-    dots(g, keys->vt, ds, n, keys->width, dim, 1.f);
-#pragma omp simd
-    for (long j = 0; j < n; j++) ds[j] = sc[j] * (ds[j] - d) * scale;
-    for (long j = 0; j < n; j++) {
-        const float *restrict key = keys->key[j];
-        float *restrict dkey = keys->dkey[j], *restrict dvalue = keys->dvalue[j];
-        float a = ds[j], p = sc[j];
-#pragma omp simd aligned(acc, q, g : 64)
+/* Rows m .. QUERY_BLOCK - 1 of x [QUERY_BLOCK, stride], first `count` entries, to zero (a
+   block's unused rows, which the tiles compute too). */
+INLINE void zero_rows(float *x, int m, long stride, long count) {
+    for (int r = m; r < QUERY_BLOCK; r++) memset(x + r * stride, 0, count * sizeof(float));
+}
+
+/* The forward of a block: query r's vector at q + at[r], its output at out + at[r] and its
+   log-sum-exp at lse[at[r] / dim]. */
+INLINE void block_forward(const float *q, float *out, float *lse, const long *at,
+                          const long *n, int m, const struct pair_keys *keys,
+                          const struct block *b, long dim, float scale) {
+    long width = keys->width, last = n[m - 1];
+    for (int r = 0; r < m; r++)
+        for (long c = 0; c < dim; c++) b->qs[r * dim + c] = q[at[r] + c] * scale;
+    zero_rows(b->qs, m, dim, dim);
+    block_scores(keys, b, n, m, dim);
+    for (int r = 0; r < m; r++) {
+        float *restrict s = b->s + r * width, top = -3.0e38f;
+        for (long j = 0; j < last; j++) top = s[j] > top ? s[j] : top;
+        float total = exp_and_sum(s, last, top), inv = 1.f / total;
+        for (long j = 0; j < last; j++) s[j] *= inv;
+        lse[at[r] / dim] = top + logf(total);
+    }
+    zero_rows(b->s, m, width, last);
+    tile_sums(b->s, keys->value, b->o, last, width, dim);
+    for (int r = 0; r < m; r++) memcpy(out + at[r], b->o + r * dim, dim * sizeof(float));
+}
+
+/* The backward of a block, with p = softmax(scores) recomputed from lse and D = dout . out
+   (FlashAttention, Algorithm 2): dv_j += p_j dout, ds_j = p_j (dout . v_j - D),
+   dq = scale sum_j ds_j k_j, dk_j += scale ds_j q. */
+INLINE void block_backward(const float *q, const float *dout, const float *out,
+                           const float *lse, float *dq, const long *at, const long *n, int m,
+                           const struct pair_keys *keys, const struct block *b, long dim,
+                           float scale) {
+    long width = keys->width, last = n[m - 1];
+    float d[QUERY_BLOCK];
+    for (int r = 0; r < m; r++) {
+        float dot = 0.f;
         for (long c = 0; c < dim; c++) {
-            acc[c] += a * key[c];
-            dkey[c] += a * q[c];
-            dvalue[c] += p * g[c];
+            float x = q[at[r] + c], g = dout[at[r] + c];
+            b->q[r * dim + c] = x, b->qs[r * dim + c] = x * scale, b->g[r * dim + c] = g;
+            dot += g * out[at[r] + c];
+        }
+        d[r] = dot;
+    }
+    zero_rows(b->q, m, dim, dim), zero_rows(b->qs, m, dim, dim), zero_rows(b->g, m, dim, dim);
+    block_scores(keys, b, n, m, dim);
+    tile_scores(b->g, keys->vt, b->ds, last, width, dim);
+    for (int r = 0; r < m; r++) {
+        float *restrict p = b->s + r * width, *restrict ds = b->ds + r * width;
+        float level = lse[at[r] / dim];
+#pragma omp simd
+        for (long j = 0; j < last; j++) {
+            p[j] = expf(p[j] - level);
+            ds[j] = p[j] * (ds[j] - d[r]) * scale;
         }
     }
-    for (long c = 0; c < dim; c++) dq[c] = acc[c];
+    zero_rows(b->s, m, width, last), zero_rows(b->ds, m, width, last);
+    tile_sums(b->ds, keys->key, b->o, last, width, dim);
+    for (int r = 0; r < m; r++) memcpy(dq + at[r], b->o + r * dim, dim * sizeof(float));
+    tile_scatter(b->ds, b->q, keys->dkey, last, width, dim);
+    tile_scatter(b->s, b->g, keys->dvalue, last, width, dim);
 }
 
-/* One query of attention_pass (`FOR_HEAD_DIM`). gcc's unroll-and-jam would fuse two keys of
-   the output's sum over keys into one scalar loop, which then does not vectorise. */
-__attribute__((optimize("no-loop-unroll-and-jam"))) static void
-run_query(int backward, const float *query, const float *grad, const float *out, float *lse,
-          const struct pair_keys *keys, float *result, float *sc, float *ds, long n, long dim,
-          float scale) {
-#define RUN_QUERY(D)                                                                          \
+/* One block of attention_pass, the head size a constant where common (`FOR_HEAD_DIM`). */
+static void run_block(int backward, const float *q, const float *dout, float *out, float *lse,
+                      float *dq, const long *at, const long *n, int m,
+                      const struct pair_keys *keys, const struct block *b, long dim,
+                      float scale) {
+#define RUN_BLOCK(D)                                                                          \
     if (backward)                                                                             \
-        query_backward(query, grad, out, *lse, keys, result, sc, ds, n, D, scale);            \
+        block_backward(q, dout, out, lse, dq, at, n, m, keys, b, D, scale);                   \
     else                                                                                      \
-        query_forward(query, keys, result, lse, sc, n, D, scale)
-    FOR_HEAD_DIM(dim, RUN_QUERY)
-#undef RUN_QUERY
+        block_forward(q, out, lse, at, n, m, keys, b, D, scale)
+    FOR_HEAD_DIM(dim, RUN_BLOCK)
+#undef RUN_BLOCK
 }
 
 /* Both directions share the walk over (prefix, key/value head) pairs, rows and queries;
@@ -462,16 +566,16 @@ static int attention_pass(const float *q, const float *k, const float *v, const 
                            long kv_heads, long dim, long psb, long psh, long pss, float scale,
                            int threads) {
     long group = q_heads / kv_heads;
-    long width = (sp + t + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    long width = (sp + t + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
     int backward = dout != 0, failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *floats, *sc = 0, *ds = 0, *zero = 0, *sinks = 0;
+        float *floats, *zero = 0, *sinks = 0;
         struct pair_keys keys;
-        int ready = pair_scratch(&keys, width, dim, backward, &floats);
+        struct block blk;
+        int ready = pair_scratch(&keys, &blk, width, dim, backward, &floats);
         if (ready) {
-            sc = keys.kt + (backward ? 2 : 1) * dim * width, ds = sc + width;
-            zero = ds + width, sinks = zero + dim;
+            zero = blk.o + QUERY_BLOCK * dim, sinks = zero + dim;
         } else {
 #pragma omp atomic write
             failed = 1;
@@ -486,14 +590,18 @@ static int attention_pass(const float *q, const float *k, const float *v, const 
                 const long *row = rows + b * t;
                 long count = set_own(&keys, k, v, dk, dv, row, own_mask + b * t, zero, sinks,
                                      head, kv_heads, sp, t, dim);
-                for (long g = 0; g < group; g++)
+                for (long g = 0; g < group; g++) {
+                    long at[QUERY_BLOCK], n[QUERY_BLOCK];
+                    int m = 0;
                     for (long i = 0; i < count; i++) {
                         if (row[i] < 0) continue;
-                        long at = (row[i] * q_heads + head * group + g) * dim;
-                        run_query(backward, q + at, backward ? dout + at : 0, out + at,
-                                  lse + at / dim, &keys, backward ? dq + at : out + at, sc, ds,
-                                  sp + i + 1, dim, scale);
+                        at[m] = (row[i] * q_heads + head * group + g) * dim, n[m++] = sp + i + 1;
+                        if (m < QUERY_BLOCK && i + 1 < count) continue;
+                        run_block(backward, q, dout, out, lse, dq, at, n, m, &keys, &blk, dim,
+                                  scale);
+                        m = 0;
                     }
+                }
             }
         }
         free_scratch(&keys, floats);
@@ -548,8 +656,6 @@ int panels_pay(void) {
 #endif
 }
 
-/* Eight floats; read from any float address (aligned(4), may_alias). */
-typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
 
 /* panels [ceil(n / PANEL)][k][PANEL] from w [n, k]; columns past n are zero. */
 void pack_panels(const float *w, float *panels, long n, long k) {
