@@ -469,10 +469,13 @@ INLINE void block_scores(const struct pair_keys *keys, const struct block *b, co
                          int m, long dim) {
     long width = keys->width, last = n[m - 1];
     tile_scores(b->qs, keys->kt, b->s, last, width, dim);
+    const unsigned char *restrict seen = keys->seen;
     for (int r = 0; r < m; r++) {
-        float *restrict s = b->s + r * width;
-        for (long j = 0; j < last; j++)
-            s[j] = j < n[r] && (keys->seen[j] || j == n[r] - 1) ? s[j] : -3.0e38f;
+        float *restrict s = b->s + r * width, own = s[n[r] - 1];
+#pragma omp simd
+        for (long j = 0; j < n[r]; j++) s[j] = seen[j] ? s[j] : -3.0e38f;
+        s[n[r] - 1] = own;
+        for (long j = n[r]; j < last; j++) s[j] = -3.0e38f;
     }
 }
 
@@ -494,6 +497,7 @@ INLINE void block_forward(const float *q, float *out, float *lse, const long *at
     block_scores(keys, b, n, m, dim);
     for (int r = 0; r < m; r++) {
         float *restrict s = b->s + r * width, top = -3.0e38f;
+#pragma omp simd reduction(max : top)
         for (long j = 0; j < last; j++) top = s[j] > top ? s[j] : top;
         float total = exp_and_sum(s, last, top), inv = 1.f / total;
         for (long j = 0; j < last; j++) s[j] *= inv;
