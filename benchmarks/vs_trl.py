@@ -205,9 +205,9 @@ def run_rlvr(spec: RunSpec) -> dict:
         model.register_forward_pre_hook(counter.model_pre_hook, with_kwargs=True)
         return model, tokenizer
 
-    def hidden_with_mask(self, input_ids, positions, key_mask, cache, flat=None):
+    def hidden_with_mask(self, input_ids, positions, key_mask, cache, flat=None, **kwargs):
         counter.expect_mask(key_mask if flat is None else None)
-        return hidden(self, input_ids, positions, key_mask, cache, flat)
+        return hidden(self, input_ids, positions, key_mask, cache, flat, **kwargs)
 
     rl.load_model_and_tokenizer = load_with_counter
     fused.FusedForward.hidden = hidden_with_mask
