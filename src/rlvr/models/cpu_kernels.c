@@ -284,7 +284,7 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
    [prefixes, kv_heads, sp, dim]. dk, dv, dpk, dpv are zeroed by the caller. lse
    [n, q_heads]: each query's log-sum-exp of its scaled scores, kept for the backward. Query
    head h uses key/value head h / (q_heads / kv_heads). One thread runs a (prefix, key/value
-   head) pair: it transposes the keys to kt [dim, sp + t] (the prefix's once, each row's own
+   head) pair: it transposes the keys to kt (the prefix's once, each row's own
    after it), and takes a row's queries QUERY_BLOCK at a time through register tiles of
    QUERY_BLOCK queries x KEY_TILE keys (`tile_scores`), the register blocking of a matrix
    product (Goto & van de Geijn 2008), so that each key read from the caches serves
@@ -294,17 +294,21 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
 #define QUERY_BLOCK 6 /* queries of a tile: 12 of the 16 AVX registers hold its sums */
 #define KEY_TILE 16   /* keys of a tile: two 8-float vectors */
 
-/* out[r][j] = x_r . yt[:, j] for the QUERY_BLOCK rows of x [QUERY_BLOCK][dim] and the keys
-   j < n rounded up to KEY_TILE, from the transpose yt [dim, width] (width a multiple of
-   KEY_TILE); out's rows have stride width. */
+/* out[r][j] = x_r . key j for the QUERY_BLOCK rows of x [QUERY_BLOCK][dim] and the keys
+   j < n rounded up to KEY_TILE, from their transpose in panels: yt [width / KEY_TILE][dim]
+   [KEY_TILE], so that a tile reads one contiguous panel (`PANEL_AT`); out's rows have stride
+   width. */
+#define PANEL_AT(j, c, dim) (((j) / KEY_TILE * (dim) + (c)) * KEY_TILE + (j) % KEY_TILE)
+
 INLINE void tile_scores(const float *restrict x, const float *restrict yt, float *restrict out,
                         long n, long width, long dim) {
     for (long jb = 0; jb < n; jb += KEY_TILE) {
+        const float *restrict panel = yt + jb * dim;
         vec8 acc[QUERY_BLOCK][2];
         for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = (vec8){0};
         for (long c = 0; c < dim; c++) {
-            vec8 k0 = *(const vec8 *)(yt + c * width + jb);
-            vec8 k1 = *(const vec8 *)(yt + c * width + jb + 8);
+            vec8 k0 = *(const vec8 *)(panel + c * KEY_TILE);
+            vec8 k1 = *(const vec8 *)(panel + c * KEY_TILE + 8);
 #pragma GCC unroll 6
             for (int r = 0; r < QUERY_BLOCK; r++) {
                 vec8 s = (vec8){0} + x[r * dim + c];
@@ -380,7 +384,7 @@ INLINE void tile_scatter(const float *restrict a, const float *restrict x, float
 }
 
 /* The keys (and values) of one pair as the loops read them: key j's vector at key[j], its
-   column j of the transposes kt (and vt) [dim, width], seen[j] whether it is visible to the
+   column j of the transposes kt (and vt) in panels (`PANEL_AT`), seen[j] whether it is visible to the
    queries after it, and where its gradients go (dkey[j], dvalue[j]). */
 struct pair_keys {
     const float **key, **value;
@@ -391,12 +395,35 @@ struct pair_keys {
 };
 
 static inline void set_key(struct pair_keys *keys, long j, const float *key, const float *value,
-                           float *dkey, float *dvalue, unsigned char seen, long dim) {
+                           float *dkey, float *dvalue, unsigned char seen) {
     keys->key[j] = key, keys->value[j] = value, keys->dkey[j] = dkey, keys->dvalue[j] = dvalue;
     keys->seen[j] = seen;
-    for (long c = 0; c < dim; c++) keys->kt[c * keys->width + j] = key[c];
-    if (keys->vt)
-        for (long c = 0; c < dim; c++) keys->vt[c * keys->width + j] = value[c];
+}
+
+/* Columns [from, to) of the panels yt (`PANEL_AT`) from the vectors x[j]: eight keys at a
+   time from a multiple of eight (eight such keys share a panel), each feature of the eight
+   gathered and stored as one vector (a scalar store per key and feature, to dim cache lines,
+   cost a tenth of the attention). */
+static void transpose(const float *const *x, float *restrict yt, long from, long to,
+                      long dim) {
+    long j = from;
+    for (; j < to && j % 8; j++)
+        for (long c = 0; c < dim; c++) yt[PANEL_AT(j, c, dim)] = x[j][c];
+    for (; j + 8 <= to; j += 8) {
+        const float *x0 = x[j], *x1 = x[j + 1], *x2 = x[j + 2], *x3 = x[j + 3];
+        const float *x4 = x[j + 4], *x5 = x[j + 5], *x6 = x[j + 6], *x7 = x[j + 7];
+        for (long c = 0; c < dim; c++)
+            *(vec8 *)(yt + PANEL_AT(j, c, dim)) =
+                (vec8){x0[c], x1[c], x2[c], x3[c], x4[c], x5[c], x6[c], x7[c]};
+    }
+    for (; j < to; j++)
+        for (long c = 0; c < dim; c++) yt[PANEL_AT(j, c, dim)] = x[j][c];
+}
+
+/* The transposes' columns [from, to) from the keys' (and values') vectors set there. */
+static void set_columns(struct pair_keys *keys, long from, long to, long dim) {
+    transpose(keys->key, keys->kt, from, to, dim);
+    if (keys->vt) transpose(keys->value, keys->vt, from, to, dim);
 }
 
 /* Columns [0, sp) for prefix p of key/value head `head`. */
@@ -406,8 +433,9 @@ static void set_prefix(struct pair_keys *keys, const float *pk, const float *pv,
     for (long j = 0; j < sp; j++) {
         long at = p * psb + head * psh + j * pss, grad = ((p * kv_heads + head) * sp + j) * dim;
         set_key(keys, j, pk + at, pv + at, dpk ? dpk + grad : 0, dpv ? dpv + grad : 0,
-                prefix_mask[p * sp + j], dim);
+                prefix_mask[p * sp + j]);
     }
+    set_columns(keys, 0, sp, dim);
 }
 
 /* Columns [sp, sp + count) for row b's own positions; returns count, one past its last
@@ -423,10 +451,11 @@ static long set_own(struct pair_keys *keys, const float *k, const float *v, floa
         long at = (rows[i] * kv_heads + head) * dim;
         if (rows[i] >= 0)
             set_key(keys, sp + i, k + at, v + at, dk ? dk + at : 0, dv ? dv + at : 0,
-                    own_mask[i], dim);
+                    own_mask[i]);
         else
-            set_key(keys, sp + i, zero, zero, sinks, sinks + dim, 0, dim);
+            set_key(keys, sp + i, zero, zero, sinks, sinks + dim, 0);
     }
+    set_columns(keys, sp, sp + count, dim);
     return count;
 }
 
