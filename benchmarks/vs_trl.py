@@ -641,20 +641,57 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return statistics.mean(kept) if kept else None
 
 
+TIMINGS = ("step_s", "rollout_s", "reward_s", "train_s")
+
+
 def scaling_mode(s: ModeSettings, workdir: Path) -> dict:
+    """Each grid point run by both frameworks, the whole grid `s.repeats` times in rounds (so
+    that a slow minute of the machine falls on every point of a round alike). A point's
+    timings are the medians over the rounds; its other figures are the first round's. The
+    growth of each series (largest over smallest value) is taken within each round, then its
+    median over the rounds."""
     model_dir = prepare_model(workdir, 0)
     grid = [("max_new_tokens", v) for v in s.lengths] + [
         ("samples_per_prompt", v) for v in s.group_sizes
     ]
+    runs: dict[tuple[str, int], dict[str, list[dict]]] = {
+        point: {fw: [] for fw in FRAMEWORKS} for point in grid
+    }
+    for round_ in range(s.repeats):
+        for key, value in grid:
+            for fw in FRAMEWORKS:
+                name = f"scale-{key}-{value}" + (f"-round-{round_}" if s.repeats > 1 else "")
+                spec = make_spec(fw, name, workdir, model_dir, s, **{key: value})
+                runs[key, value][fw].append(summarize(launch(spec, workdir)))
     rows = []
-    for key, value in grid:
+    for (key, value), by_fw in runs.items():
         row: dict[str, Any] = {"vary": key, "value": value}
-        for fw in FRAMEWORKS:
-            spec = make_spec(fw, f"scale-{key}-{value}", workdir, model_dir, s, **{key: value})
-            row[fw] = summarize(launch(spec, workdir))
+        for fw, summaries in by_fw.items():
+            row[fw] = {
+                **summaries[0],
+                **{t: statistics.median(x[t] for x in summaries) for t in TIMINGS},
+                "step_s_rounds": [x["step_s"] for x in summaries],
+            }
+            row[fw]["steps_per_s"] = 1 / row[fw]["step_s"]
         row["speedup"] = ratio(row["rlvr"]["steps_per_s"], row["trl"]["steps_per_s"])
         rows.append(row)
-    return {"rows": rows}
+    return {"rows": rows, "growth": series_growth(rows)}
+
+
+def series_growth(rows: list[dict]) -> dict:
+    """For each varied setting with two points or more: per framework, the step time at its
+    largest value over that at its smallest, in each round, and their median."""
+    growth: dict[str, dict] = {}
+    for key in dict.fromkeys(row["vary"] for row in rows):
+        series = sorted((row for row in rows if row["vary"] == key), key=lambda r: r["value"])
+        if len(series) < 2:
+            continue
+        low, high = series[0], series[-1]
+        growth[key] = {"from": low["value"], "to": high["value"]}
+        for fw in FRAMEWORKS:
+            per_round = [b / a for a, b in zip(low[fw]["step_s_rounds"], high[fw]["step_s_rounds"])]
+            growth[key][fw] = {"per_round": per_round, "median": statistics.median(per_round)}
+    return growth
 
 
 def print_report(mode: str, report: dict) -> None:
@@ -730,6 +767,16 @@ def print_report(mode: str, report: dict) -> None:
                 fmt(row["speedup"], ".2f"),
             )
         console.print(table)
+        for key, g in report["growth"].items():
+            console.print(
+                f"{key} {g['from']} → {g['to']}: step time grows "
+                + ", ".join(
+                    f"{fw} {g[fw]['median']:.2f}× (rounds: "
+                    + " ".join(f"{x:.2f}" for x in g[fw]["per_round"])
+                    + ")"
+                    for fw in FRAMEWORKS
+                )
+            )
 
 
 def main() -> None:
@@ -754,6 +801,18 @@ def main() -> None:
         help="learning: start both from this saved model instead of training the cold-start "
         "SFT (its rounding follows rlvr's code, so revisions can start from different models)",
     )
+    parser.add_argument(
+        "--lengths", type=int, nargs="*", help="scaling: the max_new_tokens series (64 128 256 512)"
+    )
+    parser.add_argument(
+        "--group-sizes",
+        type=int,
+        nargs="*",
+        help="scaling: the samples_per_prompt series (4 8 16 32)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="scaling: rounds of the whole grid (1); systems: runs (2)"
+    )
     parser.add_argument("--workdir", type=Path, help="keep models and runs here (default: temp)")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -769,6 +828,12 @@ def main() -> None:
         settings.eval_every = args.eval_every
     if args.seeds:
         settings.seeds = tuple(args.seeds)
+    if args.lengths is not None:
+        settings.lengths = tuple(args.lengths)
+    if args.group_sizes is not None:
+        settings.group_sizes = tuple(args.group_sizes)
+    if args.repeats:
+        settings.repeats = args.repeats
     settings.reward = args.reward
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
@@ -795,7 +860,12 @@ def main() -> None:
     dense = "-dense" if args.reward == "dense" else ""
     seeds = "-seeds-" + "-".join(map(str, args.seeds)) if args.seeds else ""
     start_from = f"-from-{args.cold_start.name}" if args.cold_start else ""
-    name = f"{args.mode}{dense}{seeds}{start_from}{'-quick' if args.quick else ''}.json"
+    grid = ""
+    if args.mode == "scaling" and (args.lengths, args.group_sizes, args.repeats) != (None,) * 3:
+        for label, values in (("lengths", settings.lengths), ("groups", settings.group_sizes)):
+            grid += f"-{label}-{'-'.join(map(str, values))}" if values else ""
+        grid += f"-rounds-{settings.repeats}"
+    name = f"{args.mode}{dense}{seeds}{start_from}{grid}{'-quick' if args.quick else ''}.json"
     path = RESULTS_DIR / name
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"results: {path} ({report['wall_s']:.0f} s)")
