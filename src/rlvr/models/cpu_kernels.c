@@ -31,6 +31,41 @@
 /* Eight floats; read from any float address (aligned(4), may_alias). */
 typedef float vec8 __attribute__((vector_size(32), aligned(4), may_alias));
 
+/* The register tile shared by the decode step's products (`panel_linear`) and the training
+   attention's scores (`tile_scores`): outputs [ROWS, cols] (cols <= PANEL) at y (row stride
+   ldy), plus the bias where not null, from x [ROWS, k] (row stride k) and one panel [k][PANEL]
+   (the PANEL columns of one input feature as two vector loads), the ROWS x PANEL sums in
+   twelve AVX2 registers across the k products: the register blocking of Goto & van de Geijn
+   2008, "Anatomy of High-Performance Matrix Multiplication". */
+
+#define PANEL 16
+#define ROWS 6
+
+INLINE void store_row(vec8 low, vec8 high, const float *restrict bias, float *restrict y,
+                      long cols) {
+    float out[PANEL];
+    memcpy(out, &low, sizeof low);
+    memcpy(out + 8, &high, sizeof high);
+    for (long j = 0; j < cols; j++) y[j] = out[j] + (bias ? bias[j] : 0.f);
+}
+
+INLINE void full_block(const float *restrict x, const float *restrict panel,
+                       const float *restrict bias, float *restrict y, long ldy, long k,
+                       long cols) {
+    vec8 acc[ROWS][2];
+    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = (vec8){0};
+    for (long c = 0; c < k; c++) {
+        vec8 w0 = *(const vec8 *)(panel + c * PANEL), w1 = *(const vec8 *)(panel + c * PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < ROWS; r++) {
+            vec8 s = (vec8){0} + x[r * k + c];
+            acc[r][0] += s * w0;
+            acc[r][1] += s * w1;
+        }
+    }
+    for (int r = 0; r < ROWS; r++) store_row(acc[r][0], acc[r][1], bias, y + r * ldy, cols);
+}
+
 /* y = x / sqrt(mean(x^2) + eps) * w for each row of x [rows, dim]
    (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4); where `inverse` is
    not null, each row's 1 / sqrt(mean(x^2) + eps) is kept there for the backward. */
@@ -291,36 +326,18 @@ void rotary_out(const float *x, const float *cos, const float *sin, float *out, 
    QUERY_BLOCK queries and each key gradient is read and written once per block, not once per
    query (lever 55 of docs/benchmarks.md). */
 
-#define QUERY_BLOCK 6 /* queries of a tile: 12 of the 16 AVX registers hold its sums */
-#define KEY_TILE 16   /* keys of a tile: two 8-float vectors */
+#define QUERY_BLOCK ROWS /* queries of a tile */
+#define KEY_TILE PANEL    /* keys of a tile */
 
 /* out[r][j] = x_r . key j for the QUERY_BLOCK rows of x [QUERY_BLOCK][dim] and the keys
    j < n rounded up to KEY_TILE, from their transpose in panels: yt [width / KEY_TILE][dim]
-   [KEY_TILE], so that a tile reads one contiguous panel (`PANEL_AT`); out's rows have stride
-   width. */
+   [KEY_TILE] (`PANEL_AT`), each panel one `full_block`; out's rows have stride width. */
 #define PANEL_AT(j, c, dim) (((j) / KEY_TILE * (dim) + (c)) * KEY_TILE + (j) % KEY_TILE)
 
 INLINE void tile_scores(const float *restrict x, const float *restrict yt, float *restrict out,
                         long n, long width, long dim) {
-    for (long jb = 0; jb < n; jb += KEY_TILE) {
-        const float *restrict panel = yt + jb * dim;
-        vec8 acc[QUERY_BLOCK][2];
-        for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = (vec8){0};
-        for (long c = 0; c < dim; c++) {
-            vec8 k0 = *(const vec8 *)(panel + c * KEY_TILE);
-            vec8 k1 = *(const vec8 *)(panel + c * KEY_TILE + 8);
-#pragma GCC unroll 6
-            for (int r = 0; r < QUERY_BLOCK; r++) {
-                vec8 s = (vec8){0} + x[r * dim + c];
-                acc[r][0] += s * k0;
-                acc[r][1] += s * k1;
-            }
-        }
-        for (int r = 0; r < QUERY_BLOCK; r++) {
-            *(vec8 *)(out + r * width + jb) = acc[r][0];
-            *(vec8 *)(out + r * width + jb + 8) = acc[r][1];
-        }
-    }
+    for (long jb = 0; jb < n; jb += KEY_TILE)
+        full_block(x, yt + jb * dim, 0, out + jb, width, dim, KEY_TILE);
 }
 
 /* out[r][c] = sum_{j < n} a[r][j] src[j][c] for r < QUERY_BLOCK (a's rows of stride width):
@@ -629,7 +646,7 @@ static int attention_pass(const float *q, const float *k, const float *v, const 
                     for (long i = 0; i < count; i++) {
                         if (row[i] < 0) continue;
                         at[m] = (row[i] * q_heads + head * group + g) * dim, n[m++] = sp + i + 1;
-                        if (m < QUERY_BLOCK && i + 1 < count) continue;
+                        if (m < QUERY_BLOCK && i + 1 < count) continue; /* row[count-1] >= 0 */
                         run_block(backward, q, dout, out, lse, dq, at, n, m, &keys, &blk, dim,
                                   scale);
                         m = 0;
@@ -668,14 +685,8 @@ int attention_backward(const float *q, const float *k, const float *v, const lon
    decode step (one row per sequence), where PyTorch's BLAS leaves the second core idle (128
    rows x 192 hidden on the AMD EPYC VM: 76-83 GFLOP/s on two threads, 78-81 on one; lever 53
    of docs/benchmarks.md). W [n, k] is packed once (`pack_panels`) into panels of PANEL output
-   columns, each [k][PANEL], so that a micro-kernel reads a panel's PANEL weights of one input
-   feature as two vector loads, and keeps a ROWS x PANEL block of outputs in registers across
-   the k products (the register blocking of Goto & van de Geijn 2008, "Anatomy of
-   High-Performance Matrix Multiplication", without their packing of x, which a decode step's
-   few rows do not need). The threads split the panels. */
-
-#define PANEL 16
-#define ROWS 6
+   columns, each [k][PANEL], for `full_block`'s register tile (without Goto and van de Geijn's
+   packing of x, which a decode step's few rows do not need). The threads split the panels. */
 
 /* Whether the panel products are built for a CPU where they were measured to beat PyTorch's
    BLAS at a decode step's sizes: AVX2 with FMA and no AVX-512 (the AMD EPYC VM). With
@@ -689,7 +700,6 @@ int panels_pay(void) {
 #endif
 }
 
-
 /* panels [ceil(n / PANEL)][k][PANEL] from w [n, k]; columns past n are zero. */
 void pack_panels(const float *w, float *panels, long n, long k) {
     for (long j0 = 0; j0 < n; j0 += PANEL)
@@ -698,34 +708,7 @@ void pack_panels(const float *w, float *panels, long n, long k) {
                 panels[j0 * k + c * PANEL + j] = j0 + j < n ? w[(j0 + j) * k + c] : 0.f;
 }
 
-/* Outputs [rows, cols] of a block (cols <= PANEL) at y (row stride ldy) from x (row stride k)
-   and one panel: ROWS rows with the ROWS x PANEL accumulators in registers (`full_block`),
-   fewer (the last rows) one at a time (`part_block`). */
-INLINE void store_row(vec8 low, vec8 high, const float *restrict bias, float *restrict y,
-                      long cols) {
-    float out[PANEL];
-    memcpy(out, &low, sizeof low);
-    memcpy(out + 8, &high, sizeof high);
-    for (long j = 0; j < cols; j++) y[j] = out[j] + (bias ? bias[j] : 0.f);
-}
-
-INLINE void full_block(const float *restrict x, const float *restrict panel,
-                       const float *restrict bias, float *restrict y, long ldy, long k,
-                       long cols) {
-    vec8 acc[ROWS][2];
-    for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = (vec8){0};
-    for (long c = 0; c < k; c++) {
-        vec8 w0 = *(const vec8 *)(panel + c * PANEL), w1 = *(const vec8 *)(panel + c * PANEL + 8);
-#pragma GCC unroll 6
-        for (int r = 0; r < ROWS; r++) {
-            vec8 s = (vec8){0} + x[r * k + c];
-            acc[r][0] += s * w0;
-            acc[r][1] += s * w1;
-        }
-    }
-    for (int r = 0; r < ROWS; r++) store_row(acc[r][0], acc[r][1], bias, y + r * ldy, cols);
-}
-
+/* The last rows of a block, fewer than ROWS, one at a time (`full_block` takes ROWS). */
 static void part_block(const float *restrict x, const float *restrict panel,
                        const float *restrict bias, float *restrict y, long ldy, long k,
                        long rows, long cols) {
