@@ -63,7 +63,9 @@ def training_case(prompts: int, own: int) -> Callable[[], list[torch.Tensor]]:
 
 def decode_case(rows: int, cached: int) -> tuple[Callable[[], list[torch.Tensor]], float]:
     """A function running `decode_attention` once per layer over `rows` rows of `cached`
-    positions, and the bytes of K/V it reads."""
+    positions, and the bytes of K/V it reads. It calls the library directly, not through
+    `DecodeOps.attention`, whose checks and allocations (tens of µs a call here) would
+    dilute the kernels' difference at 64 positions."""
     g = torch.Generator().manual_seed(0)
     k, v = ([torch.randn(rows, HEADS, cached, DIM, generator=g) for _ in range(LAYERS)]
             for _ in range(2))  # fmt: skip

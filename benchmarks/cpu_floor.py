@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -106,17 +106,11 @@ def copy_bytes_per_s(megabytes: int = 64, repeats: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    defaults = Shape()
-    parser.add_argument("--prompts", type=int, default=defaults.prompts)
-    parser.add_argument("--group", type=int, default=defaults.group)
-    parser.add_argument(
-        "--length", type=int, nargs="+", default=[defaults.length], help="completion lengths"
-    )
-    parser.add_argument("--prompt-len", type=int, default=defaults.prompt_len)
-    parser.add_argument("--hidden", type=int, default=defaults.hidden)
-    parser.add_argument("--mlp", type=int, default=defaults.mlp)
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--vocab", type=int, default=defaults.vocab)
+    for field in fields(Shape):  # one option per field of `Shape`; --length takes several
+        several = {"nargs": "+", "default": [field.default]} if field.name == "length" else {}
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}", type=int, **{"default": field.default, **several}
+        )
     args = parser.parse_args()
     torch.set_num_threads(2)
 
