@@ -275,7 +275,9 @@ the class would be bound to the instance."""
 HOST_LAYOUT = fused.KernelOps._layout
 
 
-def device_layout(self: fused.KernelOps, select: torch.Tensor | None, prefixes: int):
+def device_layout(
+    self: fused.KernelOps, select: torch.Tensor | None, prefixes: int, k: torch.Tensor
+):
     """`KernelOps._layout` as before lever 54: from the device's tensors, checked and planned
     there, each check and the plan reading the GPU back."""
     layout, self.gather = fused.prefix_layout(self.key_mask, self.t, self.flat, select, prefixes)

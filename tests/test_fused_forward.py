@@ -455,14 +455,17 @@ def layout_tensors(layout) -> dict[str, torch.Tensor]:
 def test_a_layout_made_on_the_host_is_the_devices_and_is_sent_without_a_read(order):
     """`KernelOps._layout` with a `HostIndex` (lever 54) gives the layout made from the
     device's tensors (every tensor, the query count and whether rows gather their prompt's
-    keys), with the FlashAttention-2 plan made on the host for `PackedOps`; and with the
-    device tensors on the meta device, where a read raises, the layout arrives there whole."""
+    keys), with the FlashAttention-2 plan made on the host for `PackedOps` where its keys are
+    bf16 (and not where they are fp32, for which the plan goes unread, nor for `KernelOps`);
+    and with the device tensors on the meta device, where a read raises, the layout arrives
+    there whole."""
     key_mask, t, flat, select = layout_case(order)
+    keys = torch.zeros(int(flat.numel()), 2, 16, dtype=torch.bfloat16)
     device_made = fused.KernelOps(key_mask, t, flat)
-    want = device_made._layout(select, 2)
+    want = device_made._layout(select, 2, keys)
     host = fused.HostIndex(key_mask, flat, select, lambda x: x)
     ops = fused.PackedOps(key_mask, t, flat, host)
-    got = ops._layout(select, 2)
+    got = ops._layout(select, 2, keys)
     assert ops.gather == device_made.gather == (order == "shuffled")
     assert got.queries == want.queries == int(flat.numel())
     for name, tensor in layout_tensors(want).items():
@@ -474,10 +477,14 @@ def test_a_layout_made_on_the_host_is_the_devices_and_is_sent_without_a_read(ord
             if torch.is_tensor(want_part)
             else got_part == want_part
         )
+    fp32 = fused.PackedOps(key_mask, t, flat, host)._layout(select, 2, keys.float())
+    assert "varlen" not in vars(fp32)
+    kernels = fused.KernelOps(key_mask, t, flat, host)._layout(select, 2, keys)
+    assert "varlen" not in vars(kernels)
 
     meta = fused.HostIndex(key_mask, flat, select, lambda x: x.to("meta"))
     ops = fused.PackedOps(key_mask.to("meta"), t, flat.to("meta"), meta)
-    sent = ops._layout(select.to("meta"), 2)
+    sent = ops._layout(select.to("meta"), 2, keys.to("meta"))
     assert ops.gather == (order == "shuffled")
     assert sent.queries == want.queries
     for name, tensor in layout_tensors(want).items():

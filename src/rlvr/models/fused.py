@@ -488,9 +488,6 @@ class KernelOps(TorchOps):
     layout of every row, with each sample's copy of its prompt's keys. `key_mask` [b, s] is 1
     on real keys, of which the last t are the queries'."""
 
-    PLAN_ON_HOST = False
-    """Whether a layout made on the host (`HostIndex`) gets its FlashAttention-2 plan there."""
-
     def __init__(
         self,
         key_mask: torch.Tensor,
@@ -532,22 +529,31 @@ class KernelOps(TorchOps):
             s = full_k.shape[2] - t
             pk, pv, select = full_k[:, :, :s], full_v[:, :, :s], None
         if self.layout is None:
-            self.layout = self._layout(select, len(pk))
+            self.layout = self._layout(select, len(pk), k)
         if self.gather:  # a selection not in group order: each row gets its own copy
             pk, pv = pk.index_select(0, select), pv.index_select(0, select)
         heads, d = k.shape[-2:]
         return k.reshape(-1, heads, d), v.reshape(-1, heads, d), pk, pv
 
-    def _layout(self, select: torch.Tensor | None, prefixes: int) -> cpu_kernels.AttentionLayout:
+    @staticmethod
+    def plans_on_host(k: torch.Tensor) -> bool:
+        """Whether a layout made on the host (`HostIndex`) for keys like k [n, kv_heads, d]
+        gets its FlashAttention-2 plan there: not for the C kernels, which do not use it."""
+        return False
+
+    def _layout(
+        self, select: torch.Tensor | None, prefixes: int, k: torch.Tensor
+    ) -> cpu_kernels.AttentionLayout:
         """`prefix_layout` of these rows (`select[b]` is row b's prefix; None: row b's own),
-        made from the `HostIndex` on the host and sent, where there is one."""
+        made from the `HostIndex` on the host and sent, where there is one, with the
+        FlashAttention-2 plan where `plans_on_host(k)`."""
         host = self.host
         if host is None:
             layout, self.gather = prefix_layout(self.key_mask, self.t, self.flat, select, prefixes)
             return layout
         chosen = None if select is None else host.select
         layout, self.gather = prefix_layout(host.key_mask, self.t, host.flat, chosen, prefixes)
-        if self.PLAN_ON_HOST:
+        if self.plans_on_host(k):
             _ = layout.varlen  # made here, on the host, and sent with the layout
         return layout.sent(host.send)
 
@@ -587,12 +593,18 @@ class PackedOps(KernelOps):
     (`projections`, `mlp_inner`); each residual addition with the RMSNorm after it
     (`add_rms_norm`, one kernel each way). The embeddings' RMSNorm by PyTorch."""
 
-    PLAN_ON_HOST = True
     rms_norm = staticmethod(TorchOps.rms_norm)
     add_rms_norm = staticmethod(gpu_kernels.add_rms_norm)
     rotate = staticmethod(gpu_kernels.rotary)
     silu_mul = staticmethod(gpu_kernels.swiglu)
     attention_kernel = staticmethod(gpu_attention)
+
+    @staticmethod
+    def plans_on_host(k: torch.Tensor) -> bool:
+        """Where `gpu_attention` will run FlashAttention-2 on keys like k, whose dtype and head
+        size it takes (`flash_varlen.supports`; bf16 or fp16): not for the Triton kernels'
+        fp32, which would make a plan they never read."""
+        return flash_varlen.supports(k.dtype, k.shape[-1])
 
     @staticmethod
     def projections(x: torch.Tensor, *modules: nn.Linear) -> tuple[torch.Tensor, ...]:
