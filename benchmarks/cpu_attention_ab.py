@@ -61,30 +61,45 @@ def training_case(prompts: int, own: int) -> Callable[[], list[torch.Tensor]]:
     return run
 
 
+class DecodeCaches:
+    """A random query per row and `LAYERS` layers' K/V caches of `rows` rows × `cached`
+    positions (no prompts), and `decode_attention` over one layer's, called on the library
+    directly, not through `DecodeOps.attention`, whose checks and allocations (tens of µs a
+    call here) would dilute the kernels' difference at 64 positions."""
+
+    def __init__(self, rows: int, cached: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.rows, self.cached = rows, cached
+        self.k, self.v = ([torch.randn(rows, HEADS, cached, DIM, generator=g)
+                           for _ in range(LAYERS)] for _ in range(2))  # fmt: skip
+        self.q, self.out = torch.randn(rows, HEADS, DIM, generator=g), torch.empty(rows, HEADS, DIM)
+        self.visible = torch.ones(rows, cached, dtype=torch.uint8)
+        self.workspace = torch.empty(2 * cached)
+        self.no_prompts = torch.zeros(1, dtype=torch.long)
+        self.kv_bytes = LAYERS * rows * HEADS * cached * DIM * 4 * 2
+        """What the attention of all layers reads."""
+
+    def attend(self, library, layer: int) -> None:
+        """`library`'s `decode_attention` over `layer`'s cache, into `out`, on 2 threads."""
+        k, v = self.k[layer], self.v[layer]
+        library.decode_attention(
+            self.q.data_ptr(), 0, 0, self.no_prompts.data_ptr(), k.data_ptr(), v.data_ptr(),
+            self.visible.data_ptr(), self.out.data_ptr(), self.workspace.data_ptr(), self.rows,
+            HEADS, HEADS, 0, self.cached, DIM, 0, 0, k.stride(0), k.stride(1), DIM**-0.5, 2,
+        )  # fmt: skip
+
+
 def decode_case(rows: int, cached: int) -> tuple[Callable[[], list[torch.Tensor]], float]:
-    """A function running `decode_attention` once per layer over `rows` rows of `cached`
-    positions, and the bytes of K/V it reads. It calls the library directly, not through
-    `DecodeOps.attention`, whose checks and allocations (tens of µs a call here) would
-    dilute the kernels' difference at 64 positions."""
-    g = torch.Generator().manual_seed(0)
-    k, v = ([torch.randn(rows, HEADS, cached, DIM, generator=g) for _ in range(LAYERS)]
-            for _ in range(2))  # fmt: skip
-    q, out = torch.randn(rows, HEADS, DIM, generator=g), torch.empty(rows, HEADS, DIM)
-    visible = torch.ones(rows, cached, dtype=torch.uint8)
-    workspace = torch.empty(2 * cached)
-    nothing = torch.zeros(1, dtype=torch.long)
+    """A function running `decode_attention` once per layer over `DecodeCaches(rows,
+    cached)`, and the bytes of K/V it reads."""
+    caches = DecodeCaches(rows, cached)
 
     def run() -> list[torch.Tensor]:
         for layer in range(LAYERS):
-            cpu_kernels.load().decode_attention(
-                q.data_ptr(), 0, 0, nothing.data_ptr(), k[layer].data_ptr(),
-                v[layer].data_ptr(), visible.data_ptr(), out.data_ptr(), workspace.data_ptr(),
-                rows, HEADS, HEADS, 0, cached, DIM, 0, 0, k[layer].stride(0),
-                k[layer].stride(1), DIM**-0.5, 2,
-            )  # fmt: skip
-        return [out.clone()]
+            caches.attend(cpu_kernels.load(), layer)
+        return [caches.out.clone()]
 
-    return run, LAYERS * rows * HEADS * cached * DIM * 4 * 2
+    return run, caches.kv_bytes
 
 
 def main() -> None:

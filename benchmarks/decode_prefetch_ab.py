@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 import torch
+from cpu_attention_ab import DIM, HEADS, LAYERS, DecodeCaches
 
 from rlvr.models import cpu_kernels
 
-ROWS, HEADS, DIM, LAYERS, HIDDEN, MLP = 32, 4, 48, 4, 192, 576
+ROWS, HIDDEN, MLP = 32, 192, 576
 LINE_FLOATS = 16  # a 64-byte cache line
 
 PREFETCHING_PRODUCT = r"""
@@ -76,13 +77,13 @@ def build_variant(scratch: Path) -> ctypes.CDLL:
 
 
 class DecodeStep:
-    """The layers' packed weights, their K/V caches and one step over them."""
+    """The layers' packed weights, their K/V caches (`cpu_attention_ab.DecodeCaches`) and one
+    step over them."""
 
     def __init__(self, library: ctypes.CDLL, cached: int, fraction: float, hint: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.library, self.cached, self.hint = library, cached, hint
-        self.k = [torch.randn(ROWS, HEADS, cached, DIM, generator=g) for _ in range(LAYERS)]
-        self.v = [torch.randn(ROWS, HEADS, cached, DIM, generator=g) for _ in range(LAYERS)]
+        g = torch.Generator().manual_seed(1)
+        self.library, self.hint = library, hint
+        self.caches = DecodeCaches(ROWS, cached)
         shapes = {"o": (HIDDEN, HIDDEN), "gate_up": (2 * MLP, HIDDEN), "down": (HIDDEN, MLP),
                   "qkv": (3 * HIDDEN, HIDDEN)}  # fmt: skip
         self.weights = [{name: self.packed(*shape, g) for name, shape in shapes.items()}
@@ -97,7 +98,8 @@ class DecodeStep:
         self.shares = list(itertools.pairwise(bounds))
         self.regions = []
         for layer in range(LAYERS):
-            starts = [t[b, h].data_ptr() for t in (self.k[layer], self.v[layer])
+            cache = (self.caches.k[layer], self.caches.v[layer])
+            starts = [t[b, h].data_ptr() for t in cache
                       for b in range(ROWS) for h in range(HEADS)]  # fmt: skip
             self.regions.append((ctypes.c_void_p * len(starts))(*starts))
         self.inputs = {"o": torch.randn(ROWS, HIDDEN, generator=g),
@@ -105,11 +107,6 @@ class DecodeStep:
                        "down": torch.randn(ROWS, MLP, generator=g),
                        "qkv": torch.randn(ROWS, HIDDEN, generator=g)}  # fmt: skip
         self.outputs = {name: torch.empty(ROWS, shapes[name][0]) for name in shapes}
-        self.q = torch.randn(ROWS, HEADS, DIM, generator=g)
-        self.out = torch.empty(ROWS, HEADS, DIM)
-        self.visible = torch.ones(ROWS, cached, dtype=torch.uint8)
-        self.workspace = torch.empty(2 * cached)
-        self.no_prompts = torch.zeros(1, dtype=torch.long)
 
     def packed(self, n: int, k: int, g: torch.Generator) -> torch.Tensor:
         """A random weight [n, k] packed into panels (`pack_panels`)."""
@@ -134,15 +131,6 @@ class DecodeStep:
                 self.regions[layer], self.region_lines, *share, self.hint,
             )  # fmt: skip
 
-    def attention(self, layer: int) -> None:
-        """`decode_attention` over `layer`'s cache."""
-        k, v = self.k[layer], self.v[layer]
-        self.library.decode_attention(
-            self.q.data_ptr(), 0, 0, self.no_prompts.data_ptr(), k.data_ptr(), v.data_ptr(),
-            self.visible.data_ptr(), self.out.data_ptr(), self.workspace.data_ptr(), ROWS,
-            HEADS, HEADS, 0, self.cached, DIM, 0, 0, k.stride(0), k.stride(1), DIM**-0.5, 2,
-        )  # fmt: skip
-
     def run(self, prefetch: bool) -> tuple[float, float]:
         """One step; returns its seconds and its attention's."""
         start, attention = time.perf_counter(), 0.0
@@ -150,7 +138,7 @@ class DecodeStep:
             for (offset, name), share in zip(self.products, self.shares, strict=True):
                 self.product(layer + offset, name, share if prefetch else None)
             before = time.perf_counter()
-            self.attention(layer)
+            self.caches.attend(self.library, layer)
             attention += time.perf_counter() - before
         return time.perf_counter() - start, attention
 
