@@ -47,6 +47,8 @@ def test_train_then_report_then_eval(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"  # `train` plots its curves
+    (run_dir / "report.png").unlink()
 
     result = runner.invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, resolve_config
-from rlvr.tracking.jsonl import read_jsonl
+from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import evaluate_as_configured
+from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
+from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training.rl import NonFiniteError, train
 from tiny_run import TINY_RUN
 
@@ -110,6 +113,64 @@ def test_resume_continues_the_same_trajectory(tmp_path, extra):
                 assert math.isnan(r_val), key
             else:
                 assert l_val == r_val, (left["step"], key, l_val, r_val)
+
+
+EVAL = ("eval.every_steps=2", "eval.samples=6", "eval.k=2", "eval.max_new_tokens=24")
+# An entropy bonus trains on every sample (the tiny model's rewards are all 0 here), so the
+# model, and with it the held-out samples, move between the first evaluation and the last.
+MOVING = ("algorithm.entropy.coef=0.05", "train.lr=1e-2")
+SCORES = ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac")
+
+
+def test_held_out_evaluations_are_logged_and_leave_the_trajectory_alone(tmp_path):
+    plain = train(small_config(tmp_path / "plain", "train.steps=3", *MOVING), show_progress=False)
+    cfg = small_config(tmp_path / "eval", "train.steps=3", *MOVING, *EVAL)
+    run_dir = train(cfg, show_progress=False)
+    assert not (plain / "eval.jsonl").exists()
+    for left, right in zip(
+        read_jsonl(plain / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl"), strict=True
+    ):
+        assert {k: v for k, v in left.items() if k not in TIMING} == {
+            k: v for k, v in right.items() if k not in TIMING
+        }
+    lines = read_jsonl(run_dir / "eval.jsonl")
+    assert [line["step"] for line in lines] == [0, 2, 3]  # before, every 2 steps, at the end
+    assert all(line["problems"] == 6 and line["k"] == 2 for line in lines)
+    # The first and last lines are what `evaluate` gives the initial and the saved final model.
+    task = load_task(cfg.data)
+    initial, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    final, _ = load_pretrained(str(run_dir / "checkpoints" / "step-3"))
+    for line, model in ((lines[0], initial), (lines[-1], final)):
+        expected = evaluate_as_configured(model, tokenizer, task.test[:6], task.reward, cfg)
+        assert {key: line[key] for key in SCORES} == {key: expected[key] for key in SCORES}
+    assert [lines[0][key] for key in SCORES] != [lines[-1][key] for key in SCORES]
+
+
+def test_resume_keeps_the_evaluations_of_the_same_trajectory(tmp_path):
+    straight = train(small_config(tmp_path / "a", "train.steps=4", *EVAL), show_progress=False)
+    train(small_config(tmp_path / "b", "train.steps=2", *EVAL), show_progress=False)
+    with JsonlWriter(tmp_path / "b" / "eval.jsonl") as log:  # what a crash after step 2 leaves
+        log.write({"step": 3, "pass@1": 1.0})
+    resumed = train(
+        small_config(tmp_path / "b", "train.steps=4", *EVAL), resume=True, show_progress=False
+    )
+
+    def scores(run_dir):
+        return [
+            {k: v for k, v in r.items() if k != "seconds"}
+            for r in read_jsonl(run_dir / "eval.jsonl")
+        ]
+
+    assert [r["step"] for r in scores(resumed)] == [0, 2, 4]
+    assert scores(resumed) == scores(straight)
+
+
+def test_held_out_evaluation_needs_held_out_problems(tmp_path):
+    with pytest.raises(ConfigError, match=r"'eval\.every_steps': Input should be greater"):
+        small_config(tmp_path / "negative", "eval.every_steps=-1")
+    cfg = small_config(tmp_path / "none", "eval.every_steps=1", "eval.samples=0")
+    with pytest.raises(ConfigError, match=r"eval\.every_steps=1: no held-out problems"):
+        train(cfg, show_progress=False)
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):

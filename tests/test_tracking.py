@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from rlvr.tracking import JsonlFormatError, JsonlWriter, plot_runs, read_jsonl
-from rlvr.tracking.report import DEFAULT_METRICS, ema_smooth
+from rlvr.tracking.report import (
+    DEFAULT_METRICS,
+    HELD_OUT_METRIC,
+    default_metrics,
+    ema_smooth,
+    load_run_metrics,
+    metric_series,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -167,6 +174,31 @@ def test_plot_runs_errors(tmp_path):
     (bad / "metrics.jsonl").write_text('{"step": 1, "accuracy": 0.5}\n{"step": 2,\n')
     with pytest.raises(ValueError, match="line 2"):
         plot_runs([bad], tmp_path / "r.png")
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_a_run_s_held_out_evaluations_join_its_curves(tmp_path):
+    run = _fake_run(tmp_path / "evaluated", steps=4, scale=1.0)
+    with JsonlWriter(run / "eval.jsonl") as log:
+        log.write({"step": 0, "pass@1": 0.125, "pass@2": 0.25, "k": 2})
+        log.write({"step": 4, "pass@1": 0.5, "pass@2": 0.75, "k": 2})
+    records = load_run_metrics(run)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 4]
+    assert metric_series(records, HELD_OUT_METRIC) == ([0.0, 4.0], [0.125, 0.5])
+    assert metric_series(records, "eval/pass@2") == ([0.0, 4.0], [0.25, 0.75])
+    assert metric_series(records, "accuracy") == ([1.0, 2.0, 3.0, 4.0], [0.25, 0.5, 0.75, 1.0])
+    plain = load_run_metrics(_fake_run(tmp_path / "plain", steps=4, scale=1.0))
+    assert default_metrics([plain]) == DEFAULT_METRICS
+    assert default_metrics([plain, records]) == (*DEFAULT_METRICS, HELD_OUT_METRIC)
+    _assert_png(plot_runs([run], tmp_path / "with_eval.png"))
+
+
+def test_an_eval_record_without_a_step_is_an_error_naming_eval_jsonl(tmp_path):
+    run = _fake_run(tmp_path / "demo_like", steps=2, scale=1.0)
+    with JsonlWriter(run / "eval.jsonl") as log:
+        log.write({"stage": "before_rl", "pass@1": 0.2})
+    with pytest.raises(ValueError, match=r"eval\.jsonl: record 1 has no numeric 'step'"):
+        plot_runs([run], tmp_path / "r.png")
     assert not (tmp_path / "r.png").exists()
 
 

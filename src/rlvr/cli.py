@@ -79,13 +79,15 @@ def train(
         cfg = resolve_config(config_path, preset, overrides)
     except ConfigError as exc:
         _fail(str(exc))
+    from rlvr.tracking.report import plot_runs
     from rlvr.training.rl import train as run_train
 
     try:
         run_dir = run_train(cfg, resume=resume)
     except _user_errors() as exc:
         _fail(str(exc))
-    console.print(f"run directory: {run_dir}")
+    plot_runs([run_dir], run_dir / "report.png")
+    console.print(f"run directory: {run_dir} (curves in report.png)")
 
 
 @app.command()
@@ -195,16 +197,19 @@ def report(
     ] = None,
     metric: Annotated[
         list[str] | None,
-        typer.Option(help="A metrics.jsonl key to plot (repeatable; default: the usual panels)"),
+        typer.Option(
+            help="A metrics.jsonl key, or eval/KEY of eval.jsonl, to plot (repeatable; "
+            "default: the usual panels, and eval/pass@1 where the run evaluated)"
+        ),
     ] = None,
     smoothing: Annotated[float, typer.Option(help="EMA smoothing weight in [0, 1)")] = 0.0,
 ) -> None:
     """Plot reward, accuracy, length, entropy, KL and clip fraction of runs, overlaid."""
-    from rlvr.tracking.report import DEFAULT_METRICS, plot_runs
+    from rlvr.tracking.report import plot_runs
 
     out = output or run_dirs[0] / "report.png"
     try:
-        plot_runs(run_dirs, out, metric or DEFAULT_METRICS, smoothing=smoothing)
+        plot_runs(run_dirs, out, metric or None, smoothing=smoothing)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"wrote {out}")

@@ -319,6 +319,9 @@ class EvalConfig(Section):
     """Sampling temperature during evaluation."""
     max_new_tokens: int | None = None
     """Generation budget (default: rollout.max_new_tokens)."""
+    every_steps: int = Field(default=0, ge=0)
+    """`rlvr train` evaluates the policy on the held-out problems before the first step, every
+    this many steps and after the last one, one line each in the run's eval.jsonl (0 = never)."""
 
 
 class RLConfig(Section):

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from rlvr.config import RLConfig, SFTConfig, resolve_config
 from rlvr.data.tasks import load_task
-from rlvr.evaluation.evaluate import evaluate
+from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import plot_runs
@@ -78,17 +78,7 @@ def demo_configs(output_dir: Path, sft_steps: int, rl_steps: int) -> tuple[SFTCo
 def evaluate_model_dir(model_dir: Path, cfg: RLConfig, problems: list, reward: str) -> dict:
     """Evaluate the HF model in `model_dir` with the eval settings of `cfg` (k, temperature)."""
     model, tokenizer = load_pretrained(str(model_dir))
-    return evaluate(
-        model,
-        tokenizer,
-        problems,
-        reward=reward,
-        template=cfg.data.template,
-        k=cfg.eval.k,
-        temperature=cfg.eval.temperature,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-    )
+    return evaluate_as_configured(model, tokenizer, problems, reward, cfg)
 
 
 def run_demo(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
@@ -15,6 +16,9 @@ from rlvr.rewards import compose_rewards, extract_answer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.rewarding import reward_columns
+
+if TYPE_CHECKING:
+    from rlvr.config import RLConfig
 
 
 def evaluate(
@@ -64,3 +68,22 @@ def evaluate(
         "reward/timeouts": scored.timeouts,
         "seconds": time.perf_counter() - start,
     }
+
+
+def evaluate_as_configured(
+    model: PreTrainedModel, tokenizer, problems: list[Problem], reward: str, cfg: RLConfig
+) -> dict[str, float]:
+    """`evaluate` with the `eval` settings of a run's config: k, temperature and budget
+    (`eval.max_new_tokens`, else `rollout.max_new_tokens`), its template, seeded by
+    `train.seed`."""
+    return evaluate(
+        model,
+        tokenizer,
+        problems,
+        reward=reward,
+        template=cfg.data.template,
+        k=cfg.eval.k,
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        seed=cfg.train.seed,
+    )

@@ -28,11 +28,25 @@ DEFAULT_METRICS: tuple[str, ...] = (
 )
 """The curves of `rlvr report`: reward, accuracy, length, entropy, KL and clip fraction."""
 
+HELD_OUT_METRIC = "eval/pass@1"
+"""The held-out pass@1 of `eval.jsonl`, a panel of its own wherever a run evaluated."""
+
 _COLUMNS = 3
 
 
+def _numbered_records(path: Path) -> list[dict]:
+    """The records of the JSONL file `path`, each checked to carry a numeric `step`."""
+    records = read_jsonl(path)
+    for index, record in enumerate(records, start=1):
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise ValueError(f"{path}: record {index} has no numeric 'step' (got {step!r})")
+    return records
+
+
 def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
-    """The records of `run_dir/metrics.jsonl`, sorted by `step`.
+    """The records of `run_dir/metrics.jsonl`, and those of its `eval.jsonl` where `rlvr train`
+    evaluated the held-out problems (their keys prefixed `eval/`), sorted by `step`.
 
     Raises:
         FileNotFoundError: if `run_dir` is not a directory or has no `metrics.jsonl`.
@@ -46,12 +60,19 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
         raise FileNotFoundError(
             f"{run_dir}: no metrics.jsonl in this directory (is it a run directory?)"
         )
-    records = read_jsonl(path)
-    for index, record in enumerate(records, start=1):
-        step = record.get("step")
-        if isinstance(step, bool) or not isinstance(step, (int, float)):
-            raise ValueError(f"{path}: record {index} has no numeric 'step' (got {step!r})")
+    records = _numbered_records(path)
+    if (run_dir / "eval.jsonl").is_file():
+        records += [
+            {"step": r["step"], **{f"eval/{k}": v for k, v in r.items() if k != "step"}}
+            for r in _numbered_records(run_dir / "eval.jsonl")
+        ]
     return sorted(records, key=lambda r: r["step"])
+
+
+def default_metrics(runs: Sequence[Sequence[dict]]) -> tuple[str, ...]:
+    """`DEFAULT_METRICS`, then `HELD_OUT_METRIC` where one of the runs' records logs it."""
+    evaluated = any(HELD_OUT_METRIC in record for records in runs for record in records)
+    return DEFAULT_METRICS + ((HELD_OUT_METRIC,) if evaluated else ())
 
 
 def metric_series(
@@ -114,7 +135,7 @@ def _labels(run_dirs: Sequence[Path]) -> list[str]:
 def plot_runs(
     run_dirs: Sequence[str | os.PathLike[str]],
     out_path: str | os.PathLike[str],
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] | None = None,
     *,
     smoothing: float = 0.0,
     title: str | None = None,
@@ -127,7 +148,8 @@ def plot_runs(
         out_path: the PNG to write (parent directories are created).
         metrics: one subplot each, in a grid of up to three columns; any logged key works,
             e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
-            that says "not logged".
+            that says "not logged". None: `DEFAULT_METRICS`, then `HELD_OUT_METRIC` where a
+            run has an `eval.jsonl` that logs it.
         smoothing: EMA weight in [0, 1) (TensorBoard-style); 0, the default, plots raw values.
             When smoothing, the raw curve is drawn faintly behind the smoothed one.
         title: figure title (default: none).
@@ -145,11 +167,13 @@ def plot_runs(
         raise ValueError("plot_runs: no run directories given")
     if isinstance(metrics, str):
         metrics = (metrics,)
-    if not metrics:
+    if metrics is not None and not metrics:
         raise ValueError("plot_runs: no metrics to plot")
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"plot_runs: smoothing must be in [0, 1), got {smoothing}")
     runs = [load_run_metrics(d) for d in run_paths]
+    if metrics is None:
+        metrics = default_metrics(runs)
     labels = _labels(run_paths)
 
     columns = min(_COLUMNS, len(metrics))
@@ -164,11 +188,12 @@ def plot_runs(
         ax.set_title(metric, fontsize=10)
         plotted = False
         for run_dir, records, label, color in zip(run_paths, runs, labels, colors, strict=True):
-            series = metric_series(records, metric, run_dir / "metrics.jsonl")
+            source = "eval.jsonl" if metric.startswith("eval/") else "metrics.jsonl"
+            series = metric_series(records, metric, run_dir / source)
             if series is None:
                 continue
             steps, values = series
-            marker = "o" if len(steps) == 1 else None
+            marker = "o" if len(steps) == 1 or metric.startswith("eval/") else None
             if smoothing > 0.0:
                 ax.plot(steps, values, color=color, alpha=0.25, linewidth=1.0)
                 values = ema_smooth(values, smoothing)

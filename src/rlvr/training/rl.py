@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.config import ConfigError, RLConfig, save_config
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
 from rlvr.rollout.hf import HFRolloutEngine
@@ -85,6 +86,13 @@ def train(
     regularization = Regularization(algo, model)
     reference = regularization.reference
     task = load_task(cfg.data)
+    every = cfg.eval.every_steps
+    held_out = task.test[: cfg.eval.samples] if every else []
+    if every and not held_out:
+        raise ConfigError(
+            f"eval.every_steps={every}: no held-out problems to evaluate "
+            f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
+        )
     sampler = EpochSampler(len(task.train), cfg.train.seed)
     generator = torch.Generator().manual_seed(cfg.train.seed)
 
@@ -117,7 +125,7 @@ def train(
         if critic is not None:
             critic.load_state_dict(state["critic"])
         start_step, bad_steps = state["step"], state["bad_steps"]
-    for name in ("metrics.jsonl", "samples.jsonl"):
+    for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl"):
         keep_until_step(run_dir / name, start_step)
 
     engine = HFRolloutEngine(
@@ -146,10 +154,20 @@ def train(
             "critic": critic.state_dict() if critic is not None else None,
         }
 
+    def evaluate_after(step: int) -> None:
+        """Held-out pass@1 / pass@k / maj@k before step 1, every `eval.every_steps` and at the
+        end, into eval.jsonl (not counted in the step's time)."""
+        if held_out and (step % every == 0 or step == cfg.train.steps):
+            scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg)
+            with JsonlWriter(run_dir / "eval.jsonl") as log:
+                log.write({"step": step, **scores})
+
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
     samples_log = JsonlWriter(run_dir / "samples.jsonl")
     progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress)
     with metrics_log, samples_log, progress:
+        if start_step == 0:
+            evaluate_after(0)
         for step in range(start_step + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
             step_cfg = config_for_step(cfg, step)
@@ -237,6 +255,7 @@ def train(
             for message in data.error_examples[:2]:
                 samples_log.write({"step": step, "reward_error": message})
             progress.update(step, metrics)
+            evaluate_after(step)
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
                 step == cfg.train.steps
             ):
