@@ -1,6 +1,7 @@
 """The command line: it parses, calls the library, and turns bad input into clear errors."""
 
 import json
+import sys
 
 from typer.testing import CliRunner
 
@@ -32,6 +33,16 @@ def test_train_on_a_device_that_is_not_there_names_the_key(tmp_path):
     )
     assert result.exit_code == 2
     assert "model.device 'cuda:7'" in result.output
+
+
+def test_an_error_with_brackets_is_printed_as_it_is(tmp_path, monkeypatch):
+    """Rich would read `[wandb]` in the message as markup and drop it."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    result = runner.invoke(
+        app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "train.log_to=[wandb]"]
+    )
+    assert result.exit_code == 2
+    assert '".[wandb]"' in result.output  # not '"."'
 
 
 def test_eval_on_a_device_that_is_not_there_names_it():

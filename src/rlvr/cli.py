@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlvr.config import (
@@ -44,7 +45,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code=2)
 
 

@@ -299,6 +299,12 @@ class TrainConfig(Section):
     """Checkpoint every N steps (0 = only at the end)."""
     log_samples: int = 4
     """Prompt/completion examples written to samples.jsonl per step."""
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Also send each step's metrics and each evaluation to these, e.g. train.log_to=[wandb]:
+    `tensorboard` writes run_dir/tensorboard, `wandb` a run in train.wandb_project (each needs
+    the extra of its name). metrics.jsonl is written either way."""
+    wandb_project: str = "rlvr"
+    """W&B project for train.log_to=[wandb]; the run is named after the run directory."""
     max_nonfinite_steps: int = 3
     """Stop the run after this many consecutive steps with a non-finite loss or gradient."""
     threads: int = 0

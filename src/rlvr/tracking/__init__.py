@@ -1,4 +1,4 @@
-"""Tracking: JSONL metrics (always on) and report plots.
+"""Tracking: JSONL metrics (always on), report plots, optional TensorBoard / W&B (`loggers`).
 
 `plot_runs` and `DEFAULT_METRICS` (which need matplotlib) are imported on first access, so the
 training loop's JSONL logging stays cheap to import.

@@ -23,6 +23,7 @@ from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
+from rlvr.tracking.loggers import MetricLoggers
 from rlvr.tracking.progress import StepProgress
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
@@ -161,11 +162,14 @@ def train(
             scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg)
             with JsonlWriter(run_dir / "eval.jsonl") as log:
                 log.write({"step": step, **scores})
+            loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
 
+    config = cfg.model_dump(mode="json")
+    loggers = MetricLoggers(cfg.train.log_to, run_dir, config, cfg.train.wandb_project)
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
     samples_log = JsonlWriter(run_dir / "samples.jsonl")
     progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress)
-    with metrics_log, samples_log, progress:
+    with metrics_log, samples_log, progress, loggers:
         if start_step == 0:
             evaluate_after(0)
         for step in range(start_step + 1, cfg.train.steps + 1):
@@ -241,6 +245,7 @@ def train(
             )
             metrics["kl_coef"], metrics["entropy_coef"] = settings.kl_coef, settings.entropy_coef
             metrics_log.write(metrics)
+            loggers.log(metrics, step)
             regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
             for i in range(min(cfg.train.log_samples, len(full_batch))):
                 samples_log.write(

@@ -1,0 +1,150 @@
+"""`train.log_to`: TensorBoard and W&B get the numbers of metrics.jsonl and eval.jsonl.
+
+Both packages are optional extras, so stand-ins with their call signatures take their place
+in `sys.modules` (`torch.utils.tensorboard.SummaryWriter`, `wandb.init` and its run).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rlvr.config import ConfigError, resolve_config
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import NonFiniteError, train
+from tiny_run import TINY_RUN
+
+
+def config(run_dir: Path, *extra: str):
+    overrides = [*TINY_RUN, "train.steps=3", f"train.output_dir={run_dir}", *extra]
+    return resolve_config(preset="grpo", overrides=overrides)
+
+
+class StandInRun:
+    def __init__(self, **settings) -> None:
+        self.settings, self.logged, self.finished = settings, [], False
+
+    def log(self, data: dict, step: int) -> None:
+        self.logged.append((step, data))
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+class StandInWriter:
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir, self.scalars, self.closed = log_dir, [], False
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.append((step, tag, value))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def wandb_runs(monkeypatch) -> list[StandInRun]:
+    runs: list[StandInRun] = []
+    module = types.ModuleType("wandb")
+    module.init = lambda **settings: runs.append(StandInRun(**settings)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return runs
+
+
+@pytest.fixture
+def writers(monkeypatch) -> list[StandInWriter]:
+    made: list[StandInWriter] = []
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = lambda log_dir: made.append(StandInWriter(log_dir)) or made[-1]
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    return made
+
+
+def logged_numbers(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
+    """What the loggers should get, in order: the evaluation before step 1, then each step's
+    metrics followed by that step's evaluation; the finite numbers only."""
+    evaluations = {r["step"]: r for r in read_jsonl(run_dir / "eval.jsonl")}
+
+    def numbers(record: dict, prefix: str) -> dict[str, float]:
+        return {
+            prefix + key: float(value)
+            for key, value in record.items()
+            if key != "step" or not prefix
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            if math.isfinite(value)
+        }
+
+    expected = [(0, numbers(evaluations[0], "eval/"))]
+    for record in read_jsonl(run_dir / "metrics.jsonl"):
+        expected.append((record["step"], numbers(record, "")))
+        if record["step"] in evaluations:
+            expected.append((record["step"], numbers(evaluations[record["step"]], "eval/")))
+    return expected
+
+
+def test_both_loggers_get_every_step_and_evaluation(tmp_path, wandb_runs, writers):
+    run_dir = tmp_path / "logged"
+    cfg = config(
+        run_dir,
+        "train.log_to=[tensorboard, wandb]",
+        "train.wandb_project=rlvr-tests",
+        "eval.every_steps=2",
+        "eval.samples=4",
+        "eval.k=2",
+    )
+    train(cfg, show_progress=False)
+    expected = logged_numbers(run_dir)
+    assert [step for step, _ in expected] == [0, 1, 2, 2, 3, 3]
+    assert "reward/mean" in expected[1][1] and "eval/pass@1" in expected[0][1]
+
+    (run,) = wandb_runs
+    assert run.settings == {
+        "project": "rlvr-tests",
+        "name": "logged",
+        "dir": str(run_dir),
+        "config": yaml.safe_load((run_dir / "config.yaml").read_text()),
+    }
+    assert run.logged == expected
+    assert run.finished
+
+    (writer,) = writers
+    assert writer.log_dir == str(run_dir / "tensorboard")
+    assert writer.scalars == [(s, tag, v) for s, numbers in expected for tag, v in numbers.items()]
+    assert writer.closed
+
+
+def test_a_missing_package_is_an_error_naming_the_key_and_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ConfigError, match=r"train\.log_to: 'wandb' needs .*\.\[wandb\]"):
+        train(config(tmp_path / "w", "train.log_to=[wandb]"), show_progress=False)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ConfigError, match=r"'tensorboard' needs .*\.\[tensorboard\]"):
+        train(config(tmp_path / "t", "train.log_to=[tensorboard]"), show_progress=False)
+    with pytest.raises(ConfigError, match=r"'train\.log_to\.0': Input should be 'tensorboard' or"):
+        config(tmp_path / "m", "train.log_to=[mlflow]")
+
+
+def test_loggers_are_closed_when_opening_another_fails(tmp_path, monkeypatch, wandb_runs):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    cfg = config(tmp_path / "half", "train.log_to=[wandb, tensorboard]")
+    with pytest.raises(ConfigError, match="tensorboard"):
+        train(cfg, show_progress=False)
+    assert [run.finished for run in wandb_runs] == [True]
+
+
+def test_loggers_are_closed_when_training_stops(tmp_path, wandb_runs):
+    def poison(batch):
+        batch.rewards = torch.full_like(batch.rewards, float("nan"))
+        return batch
+
+    cfg = config(tmp_path / "nan", "train.log_to=[wandb]", "train.max_nonfinite_steps=2")
+    with pytest.warns(UserWarning, match="non-finite"), pytest.raises(NonFiniteError):
+        train(cfg, filters=(poison,), show_progress=False)
+    (run,) = wandb_runs
+    assert run.finished and [step for step, _ in run.logged] == [1]
