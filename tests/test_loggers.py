@@ -68,14 +68,14 @@ def writers(monkeypatch) -> list[StandInWriter]:
 
 def logged_numbers(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
     """What the loggers should get, in order: the evaluation before step 1, then each step's
-    metrics followed by that step's evaluation; the finite numbers only."""
+    metrics followed by that step's evaluation; the finite numbers only, the step aside."""
     evaluations = {r["step"]: r for r in read_jsonl(run_dir / "eval.jsonl")}
 
     def numbers(record: dict, prefix: str) -> dict[str, float]:
         return {
             prefix + key: float(value)
             for key, value in record.items()
-            if key != "step" or not prefix
+            if key != "step"
             if isinstance(value, (int, float)) and not isinstance(value, bool)
             if math.isfinite(value)
         }

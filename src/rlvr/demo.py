@@ -76,7 +76,7 @@ def demo_configs(output_dir: Path, sft_steps: int, rl_steps: int) -> tuple[SFTCo
 
 
 def evaluate_model_dir(model_dir: Path, cfg: RLConfig, problems: list, reward: str) -> dict:
-    """Evaluate the HF model in `model_dir` with the eval settings of `cfg` (k, temperature)."""
+    """Evaluate the HF model in `model_dir` with the eval settings of `cfg`."""
     model, tokenizer = load_pretrained(str(model_dir))
     return evaluate_as_configured(model, tokenizer, problems, reward, cfg)
 

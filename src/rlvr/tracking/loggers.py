@@ -19,10 +19,12 @@ from rlvr.config import ConfigError
 
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numbers of `metrics` (booleans, texts and nulls are not curves)."""
+    """The finite numbers of `metrics` but its `step`, which the loggers take as their x axis
+    (booleans, texts and nulls are not curves)."""
     return {
         key: float(value)
         for key, value in metrics.items()
+        if key != "step"
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     }
 
@@ -39,7 +41,8 @@ def _package(module: str, logger: str) -> Any:
 
 
 class TensorBoardLogger:
-    """Scalars into `run_dir/tensorboard` (torch's `SummaryWriter`, which needs `tensorboard`)."""
+    """Scalars into `run_dir/tensorboard` (torch's `SummaryWriter`, which needs `tensorboard`);
+    the config and project that every logger is given are W&B's."""
 
     def __init__(self, run_dir: Path, config: dict, project: str) -> None:
         tensorboard = _package("torch.utils.tensorboard", "tensorboard")
