@@ -6,14 +6,19 @@ sampling seed) must rise by a margin well above the evaluation noise (measured g
 settings: 9-17 points). Every preset uses the demo's policy learning rate (1e-4; at 3e-4 GRPO
 and Dr. GRPO collapse on this model); the critic presets use a critic rate fit for the tiny
 model and a short value warm-up instead of the papers' 50 steps.
+
+The offline preference presets (`rlvr dpo`) start from the same model and train on pairs of its
+own samples, verified (a right answer chosen over a wrong one); they must raise pass@1 by the
+same margin (measured gains: DPO +11, SimPO +9 points).
 """
 
 import pytest
 
-from rlvr.config import resolve_config
+from rlvr.config import PREFERENCE_PRESETS, DPOConfig, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
 from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.preference import run_dpo
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 
@@ -68,4 +73,30 @@ def test_preset_raises_held_out_pass_at_1(preset, cold_start, tmp_path):
     cfg = resolve_config(preset=preset, overrides=overrides)
     run_dir = train(cfg, show_progress=False)
     after = pass_at_1(latest_checkpoint(run_dir), held_out, reward, rl_cfg)
+    assert after - before >= MIN_GAIN, (preset, before, after)
+
+
+PREFERENCE = {
+    # DPO at β = 0.1 and lr 1e-4 gains only ~3 points, and at 3e-4 it collapses (both
+    # responses' likelihoods fall); a larger β keeps it closer to the start
+    "dpo": ["dpo.beta=0.5", "dpo.lr=5e-5", "dpo.steps=60"],
+    "simpo": ["dpo.lr=1e-4", "dpo.steps=30"],
+}
+
+
+@pytest.mark.parametrize("preset", PREFERENCE)
+def test_preference_preset_on_verified_samples_raises_pass_at_1(preset, cold_start, tmp_path):
+    sft_dir, held_out, reward, rl_cfg, before = cold_start
+    overrides = [
+        *(f"data.{k}={v}" for k, v in DATA.items()),
+        f"model.name_or_path={sft_dir}",
+        f"dpo.output_dir={tmp_path}",
+        "dpo.prompts=512",
+        "dpo.max_new_tokens=48",
+        "dpo.eval_pairs=0",
+        *PREFERENCE[preset],
+    ]
+    cfg = resolve_config(None, preset, overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
+    run_dir = run_dpo(cfg, show_progress=False)
+    after = pass_at_1(run_dir, held_out, reward, rl_cfg)
     assert after - before >= MIN_GAIN, (preset, before, after)

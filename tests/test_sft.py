@@ -7,9 +7,11 @@ lean forward); checked against each pair scored alone through the model's own fo
 import pytest
 import torch
 
+from rlvr.config import SFTConfig
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training.sft import summed_nll
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.sft import run_sft, summed_nll
 
 PROMPTS = [[20, 21, 22], [23, 24], [20, 21, 22], [25]]
 TARGETS = [[30, 31, 32, 33], [34], [35, 36], [37, 38, 39]]
@@ -43,3 +45,16 @@ def test_summed_nll_equals_each_pair_scored_alone(lean_forward):
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert max(g.abs().max() for g in expected) > 1e-3
+
+
+def test_a_second_run_into_the_same_directory_replaces_its_log(tmp_path):
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {"train_size": 20, "test_size": 2, "max_digits": 1},
+            "sft": {"steps": 2, "batch_size": 4, "warmup_steps": 0, "output_dir": str(tmp_path)},
+        }
+    )
+    for _ in range(2):
+        run_sft(cfg, show_progress=False)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]

@@ -12,7 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlvr.config import (
+    PREFERENCE_PRESETS,
+    RL_PRESETS,
     ConfigError,
+    DPOConfig,
     RLConfig,
     SFTConfig,
     describe_fields,
@@ -117,6 +120,38 @@ def sft(
         _fail(str(exc))
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def dpo(
+    args: Annotated[
+        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Start from a preference preset (see `rlvr presets`)")
+    ] = None,
+    help_config: Annotated[
+        bool, typer.Option("--help-config", help="List every config key")
+    ] = False,
+) -> None:
+    """Offline preference optimisation (DPO, LN-DPO, IPO, SimPO) on pairs from a file or on
+    the model's own verified samples of a task."""
+    if help_config:
+        _print_fields(DPOConfig)
+        return
+    config_path, overrides = _split_args(args or [])
+    try:
+        cfg = resolve_config(
+            config_path, preset, overrides, model=DPOConfig, preset_package=PREFERENCE_PRESETS
+        )
+    except ConfigError as exc:
+        _fail(str(exc))
+    from rlvr.training.preference import run_dpo
+
+    try:
+        console.print(f"model and logs saved to {run_dpo(cfg)}")
+    except _user_errors() as exc:
+        _fail(str(exc))
+
+
 @app.command("eval")
 def eval_cmd(
     model: Annotated[str, typer.Option(help="Model directory, or `tiny`")],
@@ -182,11 +217,12 @@ def demo(
 
 @app.command()
 def presets() -> None:
-    """Every preset, one line each, with its paper."""
-    table = Table("preset", "what it does", "paper")
-    for name in preset_names():
-        description, paper = preset_info(name)
-        table.add_row(name, description, paper)
+    """Every preset, one line each, with its command and paper."""
+    table = Table("preset", "command", "what it does", "paper")
+    for command, package in (("train", RL_PRESETS), ("dpo", PREFERENCE_PRESETS)):
+        for name in preset_names(package):
+            description, paper = preset_info(name, package)
+            table.add_row(name, command, description, paper)
     console.print(table)
 
 

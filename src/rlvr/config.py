@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class Section(BaseModel):
@@ -409,20 +409,26 @@ def deep_merge(base: dict, update: dict) -> dict:
     return merged
 
 
-def preset_names() -> list[str]:
-    """Names of the YAML presets shipped in `rlvr/presets/`."""
-    folder = resources.files("rlvr.presets")
+RL_PRESETS = "rlvr.presets"
+"""Package of the online-RL presets (`rlvr train --preset`)."""
+PREFERENCE_PRESETS = "rlvr.presets.preference"
+"""Package of the offline preference presets (`rlvr dpo --preset`)."""
+
+
+def preset_names(package: str = RL_PRESETS) -> list[str]:
+    """Names of the YAML presets shipped in `package` (the RL presets by default)."""
+    folder = resources.files(package)
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_preset(name: str) -> dict:
+def load_preset(name: str, package: str = RL_PRESETS) -> dict:
     """The raw dict of a shipped preset (its `paper` and `description` keys removed)."""
-    names = preset_names()
+    names = preset_names(package)
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown preset {name!r}{hint} (available: {', '.join(names)})")
-    text = resources.files("rlvr.presets").joinpath(f"{name}.yaml").read_text()
+    text = resources.files(package).joinpath(f"{name}.yaml").read_text()
     tree = yaml.safe_load(text) or {}
     tree.pop("paper", None)
     tree.pop("description", None)
@@ -430,9 +436,9 @@ def load_preset(name: str) -> dict:
     return tree
 
 
-def preset_info(name: str) -> tuple[str, str]:
+def preset_info(name: str, package: str = RL_PRESETS) -> tuple[str, str]:
     """(description, paper) of a shipped preset, for `rlvr presets`."""
-    text = resources.files("rlvr.presets").joinpath(f"{name}.yaml").read_text()
+    text = resources.files(package).joinpath(f"{name}.yaml").read_text()
     tree = yaml.safe_load(text) or {}
     return str(tree.get("description", "")), str(tree.get("paper", ""))
 
@@ -443,11 +449,13 @@ def resolve_config(
     overrides: list[str] | tuple[str, ...] = (),
     model: type[BaseModel] = RLConfig,
     base: dict | None = None,
+    preset_package: str = RL_PRESETS,
 ) -> Any:
-    """Merge, in order: `base`, the preset, the YAML file, then the dotted overrides; validate."""
+    """Merge, in order: `base`, the preset (of `preset_package`), the YAML file, then the dotted
+    overrides; validate."""
     tree: dict = dict(base or {})
     if preset:
-        tree = deep_merge(tree, load_preset(preset))
+        tree = deep_merge(tree, load_preset(preset, preset_package))
     source = "config"
     if config_path is not None:
         path = Path(config_path)
@@ -460,7 +468,7 @@ def resolve_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config sections")
         if "preset" in loaded and isinstance(loaded["preset"], str) and not preset:
-            tree = deep_merge(tree, load_preset(loaded["preset"]))
+            tree = deep_merge(tree, load_preset(loaded["preset"], preset_package))
         tree = deep_merge(tree, loaded)
         source = str(path)
     for text in overrides:
@@ -530,3 +538,88 @@ class SFTConfig(Section):
     """Task whose worked solutions are the targets."""
     sft: SFTTrainConfig = Field(default_factory=SFTTrainConfig)
     """Optimisation and output."""
+
+
+class PreferenceDataConfig(DataConfig):
+    """`DataConfig` plus the pair columns. A built-in task gives pairs sampled from the model
+    and verified (`dpo.samples_per_prompt`); `file` reads them from data.path."""
+
+    chosen_column: str = "chosen"
+    """Column of the preferred response text (task `file`)."""
+    rejected_column: str = "rejected"
+    """Column of the dispreferred response text (task `file`)."""
+
+
+class DPOTrainConfig(Section):
+    loss: str = "dpo"
+    """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo` or `simpo`."""
+    beta: float = Field(default=0.1, gt=0)
+    """β: the scale of the implicit reward (DPO, LN-DPO, SimPO) or IPO's τ."""
+    gamma: float = 0.0
+    """SimPO's target reward margin γ (simpo only)."""
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
+    """Conservative-DPO ε: the probability that a pair's label is flipped (not for ipo)."""
+    steps: int = Field(default=100, ge=1)
+    """Optimizer steps."""
+    batch_size: int = Field(default=32, ge=1)
+    """Preference pairs per optimizer step; the loss is their mean."""
+    lr: float = 1e-6
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up optimizer steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Cosine floor as a fraction of the peak learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
+    pair's two responses share one micro-batch and one prompt forward."""
+    eval_every_steps: int = Field(default=0, ge=0)
+    """Score the held-out pairs every N steps into eval.jsonl (0: only before the first and
+    after the last step)."""
+    eval_pairs: int = Field(default=256, ge=0)
+    """Held-out pairs scored (task `file`: from the held-out rows; a built-in task: sampled on
+    its held-out problems); 0 = none."""
+    prompts: int = Field(default=512, ge=1)
+    """Built-in task: training problems sampled to build pairs."""
+    samples_per_prompt: int = Field(default=4, ge=2)
+    """Built-in task: completions sampled per problem; a problem whose samples' rewards differ
+    gives one pair (a best one chosen, a worst one rejected)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Built-in task: sampling temperature of the pairs' completions."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Built-in task: generation budget of the pairs' completions."""
+    seed: int = 0
+    """Seed of initialisation, sampling and pair order."""
+    output_dir: str = "runs/dpo"
+    """Run directory: config.yaml, pairs.jsonl (sampled pairs), metrics.jsonl, eval.jsonl and
+    the final model (Hugging Face format)."""
+    threads: int = 0
+    """torch CPU threads (0 = leave torch's default)."""
+    keep_freed_memory: bool = True
+    """As `train.keep_freed_memory`: glibc malloc keeps freed activations for reuse."""
+
+    @model_validator(mode="after")
+    def _settings_the_loss_uses(self) -> DPOTrainConfig:
+        if self.gamma and self.loss != "simpo":
+            raise ValueError(f"dpo.gamma is SimPO's margin; loss {self.loss!r} does not use it")
+        if self.label_smoothing and self.loss == "ipo":
+            raise ValueError("dpo.label_smoothing: ipo has no label smoothing")
+        return self
+
+
+class DPOConfig(Section):
+    """The whole configuration of `rlvr dpo`: offline preference optimisation."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy, whose starting weights are also the reference."""
+    data: PreferenceDataConfig = Field(default_factory=PreferenceDataConfig)
+    """Where the preference pairs come from."""
+    dpo: DPOTrainConfig = Field(default_factory=DPOTrainConfig)
+    """Loss, optimisation, pair sampling and output."""
+    preset: str | None = None
+    """Name of the preference preset this config started from (informational)."""

@@ -7,6 +7,7 @@
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
   always normalised over the whole optimizer step (:func:`aggregate`).
 - :data:`KL_ESTIMATORS` — Schulman's ``k1``, ``k2``, ``k3``.
+- :data:`PREFERENCE_LOSSES` — offline pairwise losses ``dpo``, ``ln_dpo``, ``ipo``, ``simpo``.
 
 Nothing here imports :mod:`rlvr.training`; every function takes tensors and plain keyword
 arguments, never a config object.
@@ -38,11 +39,21 @@ from rlvr.algorithms.policy_losses import (
     ppo_clip_loss,
     reinforce_loss,
 )
+from rlvr.algorithms.preference import (
+    REFERENCE_FREE,
+    PreferenceLossOutput,
+    dpo_loss,
+    ipo_loss,
+    length_normalized_dpo_loss,
+    preference_loss,
+    simpo_loss,
+)
 from rlvr.algorithms.registry import (
     ADVANTAGES,
     AGGREGATIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    PREFERENCE_LOSSES,
     Registry,
 )
 from rlvr.algorithms.shaping import (
@@ -57,31 +68,39 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "REFERENCE_FREE",
     "AdaptiveEntropyCoef",
     "AdaptiveKLCoef",
     "DynamicSampling",
     "PolicyLossOutput",
+    "PreferenceLossOutput",
     "Registry",
     "aggregate",
     "apply_truncation_reward",
     "cispo_loss",
+    "dpo_loss",
     "ema_update_",
     "group_normalized_advantages",
     "gspo_loss",
     "high_entropy_mask",
     "informative_groups",
+    "ipo_loss",
     "kimi_length_reward",
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "length_normalized_dpo_loss",
     "overlong_mask",
     "ppo_clip_loss",
+    "preference_loss",
     "reinforce_loss",
     "reinforce_pp_advantages",
     "repetition_penalty",
     "rloo_advantages",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
+    "simpo_loss",
     "soft_overlong_penalty",
     "token_mean",
 ]

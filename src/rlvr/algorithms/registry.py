@@ -92,3 +92,8 @@ num_tokens, num_seqs, max_len) -> Tensor[]``."""
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 """Per-token estimators of KL(π_θ ‖ π_ref): ``fn(logprobs, ref_logprobs) -> Tensor``."""
+
+PREFERENCE_LOSSES: Registry = Registry("preference loss")
+"""Offline pairwise preference losses: ``fn(chosen_logps[P], rejected_logps[P],
+ref_chosen_logps[P], ref_rejected_logps[P], chosen_lengths[P], rejected_lengths[P], *, beta,
+gamma, label_smoothing) -> PreferenceLossOutput``."""

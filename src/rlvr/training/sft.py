@@ -49,6 +49,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     s = cfg.sft
     out_dir = Path(s.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
     save_config(cfg, out_dir / "config.yaml")
     if s.threads:
         torch.set_num_threads(s.threads)

@@ -1,0 +1,190 @@
+"""Offline pairwise preference losses: DPO, length-normalised DPO, IPO and SimPO.
+
+Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
+(y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
+and returns the loss of each pair with the implicit rewards whose difference it scores. The
+caller averages the pair losses over the optimizer step.
+
+How this code departs from the papers:
+
+- ``label_smoothing`` ε is the conservative DPO of Mitchell (2023), as in TRL: the pair's label
+  is taken to be flipped with probability ε, ``(1-ε)·ℓ(z) + ε·ℓ(-z)``. ε = 0 is the paper.
+- IPO scores length-averaged log-ratios, as TRL does on the IPO authors' advice; the paper's
+  eq. 17 writes sums. Summed log-ratios are ``ipo`` with lengths of one.
+- SimPO's γ is the paper's target margin in reward units (its repository sets γ = β·ratio
+  with ``gamma_beta_ratio``): β = 2, γ = 1 is its ratio of 0.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlvr.algorithms.registry import PREFERENCE_LOSSES
+
+REFERENCE_FREE = frozenset({"simpo"})
+"""Losses that never read the reference log-probs: the trainer skips the reference pass."""
+
+
+@dataclass
+class PreferenceLossOutput:
+    """What a preference loss returns: one loss per pair, and the implicit rewards."""
+
+    losses: Tensor
+    """``[P]`` loss of each pair; the caller averages over the optimizer step."""
+    chosen_rewards: Tensor
+    """``[P]`` detached implicit reward of the chosen response."""
+    rejected_rewards: Tensor
+    """``[P]`` detached implicit reward of the rejected response; the loss is a function of
+    ``chosen_rewards - rejected_rewards`` (less SimPO's γ)."""
+
+
+def _check(label_smoothing: float, *tensors: Tensor) -> None:
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(f"preference-loss inputs must share one shape [P], got {sorted(shapes)}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+
+
+def _bradley_terry(
+    chosen: Tensor, rejected: Tensor, margin: float, label_smoothing: float
+) -> PreferenceLossOutput:
+    """``-(1-ε) log σ(z) - ε log σ(-z)`` with ``z = chosen - rejected - margin``."""
+    z = chosen - rejected - margin
+    losses = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("dpo")
+def dpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """DPO (Rafailov et al. 2023, eq. 7):
+
+        L = -log σ( β log π_θ(y_w|x)/π_ref(y_w|x) - β log π_θ(y_l|x)/π_ref(y_l|x) )
+
+    Implicit rewards r = β log π_θ(y|x)/π_ref(y|x). Lengths and γ are unused.
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    return _bradley_terry(chosen, rejected, 0.0, label_smoothing)
+
+
+@PREFERENCE_LOSSES.register("ln_dpo")
+def length_normalized_dpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """Length-normalised DPO (Meng et al. 2024, SimPO §5 "LN-DPO"; Tülu 3's ``dpo_norm``):
+
+        L = -log σ( β/|y_w| log π_θ(y_w|x)/π_ref(y_w|x) - β/|y_l| log π_θ(y_l|x)/π_ref(y_l|x) )
+
+    The per-token log-ratio removes DPO's pull towards longer chosen responses. γ is unused.
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    chosen = beta * (chosen_logps - ref_chosen_logps) / chosen_lengths
+    rejected = beta * (rejected_logps - ref_rejected_logps) / rejected_lengths
+    return _bradley_terry(chosen, rejected, 0.0, label_smoothing)
+
+
+@PREFERENCE_LOSSES.register("ipo")
+def ipo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """IPO (Azar et al. 2024, eq. 17), β playing the paper's τ:
+
+        h = 1/|y_w| log π_θ(y_w|x)/π_ref(y_w|x) - 1/|y_l| log π_θ(y_l|x)/π_ref(y_l|x)
+        L = (h - 1/(2β))²
+
+    A squared loss that stops pushing once the margin reaches 1/(2β), where DPO's logistic loss
+    keeps driving it to infinity on deterministic preferences. Rewards are the per-token
+    log-ratios; γ and label smoothing are unused (label smoothing must be 0).
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    if label_smoothing:
+        raise ValueError("ipo has no label smoothing; set it to 0")
+    chosen = (chosen_logps - ref_chosen_logps) / chosen_lengths
+    rejected = (rejected_logps - ref_rejected_logps) / rejected_lengths
+    losses = (chosen - rejected - 1.0 / (2.0 * beta)) ** 2
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("simpo")
+def simpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor | None,
+    ref_rejected_logps: Tensor | None,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """SimPO (Meng et al. 2024, eq. 6), reference-free:
+
+        L = -log σ( β/|y_w| log π_θ(y_w|x) - β/|y_l| log π_θ(y_l|x) - γ )
+
+    The implicit reward is the length-averaged log-likelihood (what sampling ranks by), and γ
+    is a target reward margin. The reference log-probs are ignored (may be None).
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    chosen = beta * chosen_logps / chosen_lengths
+    rejected = beta * rejected_logps / rejected_lengths
+    return _bradley_terry(chosen, rejected, gamma, label_smoothing)
+
+
+def preference_loss(
+    name: str,
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor | None,
+    ref_rejected_logps: Tensor | None,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    **kwargs: float,
+) -> PreferenceLossOutput:
+    """The registered loss `name`; reference log-probs may be None only for `REFERENCE_FREE`."""
+    if name not in REFERENCE_FREE and (ref_chosen_logps is None or ref_rejected_logps is None):
+        raise ValueError(f"preference loss {name!r} needs the reference log-probs")
+    fn = PREFERENCE_LOSSES.get(name)
+    return fn(
+        chosen_logps,
+        rejected_logps,
+        ref_chosen_logps,
+        ref_rejected_logps,
+        chosen_lengths.to(chosen_logps.dtype),
+        rejected_lengths.to(rejected_logps.dtype),
+        **kwargs,
+    )

@@ -1,0 +1,92 @@
+"""Preference pairs: read from a local file, or chosen among a model's verified samples.
+
+A file holds one pair per row in TRL's standard preference format with plain text: a
+`prompt` (the question, before the prompt template), a `chosen` and a `rejected` response.
+Conversational rows (lists of messages) are refused with the row named, as is any row whose
+three texts are not all non-empty strings. Nothing is skipped silently.
+
+From a verifiable task (Pang et al. 2024, Iterative Reasoning Preference Optimization): sample
+several completions per problem, score them with the task's verifier, and from each problem
+whose scores differ take a best-scored completion as chosen and a worst-scored one as rejected.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvr.data.loaders import DatasetError, read_rows
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One preference: for `prompt`, `chosen` is preferred to `rejected`."""
+
+    prompt: str
+    """The raw question; the prompt template is applied when encoding."""
+    chosen: str
+    """The preferred response text."""
+    rejected: str
+    """The dispreferred response text."""
+
+
+def _text(row: dict, column: str) -> str:
+    if column not in row:
+        raise DatasetError(f"missing column {column!r}; this row has columns {list(row)}")
+    value = row[column]
+    if isinstance(value, list):
+        raise DatasetError(
+            f"column {column!r} holds a list (conversational format); give plain text"
+        )
+    if not isinstance(value, str) or not value.strip():
+        shown = "null" if value is None else repr(value)[:40]
+        raise DatasetError(f"column {column!r} is {shown}, expected a non-empty string")
+    return value
+
+
+def load_preference_file(
+    path: str | Path,
+    *,
+    prompt_column: str = "prompt",
+    chosen_column: str = "chosen",
+    rejected_column: str = "rejected",
+) -> list[PreferencePair]:
+    """Every row of a local JSONL/JSON/Parquet file as a `PreferencePair`, in file order.
+
+    Raises:
+        DatasetError: naming the file and row, for a missing or non-text column, a
+            conversational row, or a pair whose chosen and rejected texts are equal.
+    """
+    pairs = []
+    for where, row in read_rows(path):
+        try:
+            pair = PreferencePair(
+                _text(row, prompt_column), _text(row, chosen_column), _text(row, rejected_column)
+            )
+        except DatasetError as e:
+            raise DatasetError(f"{path}, {where}: {e}") from None
+        if pair.chosen == pair.rejected:
+            raise DatasetError(f"{path}, {where}: chosen and rejected are the same text")
+        pairs.append(pair)
+    return pairs
+
+
+def pairs_from_groups(
+    scores: list[float], group_size: int, rng: random.Random
+) -> list[tuple[int, int]]:
+    """(chosen, rejected) sample indices: one pair per group of `group_size` consecutive
+    samples whose scores differ, a uniformly drawn best-scored sample against a uniformly
+    drawn worst-scored one. Groups whose samples all score alike give no pair."""
+    if group_size < 2 or len(scores) % group_size:
+        raise ValueError(f"{len(scores)} scores do not split into groups of {group_size} (>= 2)")
+    pairs = []
+    for start in range(0, len(scores), group_size):
+        group = range(start, start + group_size)
+        best = max(scores[i] for i in group)
+        worst = min(scores[i] for i in group)
+        if best > worst:
+            chosen = rng.choice([i for i in group if scores[i] == best])
+            rejected = rng.choice([i for i in group if scores[i] == worst])
+            pairs.append((chosen, rejected))
+    return pairs

@@ -1,0 +1,371 @@
+"""Offline preference optimisation (`rlvr dpo`): DPO, length-normalised DPO, IPO and SimPO.
+
+The loop is SFT's with a pairwise loss (`rlvr.algorithms.preference`): each step takes
+`dpo.batch_size` pairs, scores both responses of each pair in one shared-prefix forward (the
+prompt is computed once for the two), and averages the pair losses over the step, so the
+micro-batch split changes neither the loss nor the gradient. The reference is the starting
+model; its log-probs are computed once before training (TRL's `precompute_ref_log_probs`), so
+no second model stays in memory, and not at all for the reference-free SimPO.
+
+Pairs come from a local file (`data.task=file`) or, for a built-in task, from the starting
+model's own samples, verified (`rlvr.data.preference`); sampled pairs are written to
+`pairs.jsonl` in the file format, so a later run can read them back.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlvr.algorithms.preference import REFERENCE_FREE, preference_loss
+from rlvr.algorithms.registry import PREFERENCE_LOSSES
+from rlvr.config import ConfigError, DPOConfig, save_config
+from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
+from rlvr.data.problem import Problem
+from rlvr.data.tasks import load_task
+from rlvr.data.templates import encode_prompts
+from rlvr.models.loading import (
+    decode_completions,
+    eos_token_ids,
+    load_model_and_tokenizer,
+    save_pretrained,
+)
+from rlvr.rewards import compose_rewards
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.training.batching import (
+    collate_shared_prefix,
+    completion_token_stats,
+    model_device,
+    to_device,
+    token_budget_micro_batches,
+)
+from rlvr.training.memory import keep_freed_memory
+from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.rewarding import reward_columns
+
+
+@dataclass
+class PairTokens:
+    """Token ids of P pairs: prompt, chosen and rejected response (each ends with EOS unless
+    it was a sample cut at the generation budget)."""
+
+    prompts: list[list[int]]
+    chosen: list[list[int]]
+    rejected: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def head(self, n: int) -> PairTokens:
+        """The first `n` pairs."""
+        return PairTokens(self.prompts[:n], self.chosen[:n], self.rejected[:n])
+
+    def lengths(self) -> tuple[Tensor, Tensor]:
+        """Response lengths in tokens, [P] each (the |y| of the length-normalised losses)."""
+        return (
+            torch.tensor([len(c) for c in self.chosen], dtype=torch.float32),
+            torch.tensor([len(r) for r in self.rejected], dtype=torch.float32),
+        )
+
+    def micro_batches(self, rows: list[int], max_tokens: int) -> list[list[int]]:
+        """Pairs `rows` grouped so that both responses of each pair, padded to the longest,
+        fit `max_tokens` (a pair is two sequences)."""
+        longest = [
+            len(p) + max(len(c), len(r))
+            for p, c, r in zip(self.prompts, self.chosen, self.rejected)
+        ]
+        return token_budget_micro_batches(rows, longest, max(max_tokens // 2, 1))
+
+
+def encode_pairs(pairs: list[PreferencePair], template: str, tokenizer) -> PairTokens:
+    """Templated prompt ids and response ids + EOS (the way SFT encodes its targets)."""
+    _, prompts = encode_prompts(template, [p.prompt for p in pairs], tokenizer)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    return PairTokens(
+        prompts, [encode(p.chosen) for p in pairs], [encode(p.rejected) for p in pairs]
+    )
+
+
+def sample_pairs(
+    model: torch.nn.Module,
+    tokenizer,
+    problems: list[Problem],
+    reward: str,
+    *,
+    template: str,
+    samples_per_prompt: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> tuple[PairTokens, list[dict]]:
+    """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
+    record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
+    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
+    eos = eos_token_ids(model, tokenizer)
+    generator = torch.Generator().manual_seed(seed)
+    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, 512, generator)
+    params = SamplingParams(samples_per_prompt, temperature, 1.0, 0, max_new_tokens)
+    out = engine.generate(prompt_ids, params)
+    completions = decode_completions(tokenizer, out.completion_ids, eos)
+    scored = compose_rewards([(reward, 1.0)])(
+        [texts[i] for i in out.prompt_index],
+        completions,
+        reward_columns([problems[i] for i in out.prompt_index]),
+    )
+    chosen_rejected = pairs_from_groups(scored.total, samples_per_prompt, random.Random(seed))
+    tokens = PairTokens(
+        [prompt_ids[out.prompt_index[c]] for c, _ in chosen_rejected],
+        [out.completion_ids[c] for c, _ in chosen_rejected],
+        [out.completion_ids[r] for _, r in chosen_rejected],
+    )
+    records = [
+        {
+            "prompt": problems[out.prompt_index[c]].question,
+            "chosen": completions[c],
+            "rejected": completions[r],
+            "chosen_reward": scored.total[c],
+            "rejected_reward": scored.total[r],
+        }
+        for c, r in chosen_rejected
+    ]
+    return tokens, records
+
+
+def pair_logps(
+    model: torch.nn.Module, pairs: PairTokens, rows: list[int], pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Σ_t log π(y_t | x, y_<t) of the chosen and of the rejected response of pairs `rows`,
+    [len(rows)] each (differentiable), from one forward that computes each prompt once."""
+    prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
+    responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
+    sb = collate_shared_prefix(prompts, responses, list(range(len(responses))), pad_id)
+    logprobs, _ = completion_token_stats(
+        model, to_device(sb, model_device(model)), 1.0, with_entropy=False
+    )
+    summed = logprobs.sum(-1)
+    return summed[0::2], summed[1::2]
+
+
+@torch.no_grad()
+def all_pair_logps(
+    model: torch.nn.Module, pairs: PairTokens, max_tokens: int, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """`pair_logps` of every pair, on the CPU, without gradients (the reference pass)."""
+    chosen, rejected = torch.zeros(len(pairs)), torch.zeros(len(pairs))
+    for rows in pairs.micro_batches(list(range(len(pairs))), max_tokens):
+        c, r = pair_logps(model, pairs, rows, pad_id)
+        chosen[rows], rejected[rows] = c.float().cpu(), r.float().cpu()
+    return chosen, rejected
+
+
+class PairScorer:
+    """The configured loss on pairs of one set, with that set's reference log-probs."""
+
+    def __init__(self, cfg: DPOConfig, pairs: PairTokens, reference: tuple[Tensor, Tensor] | None):
+        self.cfg, self.pairs, self.reference = cfg, pairs, reference
+        self.chosen_lengths, self.rejected_lengths = pairs.lengths()
+
+    def loss(self, model: torch.nn.Module, rows: list[int], pad_id: int) -> tuple[Tensor, dict]:
+        """Per-pair losses [len(rows)] (differentiable) and their detached statistics."""
+        chosen, rejected = pair_logps(model, self.pairs, rows, pad_id)
+        index = torch.tensor(rows)
+        ref = [None, None] if self.reference is None else [t[index] for t in self.reference]
+        d = self.cfg.dpo
+        device = chosen.device
+        out = preference_loss(
+            d.loss,
+            chosen,
+            rejected,
+            *(None if t is None else t.to(device) for t in ref),
+            self.chosen_lengths[index].to(device),
+            self.rejected_lengths[index].to(device),
+            beta=d.beta,
+            gamma=d.gamma,
+            label_smoothing=d.label_smoothing,
+        )
+        stats = {
+            "loss": out.losses.detach(),
+            "rewards/chosen": out.chosen_rewards,
+            "rewards/rejected": out.rejected_rewards,
+            "rewards/margins": out.chosen_rewards - out.rejected_rewards,
+            "rewards/accuracies": (out.chosen_rewards > out.rejected_rewards).float(),
+            "logps/chosen": chosen.detach(),
+            "logps/rejected": rejected.detach(),
+        }
+        return out.losses, stats
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, pad_id: int) -> dict[str, float]:
+        """Mean pair statistics over the whole set (the held-out metrics)."""
+        rows = list(range(len(self.pairs)))
+        parts = [
+            self.loss(model, mb, pad_id)[1]
+            for mb in self.pairs.micro_batches(rows, self.cfg.dpo.micro_batch_tokens)
+        ]
+        return {"pairs": len(rows), **_means(parts)}
+
+
+def accumulate_gradients(
+    model: torch.nn.Module, scorer: PairScorer, rows: list[int], max_tokens: int, pad_id: int
+) -> list[dict]:
+    """Backpropagate the mean loss of pairs `rows`, a token-budget micro-batch at a time: each
+    adds Σ losses / len(rows), so any split gives the same gradient. Returns each micro-batch's
+    statistics."""
+    parts = []
+    for mb_rows in scorer.pairs.micro_batches(rows, max_tokens):
+        losses, stats = scorer.loss(model, mb_rows, pad_id)
+        (losses.sum() / len(rows)).backward()
+        parts.append(stats)
+    return parts
+
+
+def _means(parts: list[dict]) -> dict[str, float]:
+    return {key: float(torch.cat([p[key].float() for p in parts]).mean()) for key in parts[0]}
+
+
+def _training_pairs(
+    cfg: DPOConfig, model: torch.nn.Module, tokenizer, out_dir: Path
+) -> tuple[PairTokens, PairTokens | None]:
+    """(training pairs, held-out pairs or None) from the file or sampled from the task."""
+    data, d = cfg.data, cfg.dpo
+    if data.task == "file":
+        if not data.path:
+            raise ConfigError("data.task=file needs data.path (a JSONL/Parquet/JSON of pairs)")
+        columns = {
+            "prompt_column": data.prompt_column,
+            "chosen_column": data.chosen_column,
+            "rejected_column": data.rejected_column,
+        }
+        train = load_preference_file(data.path, **columns)
+        if data.test_path:
+            held_out = load_preference_file(data.test_path, **columns)[: d.eval_pairs]
+        elif d.eval_pairs:
+            if len(train) <= d.eval_pairs:
+                raise ConfigError(
+                    f"{data.path} has {len(train)} pairs, not more than dpo.eval_pairs="
+                    f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
+                )
+            train, held_out = train[: -d.eval_pairs], train[-d.eval_pairs :]
+        else:
+            held_out = []
+        encoded = encode_pairs(held_out, data.template, tokenizer) if held_out else None
+        return encode_pairs(train, data.template, tokenizer), encoded
+    task = load_task(data)
+    sampling = {
+        "template": data.template,
+        "samples_per_prompt": d.samples_per_prompt,
+        "temperature": d.temperature,
+        "max_new_tokens": d.max_new_tokens,
+        "seed": d.seed,
+    }
+    train, records = sample_pairs(
+        model, tokenizer, task.train[: d.prompts], task.reward, **sampling
+    )
+    if not len(train):
+        raise ConfigError(
+            f"dpo.prompts: none of {min(d.prompts, len(task.train))} {task.name} problems had "
+            f"samples that scored differently, so there is no pair; start from a model that "
+            "solves some of them (`rlvr sft`) or raise dpo.samples_per_prompt"
+        )
+    with JsonlWriter(out_dir / "pairs.jsonl") as handle:
+        for record in records:
+            handle.write(record)
+    held_out = None
+    if d.eval_pairs:
+        held_out = sample_pairs(model, tokenizer, task.test, task.reward, **sampling)[0]
+        held_out = held_out.head(d.eval_pairs)
+    return train, held_out if held_out else None
+
+
+def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
+    """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`."""
+    d = cfg.dpo
+    try:
+        PREFERENCE_LOSSES.get(d.loss)
+    except KeyError as exc:
+        raise ConfigError(f"dpo.loss: {exc.args[0]}") from None
+    out_dir = Path(d.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):  # a fresh run's logs
+        (out_dir / name).unlink(missing_ok=True)
+    save_config(cfg, out_dir / "config.yaml")
+    if d.threads:
+        torch.set_num_threads(d.threads)
+    if d.keep_freed_memory:
+        keep_freed_memory()
+    torch.manual_seed(d.seed)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
+    pad_id = tokenizer.pad_token_id
+    train_pairs, eval_pairs = _training_pairs(cfg, model, tokenizer, out_dir)
+
+    def scorer(pairs: PairTokens) -> PairScorer:
+        if d.loss in REFERENCE_FREE:
+            return PairScorer(cfg, pairs, None)
+        return PairScorer(cfg, pairs, all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id))
+
+    train_scorer = scorer(train_pairs)
+    eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
+    optimizer = build_optimizer(model, d.lr, d.weight_decay)
+    scheduler = build_scheduler(
+        optimizer,
+        warmup_steps=d.warmup_steps,
+        total_steps=d.steps,
+        schedule=d.schedule,
+        min_lr_ratio=d.min_lr_ratio,
+    )
+    order_rng = random.Random(d.seed)
+    order: list[int] = []
+    batch_size = min(d.batch_size, len(train_pairs))
+    with JsonlWriter(out_dir / "metrics.jsonl") as log, JsonlWriter(out_dir / "eval.jsonl") as ev:
+
+        def held_out(step: int) -> None:
+            if eval_scorer is not None:
+                model.eval()
+                ev.write({"step": step, **eval_scorer.evaluate(model, pad_id)})
+                model.train()
+
+        held_out(0)
+        model.train()
+        for step in range(1, d.steps + 1):
+            start = time.perf_counter()
+            if len(order) < batch_size:
+                fresh = list(range(len(train_pairs)))
+                order_rng.shuffle(fresh)
+                order.extend(fresh)
+            rows, order = order[:batch_size], order[batch_size:]
+            optimizer.zero_grad(set_to_none=True)
+            parts = accumulate_gradients(model, train_scorer, rows, d.micro_batch_tokens, pad_id)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), d.max_grad_norm or float("inf")
+            )
+            optimizer.step()
+            scheduler.step()
+            record = {
+                "step": step,
+                **_means(parts),
+                "grad_norm": float(grad_norm),
+                "lr": scheduler.get_last_lr()[0],
+                "time/step": time.perf_counter() - start,
+            }
+            log.write(record)
+            if d.eval_every_steps and step % d.eval_every_steps == 0 and step < d.steps:
+                held_out(step)
+            if show_progress and (step % 10 == 0 or step == d.steps):
+                print(
+                    f"{d.loss} step {step}/{d.steps}  loss {record['loss']:.4f}  "
+                    f"reward accuracy {record['rewards/accuracies']:.3f}",
+                    flush=True,
+                )
+        held_out(d.steps)
+    save_pretrained(model, tokenizer, out_dir)
+    return out_dir

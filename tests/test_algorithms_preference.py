@@ -1,0 +1,132 @@
+"""Preference losses: hand values, analytic gradients, and DPO against its other written form."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr.algorithms import (
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE,
+    dpo_loss,
+    ipo_loss,
+    length_normalized_dpo_loss,
+    preference_loss,
+    simpo_loss,
+)
+
+F64 = torch.float64
+CHOSEN = torch.tensor([-10.0, -20.0], dtype=F64)
+REJECTED = torch.tensor([-12.0, -18.0], dtype=F64)
+REF_CHOSEN = torch.tensor([-11.0, -19.0], dtype=F64)
+REF_REJECTED = torch.tensor([-11.0, -19.0], dtype=F64)
+# log-ratios: chosen [+1, -1], rejected [-1, +1]
+LEN_CHOSEN = torch.tensor([2.0, 4.0], dtype=F64)
+LEN_REJECTED = torch.tensor([4.0, 2.0], dtype=F64)
+ARGS = (CHOSEN, REJECTED, REF_CHOSEN, REF_REJECTED, LEN_CHOSEN, LEN_REJECTED)
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def _close(actual, expected, atol=1e-7):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=F64), atol=atol, rtol=0)
+
+
+def test_registry_names_and_reference_free():
+    assert PREFERENCE_LOSSES.names() == ["dpo", "ipo", "ln_dpo", "simpo"]
+    assert PREFERENCE_LOSSES.get("simpo") is simpo_loss
+    assert {"simpo"} == REFERENCE_FREE
+
+
+def test_dpo_hand_values():
+    out = dpo_loss(*ARGS, beta=0.1)
+    # z = 0.1·(+1) - 0.1·(-1) = 0.2, then -0.2: -log σ(z) = softplus(-z)
+    _close(out.losses, [softplus(-0.2), softplus(0.2)])  # 0.5981389, 0.7981389
+    _close(out.chosen_rewards, [0.1, -0.1])
+    _close(out.rejected_rewards, [-0.1, 0.1])
+    # conservative DPO, ε = 0.1: 0.9·softplus(-0.2) + 0.1·softplus(0.2) = 0.6181389
+    smoothed = dpo_loss(*ARGS, beta=0.1, label_smoothing=0.1)
+    _close(smoothed.losses[0], 0.6181389, atol=1e-7)
+
+
+def test_length_normalized_dpo_hand_values():
+    out = length_normalized_dpo_loss(*ARGS, beta=1.0)
+    # pair 1: +1/2 - (-1/4) = 0.75; pair 2: -1/4 - 1/2 = -0.75
+    _close(out.losses, [softplus(-0.75), softplus(0.75)])  # 0.3868950, 1.1368950
+    _close(out.chosen_rewards, [0.5, -0.25])
+
+
+def test_ipo_hand_values():
+    out = ipo_loss(*ARGS, beta=0.5)  # target margin 1/(2β) = 1
+    _close(out.losses, [(0.75 - 1) ** 2, (-0.75 - 1) ** 2])  # 0.0625, 3.0625
+    with pytest.raises(ValueError, match="label smoothing"):
+        ipo_loss(*ARGS, beta=0.5, label_smoothing=0.1)
+
+
+def test_simpo_hand_values_ignore_the_reference():
+    out = simpo_loss(CHOSEN, REJECTED, None, None, LEN_CHOSEN, LEN_REJECTED, beta=2.0, gamma=1.0)
+    # pair 1: 2·(-10)/2 = -10 vs 2·(-12)/4 = -6, z = -10 + 6 - 1 = -5
+    # pair 2: 2·(-20)/4 = -10 vs 2·(-18)/2 = -18, z = -10 + 18 - 1 = 7
+    _close(out.losses, [softplus(5.0), softplus(-7.0)])  # 5.0067153, 0.0009115
+    _close(out.chosen_rewards, [-10.0, -10.0])
+    _close(out.rejected_rewards, [-6.0, -18.0])
+
+
+def test_dpo_equals_its_policy_minus_reference_log_ratio_form():
+    """Eq. 7 regrouped (TRL's form): β[(log π_w - log π_l) - (log ref_w - log ref_l)]."""
+    gen = torch.Generator().manual_seed(0)
+    logps = [-30 * torch.rand(16, generator=gen, dtype=F64) for _ in range(4)]
+    lengths = torch.ones(16, dtype=F64)
+    out = dpo_loss(*logps, lengths, lengths, beta=0.3)
+    z = 0.3 * ((logps[0] - logps[1]) - (logps[2] - logps[3]))
+    torch.testing.assert_close(out.losses, -torch.log(torch.sigmoid(z)), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["dpo", "ln_dpo", "simpo"])
+def test_bradley_terry_gradient(name):
+    """dL/dz = σ(z) - (1 - ε) for L = -(1-ε) log σ(z) - ε log σ(-z); dz/d log π(y_w) = β/|y_w|
+    (β for DPO), and -β/|y_l| for the rejected response."""
+    beta, eps = 0.7, 0.2
+    chosen = CHOSEN.clone().requires_grad_(True)
+    rejected = REJECTED.clone().requires_grad_(True)
+    out = preference_loss(
+        name,
+        chosen,
+        rejected,
+        REF_CHOSEN,
+        REF_REJECTED,
+        LEN_CHOSEN,
+        LEN_REJECTED,
+        beta=beta,
+        gamma=0.0,
+        label_smoothing=eps,
+    )
+    out.losses.sum().backward()
+    z = out.chosen_rewards - out.rejected_rewards
+    dz = torch.sigmoid(z) - (1 - eps)
+    scale_w = beta if name == "dpo" else beta / LEN_CHOSEN
+    scale_l = beta if name == "dpo" else beta / LEN_REJECTED
+    torch.testing.assert_close(chosen.grad, dz * scale_w, atol=1e-12, rtol=0)
+    torch.testing.assert_close(rejected.grad, -dz * scale_l, atol=1e-12, rtol=0)
+    assert chosen.grad.abs().min() > 1e-3
+
+
+def test_ipo_gradient():
+    chosen = CHOSEN.clone().requires_grad_(True)
+    out = ipo_loss(chosen, REJECTED, REF_CHOSEN, REF_REJECTED, LEN_CHOSEN, LEN_REJECTED, beta=0.5)
+    out.losses.sum().backward()
+    # d/dlogπ_w (h - 1)² = 2(h - 1)/|y_w|: 2·(-0.25)/2 = -0.25, 2·(-1.75)/4 = -0.875
+    _close(chosen.grad, [-0.25, -0.875])
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="needs the reference"):
+        preference_loss("dpo", CHOSEN, REJECTED, None, None, LEN_CHOSEN, LEN_REJECTED, beta=0.1)
+    with pytest.raises(ValueError, match="share one shape"):
+        dpo_loss(CHOSEN, REJECTED[:1], REF_CHOSEN, REF_REJECTED, LEN_CHOSEN, LEN_REJECTED, beta=1)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(*ARGS, beta=0.1, label_smoothing=0.5)
+    with pytest.raises(KeyError, match="did you mean 'simpo'"):
+        preference_loss("simpoo", *ARGS, beta=0.1)

@@ -1,0 +1,291 @@
+"""`rlvr dpo`: pair scoring, micro-batch invariance, the run directory, learning, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, preset_names, resolve_config
+from rlvr.data.preference import load_preference_file
+from rlvr.data.synthetic import synthetic_splits
+from rlvr.data.tasks import load_task
+from rlvr.data.templates import encode_prompts
+from rlvr.models import fused
+from rlvr.models.loading import (
+    decode_completions,
+    eos_token_ids,
+    load_model_and_tokenizer,
+    load_pretrained,
+)
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training import preference
+from rlvr.training.preference import (
+    PairScorer,
+    PairTokens,
+    accumulate_gradients,
+    all_pair_logps,
+    encode_pairs,
+    pair_logps,
+    run_dpo,
+    sample_pairs,
+)
+
+SMALL_MODEL = [
+    "model.tiny.hidden_size=64",
+    "model.tiny.num_layers=2",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=128",
+]
+PAIRS = PairTokens(
+    prompts=[[20, 21, 22], [23, 24], [20, 21, 22]],
+    chosen=[[30, 31, 32, 33], [34], [35, 36]],
+    rejected=[[40, 41], [42, 43, 44, 45, 46], [47]],
+)
+
+
+def even_length_reward(prompts, completions, **columns):
+    """A test reward that the untrained tiny model's samples split about evenly."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+def arithmetic_pairs(path, count, seed=0):
+    """Pairs that prefer the worked solution in R1 format to a bare wrong answer."""
+    problems, _ = synthetic_splits("arithmetic", train_size=count, test_size=1, seed=seed)
+    rows = [
+        {"prompt": p.question, "chosen": p.solution, "rejected": f"It is {int(p.answer) + 1}."}
+        for p in problems
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def file_config(tmp_path, preset, *extra):
+    data = arithmetic_pairs(tmp_path / "pairs.jsonl", 160)
+    overrides = [
+        *SMALL_MODEL,
+        "data.task=file",
+        f"data.path={data}",
+        "dpo.eval_pairs=32",
+        "dpo.batch_size=16",
+        "dpo.steps=12",
+        "dpo.eval_every_steps=5",
+        "dpo.lr=1e-3",
+        f"dpo.output_dir={tmp_path / 'run'}",
+        *extra,
+    ]
+    return resolve_config(
+        None, preset, overrides, model=DPOConfig, preset_package=PREFERENCE_PRESETS
+    )
+
+
+def logp_alone(model, prompt, response):
+    ids = torch.tensor([prompt + response])
+    logp = model(input_ids=ids).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
+    return logp.gather(-1, torch.tensor(response)[:, None]).sum()
+
+
+@pytest.mark.parametrize("lean_forward", [True, False])
+def test_pair_logps_equal_each_response_scored_alone(lean_forward):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    setattr(model, fused.ENABLE_ATTR, lean_forward)
+    rows = [2, 0, 1]
+    chosen, rejected = pair_logps(model, PAIRS, rows, tok.pad_token_id)
+    for i, r in enumerate(rows):
+        want_c = logp_alone(model, PAIRS.prompts[r], PAIRS.chosen[r])
+        want_r = logp_alone(model, PAIRS.prompts[r], PAIRS.rejected[r])
+        assert chosen[i].item() == pytest.approx(want_c.item(), rel=1e-5)
+        assert rejected[i].item() == pytest.approx(want_r.item(), rel=1e-5)
+    assert chosen.requires_grad and chosen.abs().min() > 3.0  # about log(vocab) per token
+
+
+@pytest.mark.parametrize("loss", ["dpo", "simpo"])
+def test_any_micro_batch_split_gives_the_same_gradient(loss):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    cfg = DPOConfig.model_validate({"dpo": {"loss": loss, "beta": 0.5}})
+    reference = all_pair_logps(model, PAIRS, 4096, tok.pad_token_id)
+    reference = (reference[0] + torch.tensor([1.0, -2.0, 0.5]), reference[1])  # nonzero ratios
+    scorer = PairScorer(cfg, PAIRS, reference)
+    grads, splits = [], []
+    for budget in (4096, 8):
+        model.zero_grad()
+        parts = accumulate_gradients(model, scorer, [0, 1, 2], budget, tok.pad_token_id)
+        splits.append(len(parts))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert splits == [1, 3]
+    for whole, split in zip(*grads, strict=True):
+        torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
+    # and the whole-batch gradient is that of the mean pair loss, by the loss formula
+    model.zero_grad()
+    losses, _ = scorer.loss(model, [0, 1, 2], tok.pad_token_id)
+    losses.mean().backward()
+    for whole, direct in zip(grads[0], (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(whole, direct, atol=1e-6, rtol=1e-5)
+    assert max(g.abs().max() for g in grads[0]) > 1e-4
+
+
+@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo"])
+def test_preset_learns_the_held_out_preference(tmp_path, preset):
+    cfg = file_config(tmp_path, preset)
+    run_dir = run_dpo(cfg, show_progress=False)
+    assert (run_dir / "config.yaml").is_file() and not (run_dir / "pairs.jsonl").exists()
+    metrics = list(read_jsonl(run_dir / "metrics.jsonl"))
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert [e["step"] for e in evals] == [0, 5, 10, 12] and evals[0]["pairs"] == 32
+    first, last = evals[0], evals[-1]
+    if preset in ("dpo", "ln_dpo"):  # the policy is its reference at step 0: z = 0
+        assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+        assert first["rewards/margins"] == 0.0 and first["rewards/accuracies"] == 0.0
+    if preset == "ipo":  # (0 - 1/(2·0.1))² = 25
+        assert first["loss"] == pytest.approx(25.0, abs=1e-4)
+    assert last["rewards/accuracies"] >= 0.95, (preset, first, last)
+    assert last["rewards/margins"] > first["rewards/margins"] + 0.1
+    assert last["loss"] < first["loss"] - 0.1
+
+
+def test_last_held_out_line_is_the_saved_model_against_the_start(tmp_path):
+    cfg = file_config(tmp_path, "dpo", "dpo.steps=4", "dpo.eval_every_steps=0")
+    run_dir = run_dpo(cfg, show_progress=False)
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert [e["step"] for e in evals] == [0, 4]
+    start, tok = load_model_and_tokenizer(cfg.model, seed=cfg.dpo.seed)
+    saved, _ = load_pretrained(str(run_dir))
+    rows = load_preference_file(cfg.data.path)[-32:]
+    pairs = encode_pairs(rows, cfg.data.template, tok)
+    reference = all_pair_logps(start, pairs, 4096, tok.pad_token_id)
+    scored = PairScorer(cfg, pairs, reference).evaluate(saved, tok.pad_token_id)
+    for key, value in scored.items():
+        assert evals[-1][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    assert evals[-1]["rewards/margins"] > 0.01
+
+
+def test_simpo_needs_no_reference_pass(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the reference-free loss ran a reference pass")
+
+    monkeypatch.setattr(preference, "all_pair_logps", refuse)
+    run_dpo(file_config(tmp_path, "simpo", "dpo.steps=2"), show_progress=False)
+    with pytest.raises(AssertionError, match="reference pass"):
+        run_dpo(file_config(tmp_path, "dpo", "dpo.steps=2"), show_progress=False)
+
+
+def test_sampled_pairs_are_verified_best_against_worst(tmp_path):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
+    problems, _ = synthetic_splits("arithmetic", train_size=24, test_size=1, seed=0)
+    pairs, records = sample_pairs(
+        model,
+        tok,
+        problems,
+        "test_dpo:even_length_reward",
+        template="chat",
+        samples_per_prompt=4,
+        temperature=1.0,
+        max_new_tokens=9,
+        seed=0,
+    )
+    assert 12 <= len(pairs) == len(records) <= 24  # most groups of 4 mix odd and even
+    questions = [p.question for p in problems]
+    eos = eos_token_ids(model, tok)
+    for i, record in enumerate(records):
+        assert (record["chosen_reward"], record["rejected_reward"]) == (1.0, 0.0)
+        assert len(record["chosen"]) % 2 == 0 and len(record["rejected"]) % 2 == 1
+        texts = decode_completions(tok, [pairs.chosen[i], pairs.rejected[i]], eos)
+        assert texts == [record["chosen"], record["rejected"]]
+        assert record["prompt"] in questions
+        assert pairs.prompts[i] == encode_prompts("chat", [record["prompt"]], tok)[1][0]
+
+
+def test_sampled_run_writes_pairs_a_later_run_can_read(tmp_path, monkeypatch):
+    overrides = [
+        *SMALL_MODEL,
+        "data.max_digits=1",
+        "data.train_size=40",
+        "data.test_size=16",
+        "dpo.prompts=40",
+        "dpo.max_new_tokens=9",
+        "dpo.steps=2",
+        f"dpo.output_dir={tmp_path / 'sampled'}",
+    ]
+    cfg = resolve_config(None, "simpo", overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
+    task = load_task(cfg.data)
+    task.reward = "test_dpo:even_length_reward"
+    monkeypatch.setattr(preference, "load_task", lambda data: task)
+    run_dir = run_dpo(cfg, show_progress=False)
+    written = load_preference_file(run_dir / "pairs.jsonl")
+    assert len(written) == sum(1 for _ in (run_dir / "pairs.jsonl").open())
+    assert len(written) >= 10
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert 4 <= evals[0]["pairs"] <= 16
+    # a second run into the same directory replaces the logs instead of appending to them
+    run_dpo(cfg, show_progress=False)
+    assert load_preference_file(run_dir / "pairs.jsonl") == written
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert [e["step"] for e in read_jsonl(run_dir / "eval.jsonl")] == [0, 2]
+
+
+def run_error(tmp_path, *overrides):
+    cfg = resolve_config(
+        None,
+        None,
+        [*SMALL_MODEL, f"dpo.output_dir={tmp_path / 'bad'}", *overrides],
+        model=DPOConfig,
+    )
+    with pytest.raises(ConfigError) as caught:
+        run_dpo(cfg, show_progress=False)
+    return str(caught.value)
+
+
+def test_bad_settings_name_their_key(tmp_path):
+    assert "dpo.loss: unknown preference loss 'dpoo'; did you mean 'dpo'" in run_error(
+        tmp_path, "dpo.loss=dpoo"
+    )
+    assert "data.task=file needs data.path" in run_error(tmp_path, "data.task=file")
+    data = arithmetic_pairs(tmp_path / "few.jsonl", 8)
+    message = run_error(tmp_path, "data.task=file", f"data.path={data}", "dpo.eval_pairs=8")
+    assert "few.jsonl has 8 pairs, not more than dpo.eval_pairs=8" in message
+    # one new token cannot be a right answer: every sample scores 0, no pair
+    message = run_error(tmp_path, "data.train_size=50", "dpo.prompts=8", "dpo.max_new_tokens=1")
+    assert "dpo.prompts: none of 8 arithmetic problems" in message
+    for override, key in (
+        ("dpo.gamma=0.5", "dpo.gamma is SimPO's margin"),
+        ("dpo.label_smoothing=0.1", "ipo has no label smoothing"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            resolve_config(None, "ipo", [override], DPOConfig, preset_package=PREFERENCE_PRESETS)
+
+
+runner = CliRunner()
+
+
+def test_cli_dpo_runs_a_preset_and_lists_it(tmp_path):
+    data = arithmetic_pairs(tmp_path / "pairs.jsonl", 40)
+    out = tmp_path / "cli"
+    args = ["dpo", "--preset", "simpo", *SMALL_MODEL, "data.task=file", f"data.path={data}"]
+    args += ["dpo.eval_pairs=8", "dpo.steps=2", f"dpo.output_dir={out}"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").is_file()
+    assert yaml_loss(out / "config.yaml") == ("simpo", 2.0, 1.0)
+    listed = runner.invoke(app, ["presets"]).output
+    for name in preset_names(PREFERENCE_PRESETS):
+        assert name in listed
+    assert "arXiv:2405.14734" in listed and "dpo" in listed
+    bad = runner.invoke(app, ["dpo", "--preset", "simpoo"])
+    assert bad.exit_code == 2 and "did you mean 'simpo'" in bad.output
+    bad = runner.invoke(app, ["dpo", "data.task=file", f"data.path={tmp_path / 'no.jsonl'}"])
+    assert bad.exit_code == 2 and "no.jsonl:" in bad.output and "no such file" in bad.output
+
+
+def yaml_loss(path):
+    d = yaml.safe_load(path.read_text())["dpo"]
+    return d["loss"], d["beta"], d["gamma"]

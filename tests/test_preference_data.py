@@ -1,0 +1,90 @@
+"""Preference pairs from files (TRL's standard format, plain text) and from verified samples."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlvr.data.loaders import DatasetError
+from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
+
+ROWS = [
+    {"prompt": "What is 2+3?", "chosen": "<answer>5</answer>", "rejected": "6", "id": 1},
+    {"prompt": "What is 7+6?", "chosen": "<answer>13</answer>", "rejected": "no idea", "id": 2},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_and_parquet_give_the_same_pairs(tmp_path):
+    expected = [PreferencePair(r["prompt"], r["chosen"], r["rejected"]) for r in ROWS]
+    assert load_preference_file(write_jsonl(tmp_path / "p.jsonl", ROWS)) == expected
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "p.parquet")
+    assert load_preference_file(tmp_path / "p.parquet") == expected
+
+
+def test_custom_column_names(tmp_path):
+    rows = [{"q": "x?", "good": "a", "bad": "b"}]
+    pairs = load_preference_file(
+        write_jsonl(tmp_path / "p.jsonl", rows),
+        prompt_column="q",
+        chosen_column="good",
+        rejected_column="bad",
+    )
+    assert pairs == [PreferencePair("x?", "a", "b")]
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "message"),
+    [
+        ({"prompt": "q", "chosen": "a"}, "missing column 'rejected'"),
+        ({"prompt": "q", "chosen": "", "rejected": "b"}, "column 'chosen' is '', expected"),
+        ({"prompt": None, "chosen": "a", "rejected": "b"}, "column 'prompt' is null"),
+        ({"prompt": "q", "chosen": 3, "rejected": "b"}, "column 'chosen' is 3"),
+        (
+            {"prompt": "q", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"},
+            "conversational format",
+        ),
+        ({"prompt": "q", "chosen": "same", "rejected": "same"}, "chosen and rejected are the same"),
+    ],
+)
+def test_bad_rows_name_file_and_row(tmp_path, bad_row, message):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [ROWS[0], bad_row])
+    with pytest.raises(DatasetError, match=r"pairs\.jsonl, row 2 \(line 2\)") as caught:
+        load_preference_file(path)
+    assert message in str(caught.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(DatasetError, match=r"nothing\.jsonl: no such file"):
+        load_preference_file(tmp_path / "nothing.jsonl")
+
+
+def test_pairs_from_groups_by_hand():
+    scores = [
+        *[0.0, 1.0, 0.0, 1.0],  # group 0: best {1, 3}, worst {0, 2}
+        *[1.0, 1.0, 1.0, 1.0],  # group 1: all alike, no pair
+        *[0.5, 0.2, 0.9, 0.2],  # group 2: best {10}, worst {9, 11}
+    ]
+    pairs = pairs_from_groups(scores, 4, random.Random(0))
+    assert len(pairs) == 2
+    (c0, r0), (c2, r2) = pairs
+    assert c0 in (1, 3) and r0 in (0, 2)
+    assert c2 == 10 and r2 in (9, 11)
+    # the draws among tied samples are uniform: every best/worst index turns up
+    draws = {pairs_from_groups(scores, 4, random.Random(s))[0] for s in range(40)}
+    assert draws == {(1, 0), (1, 2), (3, 0), (3, 2)}
+
+
+def test_pairs_from_groups_refuses_ragged_groups():
+    with pytest.raises(ValueError, match="groups of 4"):
+        pairs_from_groups([0.0] * 6, 4, random.Random(0))
+    with pytest.raises(ValueError, match="groups of 1"):
+        pairs_from_groups([0.0, 1.0], 1, random.Random(0))
