@@ -89,8 +89,8 @@ CRITIC = (
 
 @pytest.mark.parametrize(
     "extra",
-    [(), ADAPTIVE, CRITIC],
-    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup"],
+    [(), ADAPTIVE, CRITIC, ("data.sampler=prioritized",)],
+    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup", "prioritized"],
 )
 def test_resume_continues_the_same_trajectory(tmp_path, extra):
     straight = train(small_config(tmp_path / "a", "train.steps=4", *extra), show_progress=False)

@@ -15,6 +15,7 @@ from rlvr.config import (
     PREFERENCE_PRESETS,
     RL_PRESETS,
     ConfigError,
+    CurateConfig,
     DPOConfig,
     RLConfig,
     SFTConfig,
@@ -150,6 +151,41 @@ def dpo(
         console.print(f"model and logs saved to {run_dpo(cfg)}")
     except _user_errors() as exc:
         _fail(str(exc))
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def curate(
+    args: Annotated[
+        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
+    ] = None,
+    help_config: Annotated[
+        bool, typer.Option("--help-config", help="List every config key")
+    ] = False,
+) -> None:
+    """Drop duplicate problems and keep those whose pass rate under the model lies in
+    [curate.min_pass_rate, curate.max_pass_rate]; write them as a JSONL data file."""
+    if help_config:
+        _print_fields(CurateConfig)
+        return
+    config_path, overrides = _split_args(args or [])
+    try:
+        cfg = resolve_config(config_path, None, overrides, model=CurateConfig)
+    except ConfigError as exc:
+        _fail(str(exc))
+    from rlvr.data.curation import run_curate
+
+    try:
+        summary = run_curate(cfg)
+    except (ValueError, *_user_errors()) as exc:
+        _fail(str(exc))
+    table = Table("problems", "duplicates", "too hard", "too easy", "kept")
+    table.add_row(
+        *(str(n) for n in (summary.problems, summary.duplicates, summary.too_hard)),
+        str(summary.too_easy),
+        str(summary.kept),
+    )
+    console.print(table)
+    console.print(f"wrote {summary.output} (train on it with data.task=file data.path=...)")
 
 
 @app.command("eval")

@@ -64,6 +64,11 @@ class DataConfig(Section):
     """Column holding the gold final answer in data.path."""
     template: Literal["chat", "r1", "qwen_math", "none"] = "chat"
     """Prompt template: the tokenizer's chat template, R1 think/answer, Qwen-Math boxed, or raw."""
+    sampler: Literal["epoch", "prioritized"] = "epoch"
+    """RL prompt sampling: `epoch` (uniform, each problem once per epoch) or `prioritized`
+    (Kimi k1.5: problem i drawn with probability ∝ 1 − its latest pass rate)."""
+    min_priority: float = Field(default=0.0, ge=0.0, le=1.0)
+    """`prioritized`: floor under 1 − pass rate, so solved problems still come back sometimes."""
     train_size: int = 20000
     """Number of training problems generated for synthetic tasks."""
     test_size: int = 500
@@ -623,3 +628,44 @@ class DPOConfig(Section):
     """Loss, optimisation, pair sampling and output."""
     preset: str | None = None
     """Name of the preference preset this config started from (informational)."""
+
+
+class CurateSection(Section):
+    samples_per_prompt: int = Field(default=8, ge=1)
+    """Samples per problem from which its pass rate is measured."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature (use the one RL will sample at)."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Generation budget of each sample."""
+    min_pass_rate: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Keep problems whose pass rate is at least this (drops the ones the model never solves)."""
+    max_pass_rate: float = Field(default=0.9, ge=0.0, le=1.0)
+    """Keep problems whose pass rate is at most this (drops the ones it always solves)."""
+    dedup: bool = True
+    """Drop questions equal to an earlier one after case folding and whitespace collapsing."""
+    max_problems: int = Field(default=0, ge=0)
+    """Curate only the first N training problems (0 = all)."""
+    seed: int = 0
+    """Sampling seed."""
+    output: str = "runs/curated.jsonl"
+    """The curated problems, a JSONL file that `data.task=file data.path=...` reads."""
+
+    @model_validator(mode="after")
+    def _band(self) -> CurateSection:
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ValueError(
+                f"curate.min_pass_rate={self.min_pass_rate} is above "
+                f"curate.max_pass_rate={self.max_pass_rate}"
+            )
+        return self
+
+
+class CurateConfig(Section):
+    """The whole configuration of `rlvr curate`: dedup and pass-rate filtering of prompts."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model whose pass rates decide (usually the one RL will start from)."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """The task whose training problems are curated."""
+    curate: CurateSection = Field(default_factory=CurateSection)
+    """Sampling, the pass-rate band and the output file."""

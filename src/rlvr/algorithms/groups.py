@@ -33,3 +33,18 @@ def constant_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     gmax = empty.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
     gmin = empty.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
     return (gmax == gmin)[inverse]
+
+
+def group_pass_rates(correct: Tensor, group_ids: Tensor, num_groups: int) -> list[float]:
+    """Share of correct samples in each group 0..num_groups-1 (``group_ids`` counted from 0).
+
+    Raises ValueError if a group has no sample or an id is outside [0, num_groups).
+    """
+    check_grouped(correct.float(), group_ids)
+    if len(group_ids) and (int(group_ids.min()) < 0 or int(group_ids.max()) >= num_groups):
+        raise ValueError(f"group ids must lie in [0, {num_groups}), got {group_ids.tolist()}")
+    counts = torch.zeros(num_groups).index_add_(0, group_ids, torch.ones(len(group_ids)))
+    if bool((counts == 0).any()):
+        raise ValueError(f"groups {(counts == 0).nonzero().flatten().tolist()} have no sample")
+    hits = torch.zeros(num_groups).index_add_(0, group_ids, correct.float())
+    return (hits / counts).tolist()

@@ -1,7 +1,13 @@
-"""Prompt samplers: which problems each RL step sees, resumable from a saved position."""
+"""Prompt samplers: which problems each RL step sees, resumable from a saved position.
+
+`data.sampler` picks one: `epoch` (uniform, every problem once per epoch) or `prioritized`
+(Kimi k1.5: problems drawn by how often the policy still fails them). The loop reports each
+step's pass rates to the sampler (`observe`), DESIGN's "curriculum ◀── pass rates".
+"""
 
 from __future__ import annotations
 
+import math
 import random
 
 
@@ -36,6 +42,13 @@ class EpochSampler:
             self.position += take
         return picked
 
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        """Uniform sampling does not use pass rates."""
+
+    def stats(self) -> dict[str, float]:
+        """No sampler metrics."""
+        return {}
+
     def state_dict(self) -> dict[str, int]:
         """Position to save in a checkpoint."""
         return {"epoch": self.epoch, "position": self.position}
@@ -44,3 +57,88 @@ class EpochSampler:
         """Continue from a saved position."""
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)
+
+
+class PrioritizedSampler:
+    """Kimi k1.5's prioritised sampling (Kimi Team 2025, §2.3.4): problem i is drawn with
+    probability ∝ 1 − s_i, where s_i is its success rate, so the problems the policy fails get
+    the most rollouts and the ones it always solves stop costing any.
+
+    How this departs from the paper: s_i is the share of correct samples in the latest group of
+    problem i (the paper does not say how it averages), and a problem not sampled yet has
+    s_i = 0, so every problem is tried before any is deprioritised. `min_priority` keeps a floor
+    under 1 − s_i (0, the paper's rule, never draws a problem solved every time again). The
+    `count` problems of one draw are distinct (weighted sampling without replacement,
+    Efraimidis & Spirakis 2006: the largest u^(1/w)); when fewer problems than that have a
+    priority above 0, the rest are drawn uniformly from the others.
+
+    The state (the measured rates and the generator's state) goes into checkpoints, so a
+    resumed run draws what the uninterrupted one would have.
+    """
+
+    def __init__(self, size: int, seed: int, min_priority: float = 0.0) -> None:
+        if size <= 0:
+            raise ValueError("the task has no training problems")
+        if not 0.0 <= min_priority <= 1.0:
+            raise ValueError(f"min_priority must be in [0, 1], got {min_priority}")
+        self.size, self.min_priority = size, min_priority
+        self.pass_rates: dict[int, float] = {}
+        self._rng = random.Random(seed)
+
+    def priority(self, index: int) -> float:
+        """max(1 − s_i, min_priority) of problem `index`."""
+        return max(1.0 - self.pass_rates.get(index, 0.0), self.min_priority)
+
+    def next(self, count: int) -> list[int]:
+        """`count` distinct problem indices (all of them, shuffled, when count >= size)."""
+        keyed, rest = [], []
+        for i in range(self.size):
+            weight = self.priority(i)
+            u = self._rng.random()
+            if weight > 0:
+                keyed.append((math.log(u or 5e-324) / weight, i))  # log u^(1/w), same order
+            else:
+                rest.append((u, i))
+        keyed.sort(reverse=True)
+        rest.sort()
+        picked = [i for _, i in keyed[:count]]
+        return picked + [i for _, i in rest[: count - len(picked)]]
+
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        """Record the measured success rate of each drawn problem (its latest group's)."""
+        if len(indices) != len(pass_rates):
+            raise ValueError(f"{len(indices)} problems but {len(pass_rates)} pass rates")
+        for index, rate in zip(indices, pass_rates):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"pass rate {rate} of problem {index} is outside [0, 1]")
+            self.pass_rates[index] = rate
+
+    def stats(self) -> dict[str, float]:
+        """`sampler/seen`: share of problems sampled at least once; `sampler/solved`: share
+        whose latest group was all correct."""
+        solved = sum(rate == 1.0 for rate in self.pass_rates.values())
+        return {
+            "sampler/seen": len(self.pass_rates) / self.size,
+            "sampler/solved": solved / self.size,
+        }
+
+    def state_dict(self) -> dict:
+        """The measured rates and the generator state, for checkpoints."""
+        return {"pass_rates": dict(self.pass_rates), "rng": self._rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint."""
+        self.pass_rates = dict(state["pass_rates"])
+        self._rng.setstate(state["rng"])
+
+
+PromptSampler = EpochSampler | PrioritizedSampler
+
+
+def build_sampler(name: str, size: int, seed: int, min_priority: float = 0.0) -> PromptSampler:
+    """The sampler `data.sampler` names."""
+    if name == "epoch":
+        return EpochSampler(size, seed)
+    if name == "prioritized":
+        return PrioritizedSampler(size, seed, min_priority)
+    raise ValueError(f"unknown data.sampler {name!r}; choose epoch or prioritized")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,12 +14,61 @@ from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.metrics import mean_majority_at_k, mean_pass_at_k
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import compose_rewards, extract_answer
-from rlvr.rollout.base import SamplingParams
+from rlvr.rewards.compose import RewardOutput
+from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.rewarding import reward_columns
 
 if TYPE_CHECKING:
     from rlvr.config import RLConfig
+
+
+@dataclass
+class VerifiedSamples:
+    """k samples of each problem, verified: what evaluation and curation are computed from."""
+
+    correct: list[list[bool]]
+    """Per problem, whether each of its k samples was accepted by the verifier."""
+    answers: list[str | None]
+    """The extracted final answer of every sample, problem-major."""
+    rollout: Rollout
+    """The raw rollout (token ids, finish reasons)."""
+    scored: RewardOutput
+    """The verifier's scores, errors and timeouts."""
+
+
+def sample_and_verify(
+    model: PreTrainedModel,
+    tokenizer,
+    problems: list[Problem],
+    reward: str,
+    template: str,
+    k: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int = 512,
+) -> VerifiedSamples:
+    """Sample `k` completions per problem from a seeded generator and score them with the
+    `reward` verifier (a score of 1 or more is correct)."""
+    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
+    generator = torch.Generator().manual_seed(seed)
+    eos = eos_token_ids(model, tokenizer)
+    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
+    out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
+    completions = decode_completions(tokenizer, out.completion_ids, eos)
+    sample_problems = [problems[i] for i in out.prompt_index]
+    scored = compose_rewards([(reward, 1.0)])(
+        [texts[i] for i in out.prompt_index], completions, reward_columns(sample_problems)
+    )
+    correct = [score >= 1.0 for score in scored.total]
+    return VerifiedSamples(
+        [correct[i * k : (i + 1) * k] for i in range(len(problems))],
+        [extract_answer(c) for c in completions],
+        out,
+        scored,
+    )
 
 
 def evaluate(
@@ -41,20 +91,21 @@ def evaluate(
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
     """
     start = time.perf_counter()
-    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
-    generator = torch.Generator().manual_seed(seed)
-    eos = eos_token_ids(model, tokenizer)
-    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
-    out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
-    completions = decode_completions(tokenizer, out.completion_ids, eos)
-    sample_problems = [problems[i] for i in out.prompt_index]
-    scored = compose_rewards([(reward, 1.0)])(
-        [texts[i] for i in out.prompt_index], completions, reward_columns(sample_problems)
+    s = sample_and_verify(
+        model,
+        tokenizer,
+        problems,
+        reward,
+        template,
+        k,
+        temperature,
+        top_p,
+        max_new_tokens,
+        seed,
+        batch_size,
     )
-    correct = [score >= 1.0 for score in scored.total]
-    answers = [extract_answer(c) for c in completions]
-    per_problem = [correct[i * k : (i + 1) * k] for i in range(len(problems))]
-    votes = [answers[i * k : (i + 1) * k] for i in range(len(problems))]
+    votes = [s.answers[i * k : (i + 1) * k] for i in range(len(problems))]
+    per_problem, out, scored = s.correct, s.rollout, s.scored
     lengths = [len(c) for c in out.completion_ids]
     return {
         "problems": len(problems),

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlvr.config import ConfigError, RLConfig, save_config
-from rlvr.data.sampler import EpochSampler
+from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
@@ -94,7 +94,9 @@ def train(
             f"eval.every_steps={every}: no held-out problems to evaluate "
             f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
         )
-    sampler = EpochSampler(len(task.train), cfg.train.seed)
+    sampler = build_sampler(
+        cfg.data.sampler, len(task.train), cfg.train.seed, cfg.data.min_priority
+    )
     generator = torch.Generator().manual_seed(cfg.train.seed)
 
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
@@ -244,6 +246,7 @@ def train(
                 }
             )
             metrics["kl_coef"], metrics["entropy_coef"] = settings.kl_coef, settings.entropy_coef
+            metrics.update(sampler.stats())
             metrics_log.write(metrics)
             loggers.log(metrics, step)
             regularization.after_step(step, model, metrics["kl"], metrics["entropy"])

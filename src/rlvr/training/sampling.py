@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.algorithms.filters import DynamicSampling, overlong_mask
+from rlvr.algorithms.groups import group_pass_rates
 from rlvr.config import RLConfig
-from rlvr.data.sampler import EpochSampler
+from rlvr.data.sampler import PromptSampler
 from rlvr.data.tasks import Task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import decode_completions, eos_token_ids
@@ -117,7 +118,7 @@ def collect_step(
     engine: HFRolloutEngine,
     tokenizer,
     task: Task,
-    sampler: EpochSampler,
+    sampler: PromptSampler,
     cfg: RLConfig,
     rewarder: RewardScorer,
 ) -> StepData:
@@ -131,11 +132,13 @@ def collect_step(
     while True:
         offset = rounds * r.prompts_per_step
         t0 = time.perf_counter()
-        batch = rollout_batch(
-            engine, tokenizer, task, sampler.next(r.prompts_per_step), cfg, offset
-        )
+        drawn = sampler.next(r.prompts_per_step)
+        batch = rollout_batch(engine, tokenizer, task, drawn, cfg, offset)
         t1 = time.perf_counter()
         scored = rewarder(batch)
+        sampler.observe(
+            drawn, group_pass_rates(batch.correct, batch.group_ids - offset, len(drawn))
+        )
         seconds[0], seconds[1] = seconds[0] + t1 - t0, seconds[1] + time.perf_counter() - t1
         rounds, errors, timeouts = rounds + 1, errors + scored.errors, timeouts + scored.timeouts
         examples.extend(scored.error_examples)

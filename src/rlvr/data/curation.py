@@ -1,0 +1,110 @@
+"""Prompt curation (`rlvr curate`): drop duplicate problems, then keep those whose pass rate
+under the model lies in a band.
+
+Kimi k1.5 (§2.3.1) estimates each prompt's difficulty as the pass rate of an SFT model's
+samples and balances the set by it; Skywork-OR1 and POLARIS drop the prompts their starting
+model always or never solves, since a group whose samples all score alike gives GRPO-style
+advantages of zero. Here: `curate.samples_per_prompt` samples per problem, verified by the
+task's reward; a problem is kept when `curate.min_pass_rate <= p <= curate.max_pass_rate`.
+
+Duplicates are questions equal after case folding and whitespace collapsing (exact match, not
+the n-gram or embedding near-duplicate search of large pipelines); the first one is kept.
+The output is a JSONL file in the format of `data.task=file` (`prompt`, `answer`, then the
+problem's `solution` when it has one, its extra columns and its measured `pass_rate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvr.config import ConfigError, CurateConfig
+from rlvr.data.problem import Problem
+from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import sample_and_verify
+from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.tracking.jsonl import JsonlWriter
+
+
+def normalized_question(text: str) -> str:
+    """The question as duplicates are compared: case-folded, runs of whitespace made one space."""
+    return " ".join(text.casefold().split())
+
+
+def drop_duplicates(problems: list[Problem]) -> list[Problem]:
+    """The problems in order, without those whose normalised question came earlier."""
+    seen: set[str] = set()
+    kept = []
+    for problem in problems:
+        key = normalized_question(problem.question)
+        if key not in seen:
+            seen.add(key)
+            kept.append(problem)
+    return kept
+
+
+@dataclass
+class CurationSummary:
+    """What curation did to the problems, by reason."""
+
+    problems: int
+    duplicates: int
+    too_hard: int
+    """Pass rate below `curate.min_pass_rate`."""
+    too_easy: int
+    """Pass rate above `curate.max_pass_rate`."""
+    kept: int
+    output: str
+
+
+def curate_row(problem: Problem, pass_rate: float) -> dict:
+    """One output row in the `data.task=file` format."""
+    row = {"prompt": problem.question, "answer": problem.answer}
+    if problem.solution is not None:
+        row["solution"] = problem.solution
+    return {**row, **problem.columns, "pass_rate": pass_rate}
+
+
+def run_curate(cfg: CurateConfig) -> CurationSummary:
+    """Deduplicate the task's training problems, measure their pass rates with the model, and
+    write the problems within the band to `curate.output`."""
+    c = cfg.curate
+    task = load_task(cfg.data)
+    problems = task.train[: c.max_problems] if c.max_problems else task.train
+    unique = drop_duplicates(problems) if c.dedup else problems
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=c.seed)
+    verified = sample_and_verify(
+        model,
+        tokenizer,
+        unique,
+        task.reward,
+        cfg.data.template,
+        c.samples_per_prompt,
+        c.temperature,
+        1.0,
+        c.max_new_tokens,
+        c.seed,
+    )
+    rates = [sum(correct) / len(correct) for correct in verified.correct]
+    keep = [c.min_pass_rate <= rate <= c.max_pass_rate for rate in rates]
+    summary = CurationSummary(
+        problems=len(problems),
+        duplicates=len(problems) - len(unique),
+        too_hard=sum(rate < c.min_pass_rate for rate in rates),
+        too_easy=sum(rate > c.max_pass_rate for rate in rates),
+        kept=sum(keep),
+        output=c.output,
+    )
+    if not summary.kept:
+        raise ConfigError(
+            f"curate: no problem had a pass rate in [{c.min_pass_rate}, {c.max_pass_rate}] "
+            f"({summary.too_hard} below, {summary.too_easy} above, {summary.duplicates} "
+            "duplicates); widen curate.min_pass_rate / curate.max_pass_rate"
+        )
+    output = Path(c.output)
+    output.unlink(missing_ok=True)
+    with JsonlWriter(output) as writer:
+        for problem, rate, kept in zip(unique, rates, keep):
+            if kept:
+                writer.write(curate_row(problem, rate))
+    return summary

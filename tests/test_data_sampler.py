@@ -1,0 +1,148 @@
+"""Prioritised prompt sampling (Kimi k1.5): the draw distribution, its state, and the RL loop
+feeding it each problem's pass rate."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from rlvr.algorithms.groups import group_pass_rates
+from rlvr.config import resolve_config
+from rlvr.data.sampler import EpochSampler, PrioritizedSampler, build_sampler
+from rlvr.data.tasks import load_task
+from rlvr.training import rl
+from tiny_run import TINY_RUN
+
+RATES = {0: 0.0, 1: 0.5, 2: 1.0, 3: 0.75}  # priorities 1, 0.5, 0, 0.25 (sum 1.75)
+
+
+def sampler_with(rates, seed=0, min_priority=0.0):
+    sampler = PrioritizedSampler(len(rates), seed, min_priority)
+    sampler.observe(list(rates), list(rates.values()))
+    return sampler
+
+
+def test_single_draws_follow_one_minus_the_pass_rate():
+    sampler = sampler_with(RATES)
+    counts = Counter(sampler.next(1)[0] for _ in range(20000))
+    expected = {0: 1 / 1.75, 1: 0.5 / 1.75, 2: 0.0, 3: 0.25 / 1.75}  # 0.571, 0.286, 0, 0.143
+    for i, p in expected.items():
+        assert counts[i] / 20000 == pytest.approx(p, abs=0.015), (i, counts)
+    assert counts[2] == 0  # solved every time: never drawn again (the paper's rule)
+
+
+def test_pairs_follow_successive_sampling_without_replacement():
+    """P({i, j}) = w_i/W · w_j/(W − w_i) + w_j/W · w_i/(W − w_j)."""
+    sampler = sampler_with(RATES, seed=1)
+    counts = Counter(frozenset(sampler.next(2)) for _ in range(20000))
+    w = {0: 1.0, 1: 0.5, 3: 0.25}
+    total = sum(w.values())
+    for i, j in ((0, 1), (0, 3), (1, 3)):  # 0.6095, 0.2857, 0.1048
+        p = w[i] / total * w[j] / (total - w[i]) + w[j] / total * w[i] / (total - w[j])
+        assert counts[frozenset((i, j))] / 20000 == pytest.approx(p, abs=0.015), (i, j)
+
+
+def test_unseen_problems_come_first_and_the_floor_brings_solved_ones_back():
+    sampler = PrioritizedSampler(4, seed=0)
+    sampler.observe([0, 1], [1.0, 1.0])
+    assert sorted(sampler.next(2)) == [2, 3]
+    # fewer problems with a priority than asked for: the rest uniformly from the others
+    sampler.observe([2], [1.0])
+    picks = [sampler.next(2) for _ in range(300)]
+    assert all(p[0] == 3 for p in picks)
+    assert {p[1] for p in picks} == {0, 1, 2}
+    floored = sampler_with(RATES, min_priority=0.2)
+    assert floored.priority(2) == 0.2 and floored.priority(3) == 0.25
+    counts = Counter(floored.next(1)[0] for _ in range(20000))
+    assert counts[2] / 20000 == pytest.approx(0.2 / 1.95, abs=0.015)
+
+
+def test_state_round_trip_draws_the_same_problems():
+    sampler = sampler_with(RATES, seed=5)
+    sampler.next(3)
+    state = sampler.state_dict()
+    expected = [sampler.next(2) for _ in range(5)]
+    resumed = PrioritizedSampler(4, seed=99)
+    resumed.load_state_dict(state)
+    assert [resumed.next(2) for _ in range(5)] == expected
+    assert resumed.stats() == {"sampler/seen": 1.0, "sampler/solved": 0.25}
+
+
+def test_bad_input_is_refused():
+    sampler = PrioritizedSampler(3, seed=0)
+    with pytest.raises(ValueError, match="2 problems but 1 pass rates"):
+        sampler.observe([0, 1], [0.5])
+    with pytest.raises(ValueError, match=r"pass rate 1\.5 of problem 0"):
+        sampler.observe([0], [1.5])
+    with pytest.raises(ValueError, match="min_priority"):
+        PrioritizedSampler(3, seed=0, min_priority=2.0)
+    with pytest.raises(ValueError, match=r"unknown data\.sampler 'curriculum'"):
+        build_sampler("curriculum", 3, 0)
+    assert isinstance(build_sampler("epoch", 3, 0), EpochSampler)
+
+
+def test_group_pass_rates_by_hand():
+    correct = torch.tensor([True, False, True, True, False, False])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert group_pass_rates(correct, groups, 3) == [0.5, 1.0, 0.0]
+    with pytest.raises(ValueError, match=r"groups \[3\] have no sample"):
+        group_pass_rates(correct, groups, 4)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+        group_pass_rates(correct, groups, 2)
+
+
+def first_digit_even(prompts, completions, **columns):
+    """Scores a sample by its problem alone: 1 when the question's first number starts with an
+    even digit, so each problem's pass rate is 0 or 1 whatever the policy writes."""
+    return [float(int(re.search(r"What is (\d)", p).group(1)) % 2 == 0) for p in prompts]
+
+
+def drawn_questions(tmp_path, monkeypatch, sampler):
+    """The questions each step of a 6-step run drew (every sample is logged)."""
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *TINY_RUN,
+            "data.train_size=8",
+            "rollout.prompts_per_step=3",
+            "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=4",
+            "train.steps=6",
+            "train.log_samples=6",
+            f"data.sampler={sampler}",
+            f"train.output_dir={tmp_path / sampler}",
+        ],
+    )
+    task = load_task(cfg.data)
+    task.reward = "test_data_sampler:first_digit_even"
+    monkeypatch.setattr(rl, "load_task", lambda data: task)
+    run_dir = rl.train(cfg, show_progress=False)
+    steps: dict[int, set[str]] = {}
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "prompt" in record:
+            question = re.search(r"What is [^?]*\?", record["prompt"]).group(0)
+            steps.setdefault(record["step"], set()).add(question)
+    metrics = [json.loads(m) for m in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return steps, metrics
+
+
+def test_the_loop_stops_drawing_problems_it_always_solves(tmp_path, monkeypatch):
+    steps, metrics = drawn_questions(tmp_path, monkeypatch, "prioritized")
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6] and all(len(q) == 3 for q in steps.values())
+    appearances = Counter(q for qs in steps.values() for q in qs)
+    solved = {q for q in appearances if first_digit_even([q], [""])[0] == 1.0}
+    failed = set(appearances) - solved
+    assert solved and failed
+    assert all(appearances[q] == 1 for q in solved), appearances  # once seen solved, never again
+    assert max(appearances[q] for q in failed) >= 3
+    assert metrics[-1]["sampler/solved"] == len(solved) / 8
+    assert metrics[-1]["sampler/seen"] == len(appearances) / 8
+    # uniform sampling over the same 8 problems draws solved ones again (18 draws, 2+ epochs)
+    steps, _ = drawn_questions(tmp_path, monkeypatch, "epoch")
+    appearances = Counter(q for qs in steps.values() for q in qs)
+    assert max(appearances[q] for q in appearances if first_digit_even([q], [""])[0]) >= 2
