@@ -178,6 +178,22 @@ def test_simpo_needs_no_reference_pass(tmp_path, monkeypatch):
         run_dpo(file_config(tmp_path, "dpo", "dpo.steps=2"), show_progress=False)
 
 
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
+    def nan_reference(model, pairs, max_tokens, pad_id):
+        return torch.full((len(pairs),), float("nan")), torch.zeros(len(pairs))
+
+    monkeypatch.setattr(preference, "all_pair_logps", nan_reference)
+    cfg = file_config(tmp_path, "dpo", "dpo.steps=5")
+    with (
+        pytest.warns(UserWarning, match="non-finite"),
+        pytest.raises(preference.NonFiniteError, match="3 consecutive steps"),
+    ):
+        run_dpo(cfg, show_progress=False)
+    metrics = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    assert [(m["step"], m["skipped_updates"]) for m in metrics] == [(1, 1), (2, 1), (3, 1)]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
 def test_sampled_pairs_are_verified_best_against_worst(tmp_path):
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)

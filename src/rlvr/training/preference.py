@@ -14,8 +14,10 @@ model's own samples, verified (`rlvr.data.preference`); sampled pairs are writte
 
 from __future__ import annotations
 
+import math
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,10 @@ from rlvr.training.batching import (
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler
 from rlvr.training.rewarding import reward_columns
+from rlvr.training.rl import NonFiniteError
+
+MAX_NONFINITE_STEPS = 3
+"""Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops."""
 
 
 @dataclass
@@ -325,6 +331,7 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
     )
     order_rng = random.Random(d.seed)
     order: list[int] = []
+    bad_steps = 0
     batch_size = min(d.batch_size, len(train_pairs))
     with JsonlWriter(out_dir / "metrics.jsonl") as log, JsonlWriter(out_dir / "eval.jsonl") as ev:
 
@@ -345,19 +352,32 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
             rows, order = order[:batch_size], order[batch_size:]
             optimizer.zero_grad(set_to_none=True)
             parts = accumulate_gradients(model, train_scorer, rows, d.micro_batch_tokens, pad_id)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), d.max_grad_norm or float("inf")
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(model.parameters(), d.max_grad_norm or float("inf"))
             )
-            optimizer.step()
-            scheduler.step()
-            record = {
-                "step": step,
-                **_means(parts),
-                "grad_norm": float(grad_norm),
-                "lr": scheduler.get_last_lr()[0],
-                "time/step": time.perf_counter() - start,
-            }
+            record = {"step": step, **_means(parts), "grad_norm": grad_norm}
+            finite = math.isfinite(record["loss"]) and math.isfinite(grad_norm)
+            bad_steps = 0 if finite else bad_steps + 1
+            if finite:
+                optimizer.step()
+                scheduler.step()
+            else:
+                warnings.warn(
+                    f"{d.loss} step {step}: non-finite loss or gradient, skipped", stacklevel=1
+                )
+            record.update(
+                {
+                    "skipped_updates": int(not finite),
+                    "lr": scheduler.get_last_lr()[0],
+                    "time/step": time.perf_counter() - start,
+                }
+            )
             log.write(record)
+            if bad_steps >= MAX_NONFINITE_STEPS:
+                raise NonFiniteError(
+                    f"{bad_steps} consecutive steps had a non-finite loss or gradient; stopping "
+                    "(lower dpo.lr or check the pairs)"
+                )
             if d.eval_every_steps and step % d.eval_every_steps == 0 and step < d.steps:
                 held_out(step)
             if show_progress and (step % 10 == 0 or step == d.steps):
