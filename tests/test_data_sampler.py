@@ -61,6 +61,13 @@ def test_unseen_problems_come_first_and_the_floor_brings_solved_ones_back():
     assert counts[2] / 20000 == pytest.approx(0.2 / 1.95, abs=0.015)
 
 
+def test_a_step_larger_than_the_task_draws_it_again():
+    sampler = sampler_with(RATES, seed=2)
+    drawn = sampler.next(7)  # 3 problems have a priority: 3 + 1 uniform, then 3 again
+    assert len(drawn) == 7
+    assert sorted(drawn[:4]) == [0, 1, 2, 3] and sorted(drawn[4:]) == [0, 1, 3]
+
+
 def test_state_round_trip_draws_the_same_problems():
     sampler = sampler_with(RATES, seed=5)
     sampler.next(3)

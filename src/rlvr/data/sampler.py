@@ -90,7 +90,15 @@ class PrioritizedSampler:
         return max(1.0 - self.pass_rates.get(index, 0.0), self.min_priority)
 
     def next(self, count: int) -> list[int]:
-        """`count` distinct problem indices (all of them, shuffled, when count >= size)."""
+        """`count` problem indices, distinct up to `size` of them (a larger count takes a
+        fresh draw for each further `size`, as epochs do)."""
+        picked: list[int] = []
+        while len(picked) < count:
+            picked.extend(self._draw(min(count - len(picked), self.size)))
+        return picked
+
+    def _draw(self, count: int) -> list[int]:
+        """`count` <= size distinct indices by priority, the rest uniformly (class docstring)."""
         keyed, rest = [], []
         for i in range(self.size):
             weight = self.priority(i)
