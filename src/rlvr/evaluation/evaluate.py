@@ -29,6 +29,8 @@ class VerifiedSamples:
 
     correct: list[list[bool]]
     """Per problem, whether each of its k samples was accepted by the verifier."""
+    completions: list[str]
+    """The text of every sample, problem-major (k per problem)."""
     answers: list[str | None]
     """The extracted final answer of every sample, problem-major."""
     rollout: Rollout
@@ -65,6 +67,7 @@ def sample_and_verify(
     correct = [score >= 1.0 for score in scored.total]
     return VerifiedSamples(
         [correct[i * k : (i + 1) * k] for i in range(len(problems))],
+        completions,
         [extract_answer(c) for c in completions],
         out,
         scored,

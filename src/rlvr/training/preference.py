@@ -31,15 +31,8 @@ from rlvr.data.preference import PreferencePair, load_preference_file, pairs_fro
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
-from rlvr.models.loading import (
-    decode_completions,
-    eos_token_ids,
-    load_model_and_tokenizer,
-    save_pretrained,
-)
-from rlvr.rewards import compose_rewards
-from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.evaluation.evaluate import sample_and_verify
+from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -50,7 +43,6 @@ from rlvr.training.batching import (
 )
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler
-from rlvr.training.rewarding import reward_columns
 from rlvr.training.rl import NonFiniteError
 
 MAX_NONFINITE_STEPS = 3
@@ -116,19 +108,21 @@ def sample_pairs(
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
     record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
-    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
-    eos = eos_token_ids(model, tokenizer)
-    generator = torch.Generator().manual_seed(seed)
-    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, 512, generator)
-    params = SamplingParams(samples_per_prompt, temperature, 1.0, 0, max_new_tokens)
-    out = engine.generate(prompt_ids, params)
-    completions = decode_completions(tokenizer, out.completion_ids, eos)
-    scored = compose_rewards([(reward, 1.0)])(
-        [texts[i] for i in out.prompt_index],
-        completions,
-        reward_columns([problems[i] for i in out.prompt_index]),
+    _, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
+    s = sample_and_verify(
+        model,
+        tokenizer,
+        problems,
+        reward,
+        template,
+        samples_per_prompt,
+        temperature,
+        1.0,
+        max_new_tokens,
+        seed,
     )
-    chosen_rejected = pairs_from_groups(scored.total, samples_per_prompt, random.Random(seed))
+    out, scores, completions = s.rollout, s.scored.total, s.completions
+    chosen_rejected = pairs_from_groups(scores, samples_per_prompt, random.Random(seed))
     tokens = PairTokens(
         [prompt_ids[out.prompt_index[c]] for c, _ in chosen_rejected],
         [out.completion_ids[c] for c, _ in chosen_rejected],
@@ -139,8 +133,8 @@ def sample_pairs(
             "prompt": problems[out.prompt_index[c]].question,
             "chosen": completions[c],
             "rejected": completions[r],
-            "chosen_reward": scored.total[c],
-            "rejected_reward": scored.total[r],
+            "chosen_reward": scores[c],
+            "rejected_reward": scores[r],
         }
         for c, r in chosen_rejected
     ]
