@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -53,6 +53,26 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+ConfigArgs = Annotated[
+    list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
+]
+HelpConfig = Annotated[bool, typer.Option("--help-config", help="List every config key")]
+
+
+def _config(
+    args: list[str] | None,
+    model: type,
+    preset: str | None = None,
+    package: str = RL_PRESETS,
+) -> Any:
+    """The validated config of a command's arguments; a bad one exits with a clear error."""
+    config_path, overrides = _split_args(args or [])
+    try:
+        return resolve_config(config_path, preset, overrides, model=model, preset_package=package)
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
 def _print_fields(model: type) -> None:
     table = Table("key", "default", "meaning")
     for key, default, doc in describe_fields(model):
@@ -62,28 +82,20 @@ def _print_fields(model: type) -> None:
 
 @app.command(context_settings={"allow_extra_args": True})
 def train(
-    args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
-    ] = None,
+    args: ConfigArgs = None,
     preset: Annotated[
         str | None, typer.Option(help="Start from a preset (see `rlvr presets`)")
     ] = None,
     resume: Annotated[
         bool, typer.Option(help="Continue from the latest checkpoint of train.output_dir")
     ] = False,
-    help_config: Annotated[
-        bool, typer.Option("--help-config", help="List every config key")
-    ] = False,
+    help_config: HelpConfig = False,
 ) -> None:
     """Online RL from an optional YAML config, a preset and key=value overrides."""
     if help_config:
         _print_fields(RLConfig)
         return
-    config_path, overrides = _split_args(args or [])
-    try:
-        cfg = resolve_config(config_path, preset, overrides)
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _config(args, RLConfig, preset)
     from rlvr.tracking.report import plot_runs
     from rlvr.training.rl import train as run_train
 
@@ -97,22 +109,14 @@ def train(
 
 @app.command()
 def sft(
-    args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
-    ] = None,
-    help_config: Annotated[
-        bool, typer.Option("--help-config", help="List every config key")
-    ] = False,
+    args: ConfigArgs = None,
+    help_config: HelpConfig = False,
 ) -> None:
     """Cold-start supervised fine-tuning on a task's worked solutions."""
     if help_config:
         _print_fields(SFTConfig)
         return
-    config_path, overrides = _split_args(args or [])
-    try:
-        cfg = resolve_config(config_path, None, overrides, model=SFTConfig)
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _config(args, SFTConfig)
     from rlvr.training.sft import run_sft
 
     try:
@@ -123,28 +127,18 @@ def sft(
 
 @app.command(context_settings={"allow_extra_args": True})
 def dpo(
-    args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
-    ] = None,
+    args: ConfigArgs = None,
     preset: Annotated[
         str | None, typer.Option(help="Start from a preference preset (see `rlvr presets`)")
     ] = None,
-    help_config: Annotated[
-        bool, typer.Option("--help-config", help="List every config key")
-    ] = False,
+    help_config: HelpConfig = False,
 ) -> None:
     """Offline preference optimisation (DPO, LN-DPO, IPO, SimPO) on pairs from a file or on
     the model's own verified samples of a task."""
     if help_config:
         _print_fields(DPOConfig)
         return
-    config_path, overrides = _split_args(args or [])
-    try:
-        cfg = resolve_config(
-            config_path, preset, overrides, model=DPOConfig, preset_package=PREFERENCE_PRESETS
-        )
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _config(args, DPOConfig, preset, PREFERENCE_PRESETS)
     from rlvr.training.preference import run_dpo
 
     try:
@@ -155,23 +149,15 @@ def dpo(
 
 @app.command(context_settings={"allow_extra_args": True})
 def curate(
-    args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] then key=value overrides")
-    ] = None,
-    help_config: Annotated[
-        bool, typer.Option("--help-config", help="List every config key")
-    ] = False,
+    args: ConfigArgs = None,
+    help_config: HelpConfig = False,
 ) -> None:
     """Drop duplicate problems and keep those whose pass rate under the model lies in
     [curate.min_pass_rate, curate.max_pass_rate]; write them as a JSONL data file."""
     if help_config:
         _print_fields(CurateConfig)
         return
-    config_path, overrides = _split_args(args or [])
-    try:
-        cfg = resolve_config(config_path, None, overrides, model=CurateConfig)
-    except ConfigError as exc:
-        _fail(str(exc))
+    cfg = _config(args, CurateConfig)
     from rlvr.data.curation import run_curate
 
     try:
