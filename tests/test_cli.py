@@ -1,12 +1,17 @@
 """The command line: it parses, calls the library, and turns bad input into clear errors."""
 
 import json
+import re
 import sys
 
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import preset_names
+from rlvr.config import DataConfig, preset_names
+from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import evaluate
+from rlvr.models.loading import load_pretrained, save_pretrained
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from tiny_run import TINY_RUN
 
 runner = CliRunner()
@@ -118,3 +123,28 @@ def test_eval_with_a_missing_model_is_an_error(tmp_path):
     result = runner.invoke(app, ["eval", "--model", str(tmp_path / "nope"), "--samples", "2"])
     assert result.exit_code == 2
     assert "does not exist" in result.output
+
+
+def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
+    """`rlvr eval` on the demo-style one-digit task gives what `evaluate` gives on it."""
+    tok = build_tiny_tokenizer()
+    save_pretrained(build_tiny_model(tok, hidden_size=32, num_layers=1, seed=3), tok, tmp_path)
+    out = tmp_path / "scores.jsonl"
+    args = ["eval", "--model", str(tmp_path), "--k", "2", "--samples", "4"]
+    task_settings = {"max_digits": 1, "min_terms": 3, "train_size": 100, "template": "r1"}
+    args += ["--max-new-tokens", "6", *(f"data.{k}={v}" for k, v in task_settings.items())]
+    result = runner.invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text())
+    task = load_task(DataConfig(**task_settings, test_size=4))
+    assert all(re.fullmatch(r"What is \d[+-]\d[+-]\d\?", p.question) for p in task.test)
+    model, tokenizer = load_pretrained(str(tmp_path))
+    want = evaluate(
+        model, tokenizer, task.test, reward="math", template="r1", k=2, max_new_tokens=6
+    )
+    for key in ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac"):
+        assert got[key] == want[key], key
+    bad = runner.invoke(app, ["eval", "--model", "tiny", "data.max_digit=1"])
+    assert bad.exit_code == 2 and "data.max_digit" in bad.output and "data.max_digits" in bad.output
+    bad = runner.invoke(app, ["eval", "--model", "tiny", "train.lr=1"])
+    assert bad.exit_code == 2 and "takes only data.KEY=VALUE" in bad.output

@@ -174,9 +174,13 @@ def curate(
     console.print(f"wrote {summary.output} (train on it with data.task=file data.path=...)")
 
 
-@app.command("eval")
+@app.command("eval", context_settings={"allow_extra_args": True})
 def eval_cmd(
     model: Annotated[str, typer.Option(help="Model directory, or `tiny`")],
+    data_overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="data.KEY=VALUE settings of the task (e.g. data.max_digits=1)"),
+    ] = None,
     task: Annotated[
         str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")
     ] = "arithmetic",
@@ -195,13 +199,14 @@ def eval_cmd(
     ] = None,
 ) -> None:
     """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
-    from rlvr.config import DataConfig, ModelConfig
+    from rlvr.config import ModelConfig, data_config
     from rlvr.data.tasks import load_task
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
 
     try:
-        data = DataConfig(task=task, path=data_path, template=template, test_size=samples)
+        base = {"task": task, "path": data_path, "template": template, "test_size": samples}
+        data = data_config(base, data_overrides or [])
         policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model, device=device))
         problems = load_task(data)
     except (ValueError, *_user_errors()) as exc:
@@ -211,13 +216,13 @@ def eval_cmd(
         tokenizer,
         problems.test[:samples],
         reward=problems.reward,
-        template=template,
+        template=data.template,
         k=k,
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         seed=seed,
     )
-    result = {"model": model, "task": task, **result}
+    result = {"model": model, "task": data.task, **result}
     table = Table("metric", "value")
     for key, value in result.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))

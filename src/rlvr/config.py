@@ -486,6 +486,20 @@ def resolve_config(
         raise _explain(exc, model, source) from None
 
 
+class _DataOnly(Section):
+    data: DataConfig = Field(default_factory=DataConfig)
+    """The task."""
+
+
+def data_config(base: dict, overrides: list[str] | tuple[str, ...] = ()) -> DataConfig:
+    """A `DataConfig` from `base` fields and ``data.KEY=VALUE`` overrides (for commands such as
+    `rlvr eval` that take only a task). Another key is a `ConfigError` naming it."""
+    for text in overrides:
+        if not text.startswith("data."):
+            raise ConfigError(f"override {text!r}: this command takes only data.KEY=VALUE")
+    return resolve_config(None, None, overrides, model=_DataOnly, base={"data": base}).data
+
+
 def save_config(config: BaseModel, path: Path) -> None:
     """Write the fully resolved config as YAML."""
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
