@@ -4,10 +4,14 @@ It runs through the update's token scoring (shared prefix, padding-free, no full
 lean forward); checked against each pair scored alone through the model's own forward.
 """
 
+import json
+
 import pytest
 import torch
 
-from rlvr.config import SFTConfig
+from rlvr.config import DataConfig, SFTConfig
+from rlvr.data.synthetic import synthetic_splits
+from rlvr.data.tasks import load_task
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
@@ -58,3 +62,32 @@ def test_a_second_run_into_the_same_directory_replaces_its_log(tmp_path):
     for _ in range(2):
         run_sft(cfg, show_progress=False)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
+    problems, _ = synthetic_splits("arithmetic", train_size=40, test_size=1, seed=0, max_digits=1)
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": p.question, "answer": p.answer, "worked": p.solution} for p in problems]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = {"task": "file", "path": str(path), "test_size": 4}
+    task = load_task(DataConfig(**data, solution_column="worked"))
+    assert [p.solution for p in task.train] == [p.solution for p in problems[:36]]
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {**data, "solution_column": "worked"},
+            "sft": {
+                "steps": 30,
+                "lr": 3e-3,
+                "batch_size": 8,
+                "warmup_steps": 0,
+                "output_dir": str(tmp_path),
+            },
+        }
+    )
+    run_sft(cfg, show_progress=False)
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert losses[-1] < 0.8 * losses[0], losses  # it fits the file's worked solutions
+    cfg.data.solution_column = None
+    with pytest.raises(ValueError, match=r"name their column with data\.solution_column"):
+        run_sft(cfg, show_progress=False)

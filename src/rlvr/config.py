@@ -62,6 +62,8 @@ class DataConfig(Section):
     """Column holding the question in data.path."""
     answer_column: str = "answer"
     """Column holding the gold final answer in data.path."""
+    solution_column: str | None = None
+    """Column of worked solutions in data.path, the targets of `rlvr sft` (null in a row: none)."""
     template: Literal["chat", "r1", "qwen_math", "none"] = "chat"
     """Prompt template: the tokenizer's chat template, R1 think/answer, Qwen-Math boxed, or raw."""
     sampler: Literal["epoch", "prioritized"] = "epoch"

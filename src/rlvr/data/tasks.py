@@ -66,7 +66,11 @@ def load_task(cfg: DataConfig) -> Task:
     if cfg.task == "file":
         if not cfg.path:
             raise ValueError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
-        columns = {"prompt_column": cfg.prompt_column, "answer_column": cfg.answer_column}
+        columns = {
+            "prompt_column": cfg.prompt_column,
+            "answer_column": cfg.answer_column,
+            "solution_column": cfg.solution_column,
+        }
         problems = loaders.load_file(cfg.path, **columns)
         if cfg.test_path:
             return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")

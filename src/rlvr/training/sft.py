@@ -60,7 +60,8 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     task = load_task(cfg.data)
     examples = [p for p in task.train if p.solution]
     if not examples:
-        raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on")
+        hint = " (name their column with data.solution_column)" if task.name == "file" else ""
+        raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
     _, prompts = encode_prompts(cfg.data.template, [p.question for p in examples], tokenizer)
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
