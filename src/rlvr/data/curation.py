@@ -1,10 +1,11 @@
 """Prompt curation (`rlvr curate`): drop duplicate problems, then keep those whose pass rate
 under the model lies in a band.
 
-Kimi k1.5 (§2.3.1) estimates each prompt's difficulty as the pass rate of an SFT model's
-samples and balances the set by it; Skywork-OR1 and POLARIS drop the prompts their starting
-model always or never solves, since a group whose samples all score alike gives GRPO-style
-advantages of zero. Here: `curate.samples_per_prompt` samples per problem, verified by the
+Kimi k1.5 (§2.1, RL prompt set curation) estimates each prompt's difficulty as the pass rate
+of an SFT model's samples and balances the set by it; Skywork-OR1's data preparation likewise
+filters prompts by the starting model's pass rate. A prompt whose samples all score alike gives
+group-baseline advantages of zero, so the always- and never-solved ones cost rollouts for
+nothing. Here: `curate.samples_per_prompt` samples per problem, verified by the
 task's reward; a problem is kept when `curate.min_pass_rate <= p <= curate.max_pass_rate`.
 
 Duplicates are questions equal after case folding and whitespace collapsing (exact match, not
