@@ -107,6 +107,40 @@ def train(
     console.print(f"run directory: {run_dir} (curves in report.png)")
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def sweep(
+    args: ConfigArgs = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Preset, or several comma-separated (an axis)")
+    ] = None,
+    output_dir: Annotated[
+        Path, typer.Option(help="One run directory per point, summary and report here")
+    ] = Path("runs/sweep"),
+) -> None:
+    """One RL run per point of a grid (key=v1,v2 and --preset a,b are axes), then an overlaid
+    report.png and a summary table; finished runs are not run again."""
+    config_path, overrides = _split_args(args or [])
+    from rlvr.training.sweep import run_sweep
+
+    try:
+        rows = run_sweep(config_path, preset, overrides, output_dir)
+    except _user_errors() as exc:
+        _fail(str(exc))
+    table = Table("run", "steps", "accuracy", "reward/mean", "eval/pass@1", "seconds")
+    for row in rows:
+        held_out = row["eval/pass@1"]
+        table.add_row(
+            row["name"],
+            str(row["steps"]),
+            f"{row['accuracy']:.3f}",
+            f"{row['reward/mean']:.3f}",
+            "-" if held_out is None else f"{held_out:.3f}",
+            f"{row['seconds']:.0f}",
+        )
+    console.print(table)
+    console.print(f"runs, summary.jsonl and report.png in {output_dir}")
+
+
 @app.command()
 def sft(
     args: ConfigArgs = None,

@@ -1,0 +1,150 @@
+"""`rlvr sweep`: one RL run per point of a grid of presets and config values, then one overlaid
+report and a summary table (DESIGN's first user: GRPO vs Dr. GRPO vs DAPO, clip 0.2 vs 0.28,
+seeds, side by side).
+
+An override whose value has commas outside brackets and quotes is an axis
+(``algorithm.clip.high=0.2,0.28``, Hydra's multirun syntax); ``train.log_to=[tensorboard,wandb]``
+stays one value. ``--preset grpo,dr_grpo`` is an axis of presets. Every point's config is
+resolved before the first run starts, so a typo fails at once. The runs go one after another
+into ``OUTPUT_DIR/<name>``, the name made of the point's values; a run whose directory already
+holds its final checkpoint under the same resolved config is not run again, so an interrupted
+sweep continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rlvr.config import ConfigError, RLConfig, resolve_config
+from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.tracking.report import load_run_metrics, plot_runs
+from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.rl import train
+
+LAST_STEPS = 10
+"""The summary averages accuracy and reward over the last this many steps of each run."""
+
+
+def split_values(text: str) -> list[str]:
+    """``a,b`` -> [a, b]: split at the commas that are outside brackets, braces and quotes."""
+    values, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append(text[start:i])
+            start = i + 1
+    return [*values, text[start:]]
+
+
+@dataclass
+class SweepPoint:
+    """One run of the grid."""
+
+    name: str
+    """Its directory name under the sweep's output directory."""
+    settings: dict[str, str]
+    """The axis values of this point (``preset`` for the preset axis)."""
+    config: RLConfig
+
+
+def _dir_name(settings: dict[str, str]) -> str:
+    parts = [v if k == "preset" else f"{k}={v}" for k, v in settings.items()]
+    return re.sub(r"[^\w.=+-]", "_", "-".join(parts)) or "run"
+
+
+def sweep_points(
+    config_path: str | None, presets: str | None, overrides: list[str], output_dir: Path
+) -> list[SweepPoint]:
+    """Every point of the grid with its resolved config (all resolved before any run)."""
+    axes: list[tuple[str, list[str]]] = [("preset", split_values(presets))] if presets else []
+    fixed = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        values = split_values(value) if sep else [value]
+        if key.strip() == "train.output_dir":
+            raise ConfigError("train.output_dir: a sweep sets it per run (use --output-dir)")
+        if len(values) > 1:
+            axes.append((key.strip(), values))
+        else:
+            fixed.append(text)
+    points = []
+    for combination in itertools.product(*(values for _, values in axes)):
+        settings = {key: value for (key, _), value in zip(axes, combination)}
+        preset = settings.get("preset")
+        point_overrides = [*fixed, *(f"{k}={v}" for k, v in settings.items() if k != "preset")]
+        name = _dir_name(settings)
+        point_overrides.append(f"train.output_dir={output_dir / name}")
+        try:
+            cfg = resolve_config(config_path, preset, point_overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep point {name}: {exc}") from None
+        points.append(SweepPoint(name, settings, cfg))
+    names = [p.name for p in points]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"sweep points share a directory name: {names}")
+    return points
+
+
+def is_complete(point: SweepPoint) -> bool:
+    """The run directory holds the final checkpoint of this very config."""
+    run_dir = Path(point.config.train.output_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None or checkpoint.name != f"step-{point.config.train.steps}":
+        return False
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return saved == point.config.model_dump(mode="json")
+
+
+def summarize(point: SweepPoint) -> dict:
+    """Name, axis values, final accuracy and reward (mean of the last steps), last held-out
+    pass@1 when the run evaluated, and the training seconds."""
+    records = load_run_metrics(point.config.train.output_dir)
+    steps = [r for r in records if "accuracy" in r]
+    last = steps[-LAST_STEPS:]
+    held_out = [r["eval/pass@1"] for r in records if "eval/pass@1" in r]
+    return {
+        "name": point.name,
+        **point.settings,
+        "steps": len(steps),
+        "accuracy": sum(r["accuracy"] for r in last) / len(last),
+        "reward/mean": sum(r["reward/mean"] for r in last) / len(last),
+        "eval/pass@1": held_out[-1] if held_out else None,
+        "seconds": sum(r["time/step"] for r in steps),
+    }
+
+
+def run_sweep(
+    config_path: str | None,
+    presets: str | None,
+    overrides: list[str],
+    output_dir: Path,
+    show_progress: bool = True,
+) -> list[dict]:
+    """Run every point not already complete, then write `summary.jsonl` and `report.png` in
+    `output_dir`; return the summary rows."""
+    points = sweep_points(config_path, presets, overrides, output_dir)
+    for index, point in enumerate(points, start=1):
+        if is_complete(point):
+            continue
+        if show_progress:
+            print(f"sweep run {index}/{len(points)}: {point.name}", flush=True)
+        train(point.config, show_progress=show_progress)
+    rows = [summarize(point) for point in points]
+    (output_dir / "summary.jsonl").unlink(missing_ok=True)
+    with JsonlWriter(output_dir / "summary.jsonl") as writer:
+        for row in rows:
+            writer.write(row)
+    plot_runs([Path(p.config.train.output_dir) for p in points], output_dir / "report.png")
+    return rows

@@ -1,0 +1,102 @@
+"""`rlvr sweep`: axes from comma lists, every point resolved first, runs, summary, report,
+and finished runs skipped."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.config import ConfigError
+from rlvr.training import sweep
+from rlvr.training.sweep import run_sweep, split_values, sweep_points
+from tiny_run import TINY_RUN
+
+SMALL = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "train.steps=2"]
+
+
+def test_split_values_by_hand():
+    assert split_values("0.2,0.28") == ["0.2", "0.28"]
+    assert split_values("[tensorboard,wandb]") == ["[tensorboard,wandb]"]
+    assert split_values("[a,b],[c]") == ["[a,b]", "[c]"]
+    assert split_values("'x,y',z") == ["'x,y'", "z"]
+    assert split_values("{a: 1, b: 2}") == ["{a: 1, b: 2}"]
+    assert split_values("7") == ["7"]
+
+
+def test_the_grid_is_the_product_of_its_axes(tmp_path):
+    points = sweep_points(
+        None, "grpo,dr_grpo", [*SMALL, "algorithm.clip.high=0.2,0.28", "train.log_to=[]"], tmp_path
+    )
+    assert [p.name for p in points] == [
+        "grpo-algorithm.clip.high=0.2",
+        "grpo-algorithm.clip.high=0.28",
+        "dr_grpo-algorithm.clip.high=0.2",
+        "dr_grpo-algorithm.clip.high=0.28",
+    ]
+    for point in points:
+        assert point.config.preset == point.settings["preset"]
+        assert point.config.algorithm.clip.high == float(point.settings["algorithm.clip.high"])
+        assert point.config.train.steps == 2 and point.config.train.log_to == []
+        assert point.config.train.output_dir == str(tmp_path / point.name)
+    assert points[0].config.algorithm.aggregation == "seq_mean_token_mean"  # grpo's
+    assert points[2].config.algorithm.aggregation == "seq_mean_token_sum"  # dr_grpo's
+
+
+def test_bad_points_fail_before_any_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "train", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(ConfigError, match=re.escape("sweep point grpo-algorithm.clip.hihg=0.2")):
+        run_sweep(None, "grpo", [*SMALL, "algorithm.clip.hihg=0.2,0.3"], tmp_path)
+    with pytest.raises(ConfigError, match="unknown preset 'grpoo'"):
+        run_sweep(None, "grpo,grpoo", SMALL, tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("train.output_dir: a sweep sets it per run")):
+        run_sweep(None, "grpo", [*SMALL, "train.output_dir=x"], tmp_path)
+
+
+def test_sweep_runs_summarizes_reports_and_skips_finished_runs(tmp_path, monkeypatch):
+    overrides = [*SMALL, "train.seed=0,1", "eval.every_steps=2", "eval.samples=2", "eval.k=2"]
+    rows = run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    assert [r["name"] for r in rows] == ["dr_grpo-train.seed=0", "dr_grpo-train.seed=1"]
+    for row in rows:
+        run_dir = tmp_path / row["name"]
+        metrics = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert row["steps"] == 2 and row["train.seed"] == row["name"][-1]
+        assert row["accuracy"] == pytest.approx(sum(m["accuracy"] for m in metrics) / 2)
+        assert row["reward/mean"] == pytest.approx(sum(m["reward/mean"] for m in metrics) / 2)
+        evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+        assert row["eval/pass@1"] == evals[-1]["pass@1"]
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"] == int(
+            row["train.seed"]
+        )
+    written = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert written == json.loads(json.dumps(rows))
+    assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+    # a second sweep runs only the points without their final checkpoint under the same config
+    ran = []
+    monkeypatch.setattr(sweep, "train", lambda cfg, **k: ran.append(cfg.train.seed))
+    run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    assert ran == []
+    shutil.rmtree(tmp_path / "dr_grpo-train.seed=1" / "checkpoints" / "step-2")
+    saved = tmp_path / "dr_grpo-train.seed=0" / "config.yaml"
+    saved.write_text(saved.read_text().replace("lr: 0.001", "lr: 0.002"))
+    run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    assert ran == [0, 1]
+
+
+def test_cli_sweep(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["sweep", "--preset", "grpo,rloo", *SMALL, "--output-dir", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "grpo" in result.output and "rloo" in result.output
+    assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (tmp_path / "rloo").is_dir()
+    bad = CliRunner().invoke(app, ["sweep", "--preset", "grpo", "algorithm.nope=1,2"])
+    assert bad.exit_code == 2 and "algorithm.nope" in bad.output
