@@ -141,6 +141,35 @@ def sweep(
     console.print(f"runs, summary.jsonl and report.png in {output_dir}")
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def bench(
+    args: ConfigArgs = None,
+    preset: Annotated[str | None, typer.Option(help="Start from a preset")] = None,
+    steps: Annotated[int, typer.Option(help="Timed steps")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first")] = 1,
+    output: Annotated[
+        Path | None, typer.Option(help="Append the result to this JSONL file")
+    ] = None,
+) -> None:
+    """Median seconds per RL step (rollout / reward / train) and tokens per second of a config
+    on this machine, after warm-up steps; nothing is kept on disk."""
+    cfg = _config(args, RLConfig, preset)
+    from rlvr.training.bench import run_bench
+
+    try:
+        result = run_bench(cfg, steps=steps, warmup=warmup)
+    except (ValueError, *_user_errors()) as exc:
+        _fail(str(exc))
+    table = Table("metric", "value (time/* and tokens_per_s: median of the timed steps)")
+    for key, value in result.items():
+        if key != "per_step":
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    if output is not None:
+        with output.open("a") as handle:
+            handle.write(json.dumps(result) + "\n")
+
+
 @app.command()
 def sft(
     args: ConfigArgs = None,

@@ -1,0 +1,67 @@
+"""`rlvr bench`: medians of the timed steps after warm-up, and nothing left on disk."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.config import resolve_config
+from rlvr.training import bench
+from rlvr.training.bench import PHASES, bench_config, run_bench
+from tiny_run import TINY_RUN
+
+SMALL = [*TINY_RUN, "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2"]
+
+
+def test_bench_config_times_only_the_steps(tmp_path):
+    cfg = resolve_config(
+        preset="grpo", overrides=[*SMALL, "eval.every_steps=5", "train.save_every=1"]
+    )
+    timed = bench_config(cfg, steps=3, warmup=2, output_dir=str(tmp_path))
+    assert timed.train.steps == 5 and timed.train.output_dir == str(tmp_path)
+    assert (timed.train.save_every, timed.train.log_samples, timed.eval.every_steps) == (0, 0, 0)
+    assert timed.algorithm == cfg.algorithm and timed.rollout == cfg.rollout
+    assert cfg.train.steps == 100 and cfg.eval.every_steps == 5  # the user's config is unchanged
+
+
+def test_medians_of_the_timed_steps(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = resolve_config(preset="grpo", overrides=SMALL)
+    result = run_bench(cfg, steps=3, warmup=1)
+    assert result["steps"] == 3 and len(result["per_step"]) == 3 and result["device"] == "cpu"
+    for key in PHASES:
+        assert result[key] == statistics.median(r[key] for r in result["per_step"]), key
+        assert result[key] > 0, key
+    for r in result["per_step"]:  # the phases add up to the step
+        parts = r["time/rollout"] + r["time/reward"] + r["time/train"]
+        assert parts == pytest.approx(r["time/step"], rel=1e-6)
+    assert 0.05 < result["peak_rss_gib"] < 24
+    assert list(tmp_path.iterdir()) == []  # the temporary run directory is gone
+    assert not Path(cfg.train.output_dir).exists()
+    with pytest.raises(ValueError, match="steps >= 1"):
+        run_bench(cfg, steps=0)
+
+
+def test_cli_bench_prints_and_appends(tmp_path, monkeypatch):
+    seen = []
+
+    def fake(cfg, steps, warmup):
+        seen.append((cfg.preset, cfg.rollout.samples_per_prompt, steps, warmup))
+        return {"steps": steps, "time/step": 0.5, "device": "cpu", "per_step": []}
+
+    monkeypatch.setattr(bench, "run_bench", fake)
+    out = tmp_path / "bench.jsonl"
+    args = ["bench", "--preset", "dapo", *SMALL, "--steps", "2", "--warmup", "0"]
+    result = CliRunner().invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen == [("dapo", 2, 2, 0)]
+    assert "time/step" in result.output and "0.5000" in result.output
+    assert json.loads(out.read_text())["time/step"] == 0.5
+    bad = CliRunner().invoke(app, ["bench", "algorithm.nope=1"])
+    assert bad.exit_code == 2 and "algorithm.nope" in bad.output
