@@ -136,7 +136,7 @@ def test_missing_column_in_parquet_names_row(tmp_path):
 
 @pytest.mark.parametrize(
     ("value", "described"),
-    [(None, "null"), ("   ", "an empty string"), (["x"], "a list"), (True, "a bool")],
+    [(None, "null"), ("   ", "an empty string"), ({"text": "x"}, "a dict"), (True, "a bool")],
 )
 def test_unusable_prompt_values_are_errors(tmp_path, value, described):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": value, "answer": "1"}])

@@ -11,6 +11,9 @@ import pytest
 
 from rlvr.data.loaders import DatasetError
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
+from rlvr.data.templates import encode_prompts
+from rlvr.models.tiny import build_tiny_tokenizer
+from rlvr.training.preference import encode_pairs
 
 ROWS = [
     {"prompt": "What is 2+3?", "chosen": "<answer>5</answer>", "rejected": "6", "id": 1},
@@ -28,6 +31,28 @@ def test_jsonl_and_parquet_give_the_same_pairs(tmp_path):
     assert load_preference_file(write_jsonl(tmp_path / "p.jsonl", ROWS)) == expected
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "p.parquet")
     assert load_preference_file(tmp_path / "p.parquet") == expected
+
+
+def test_conversational_pairs(tmp_path):
+    """TRL's conversational preference format: messages for the prompt, one assistant message
+    for each response."""
+    system = {"role": "system", "content": "Be brief."}
+    user = {"role": "user", "content": "What is 2+3?"}
+    rows = [
+        {
+            "prompt": [system, user],
+            "chosen": [{"role": "assistant", "content": "<answer>5</answer>"}],
+            "rejected": [{"role": "assistant", "content": "6"}],
+        }
+    ]
+    (pair,) = load_preference_file(write_jsonl(tmp_path / "c.jsonl", rows))
+    assert pair == PreferencePair((system, user), "<answer>5</answer>", "6")
+    tok = build_tiny_tokenizer()
+    tokens = encode_pairs([pair], "chat", tok)
+    assert tokens.prompts[0] == encode_prompts("chat", [[system, user]], tok)[1][0]
+    assert tokens.chosen[0] == tok("<answer>5</answer>", add_special_tokens=False)["input_ids"] + [
+        tok.eos_token_id
+    ]
 
 
 def test_custom_column_names(tmp_path):
@@ -49,8 +74,12 @@ def test_custom_column_names(tmp_path):
         ({"prompt": None, "chosen": "a", "rejected": "b"}, "column 'prompt' is null"),
         ({"prompt": "q", "chosen": 3, "rejected": "b"}, "column 'chosen' is 3"),
         (
-            {"prompt": "q", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"},
-            "conversational format",
+            {"prompt": "q", "chosen": [{"role": "user", "content": "a"}], "rejected": "b"},
+            "column 'chosen': a conversational response must be one assistant message",
+        ),
+        (
+            {"prompt": [{"role": "assistant", "content": "q"}], "chosen": "a", "rejected": "b"},
+            "column 'prompt': a conversation must end with a non-empty user turn",
         ),
         ({"prompt": "q", "chosen": "same", "rejected": "same"}, "chosen and rejected are the same"),
     ],

@@ -16,6 +16,7 @@ problem's `solution` when it has one, its extra columns and its measured `pass_r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def drop_duplicates(problems: list[Problem]) -> list[Problem]:
     seen: set[str] = set()
     kept = []
     for problem in problems:
-        key = normalized_question(problem.question)
+        key = normalized_question(
+            problem.question if problem.messages is None else json.dumps(problem.messages)
+        )
         if key not in seen:
             seen.add(key)
             kept.append(problem)
@@ -60,7 +63,7 @@ class CurationSummary:
 
 def curate_row(problem: Problem, pass_rate: float) -> dict:
     """One output row in the `data.task=file` format."""
-    row = {"prompt": problem.question, "answer": problem.answer}
+    row = {"prompt": problem.prompt, "answer": problem.answer}
     if problem.solution is not None:
         row["solution"] = problem.solution
     return {**row, **problem.columns, "pass_rate": pass_rate}

@@ -159,6 +159,31 @@ def _required_text(row: Row, column: str) -> str:
     return text
 
 
+ROLES = ("system", "user", "assistant")
+
+
+def parse_messages(value: list, column: str) -> tuple[dict[str, str], ...]:
+    """A conversational prompt (TRL's format): ``{"role", "content"}`` messages with string
+    contents, the last one the user's."""
+    messages = []
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and set(message) >= {"role", "content"}):
+            raise DatasetError(
+                f"column {column!r}, message {i + 1}: expected an object with 'role' and "
+                f"'content', got {str(message)[:60]!r}"
+            )
+        role, content = message["role"], message["content"]
+        if role not in ROLES or not isinstance(content, str):
+            raise DatasetError(
+                f"column {column!r}, message {i + 1}: role must be one of {list(ROLES)} and "
+                f"content a string, got role {role!r} and content {str(content)[:40]!r}"
+            )
+        messages.append({"role": role, "content": content})
+    if not messages or messages[-1]["role"] != "user" or not messages[-1]["content"].strip():
+        raise DatasetError(f"column {column!r}: a conversation must end with a non-empty user turn")
+    return tuple(messages)
+
+
 def _map_rows(
     path: str | Path, rows: list[tuple[str, Row]], mapping: Callable[[Row], Problem]
 ) -> list[Problem]:
@@ -181,19 +206,27 @@ def load_file(
     """Problems from a local ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file.
 
     Each row needs a non-empty string or number in `prompt_column` and `answer_column`
-    (numbers become strings, ``42.0`` -> ``"42"``). `solution_column`, when given, must be
-    present in every row; its value may be null. All other columns go to `Problem.columns`.
+    (numbers become strings, ``42.0`` -> ``"42"``); the prompt may instead be a conversation,
+    a list of ``{"role", "content"}`` messages ending with the user's turn (TRL's
+    conversational format), which `data.template=chat` renders. `solution_column`, when
+    given, must be present in every row; its value may be null. All other columns go to
+    `Problem.columns`.
     """
     used = {prompt_column, answer_column} | ({solution_column} if solution_column else set())
 
     def mapping(row: Row) -> Problem:
-        question = _required_text(row, prompt_column)
+        messages = None
+        if isinstance(row.get(prompt_column), list):
+            messages = parse_messages(row[prompt_column], prompt_column)
+            question = messages[-1]["content"]
+        else:
+            question = _required_text(row, prompt_column)
         answer = _required_text(row, answer_column).strip()
         solution = None
         if solution_column is not None and row.get(solution_column, "") is not None:
             solution = _required_text(row, solution_column)  # raises when missing or empty
         columns = {key: value for key, value in row.items() if key not in used}
-        return Problem(question=question, answer=answer, solution=solution, columns=columns)
+        return Problem(question, answer, solution, columns, messages)
 
     return _map_rows(path, read_rows(path), mapping)
 

@@ -1,9 +1,9 @@
 """Preference pairs: read from a local file, or chosen among a model's verified samples.
 
-A file holds one pair per row in TRL's standard preference format with plain text: a
-`prompt` (the question, before the prompt template), a `chosen` and a `rejected` response.
-Conversational rows (lists of messages) are refused with the row named, as is any row whose
-three texts are not all non-empty strings. Nothing is skipped silently.
+A file holds one pair per row in TRL's standard preference format: a `prompt` (the question,
+before the prompt template, or a conversation), a `chosen` and a `rejected` response (texts, or
+one assistant message each). A row that is neither is refused with the row named; nothing is
+skipped silently.
 
 From a verifiable task (Pang et al. 2024, Iterative Reasoning Preference Optimization): sample
 several completions per problem, score them with the task's verifier, and from each problem
@@ -16,15 +16,16 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.data.loaders import DatasetError, read_rows
+from rlvr.data.loaders import DatasetError, parse_messages, read_rows
 
 
 @dataclass(frozen=True)
 class PreferencePair:
     """One preference: for `prompt`, `chosen` is preferred to `rejected`."""
 
-    prompt: str
-    """The raw question; the prompt template is applied when encoding."""
+    prompt: str | tuple[dict[str, str], ...]
+    """The raw question, or a conversation ending with the user's turn (rendered by
+    `data.template=chat`); the prompt template is applied when encoding."""
     chosen: str
     """The preferred response text."""
     rejected: str
@@ -35,10 +36,18 @@ def _text(row: dict, column: str) -> str:
     if column not in row:
         raise DatasetError(f"missing column {column!r}; this row has columns {list(row)}")
     value = row[column]
-    if isinstance(value, list):
-        raise DatasetError(
-            f"column {column!r} holds a list (conversational format); give plain text"
-        )
+    if isinstance(value, list):  # TRL's conversational response: one assistant message
+        if not (
+            len(value) == 1
+            and isinstance(value[0], dict)
+            and value[0].get("role") == "assistant"
+            and isinstance(value[0].get("content"), str)
+        ):
+            raise DatasetError(
+                f"column {column!r}: a conversational response must be one assistant message, "
+                f"got {str(value)[:60]!r}"
+            )
+        value = value[0]["content"]
     if not isinstance(value, str) or not value.strip():
         shown = "null" if value is None else repr(value)[:40]
         raise DatasetError(f"column {column!r} is {shown}, expected a non-empty string")
@@ -54,15 +63,23 @@ def load_preference_file(
 ) -> list[PreferencePair]:
     """Every row of a local JSONL/JSON/Parquet file as a `PreferencePair`, in file order.
 
+    The prompt may be a conversation and each response one assistant message (TRL's
+    conversational preference format).
+
     Raises:
-        DatasetError: naming the file and row, for a missing or non-text column, a
-            conversational row, or a pair whose chosen and rejected texts are equal.
+        DatasetError: naming the file and row, for a missing or non-text column, a malformed
+            conversation, or a pair whose chosen and rejected texts are equal.
     """
     pairs = []
     for where, row in read_rows(path):
         try:
+            prompt = row.get(prompt_column)
             pair = PreferencePair(
-                _text(row, prompt_column), _text(row, chosen_column), _text(row, rejected_column)
+                parse_messages(prompt, prompt_column)
+                if isinstance(prompt, list)
+                else _text(row, prompt_column),
+                _text(row, chosen_column),
+                _text(row, rejected_column),
             )
         except DatasetError as e:
             raise DatasetError(f"{path}, {where}: {e}") from None

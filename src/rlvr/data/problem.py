@@ -18,3 +18,12 @@ class Problem:
     """A worked solution (reasoning then answer) for cold-start SFT, when the task has one."""
     columns: dict[str, Any] = field(default_factory=dict)
     """Extra fields handed to reward functions as keyword columns (TRL's ``**kwargs``)."""
+    messages: tuple[dict[str, str], ...] | None = None
+    """A conversational prompt (TRL's list of ``{"role", "content"}`` messages, ending with the
+    user's turn), rendered by the tokenizer's chat template; `question` is then its last user
+    message."""
+
+    @property
+    def prompt(self) -> str | list[dict[str, str]]:
+        """What the prompt template renders: the messages when there are, else the question."""
+        return list(self.messages) if self.messages else self.question

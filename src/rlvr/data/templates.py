@@ -25,17 +25,21 @@ QWEN_MATH_PROMPT = (
 )
 
 
-def _chat(question: str, tokenizer: PreTrainedTokenizerBase) -> str:
+Prompt = str | list[dict[str, str]]
+"""A question, or a conversation (TRL's conversational format), which only `chat` renders."""
+
+
+def _chat(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "data.template=chat needs a tokenizer with a chat template; this one has none "
             "(use data.template=r1, qwen_math or none)"
         )
-    messages = [{"role": "user", "content": question}]
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-TEMPLATES: dict[str, Callable[[str, PreTrainedTokenizerBase], str]] = {
+TEMPLATES: dict[str, Callable[[Prompt, PreTrainedTokenizerBase], str]] = {
     "chat": _chat,
     "r1": lambda question, _tok: R1_PROMPT.format(question=question),
     "qwen_math": lambda question, _tok: QWEN_MATH_PROMPT.format(question=question),
@@ -43,15 +47,20 @@ TEMPLATES: dict[str, Callable[[str, PreTrainedTokenizerBase], str]] = {
 }
 
 
-def apply_template(name: str, question: str, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Render `question` with the named template."""
+def apply_template(name: str, question: Prompt, tokenizer: PreTrainedTokenizerBase) -> str:
+    """Render `question` (a conversation only with `chat`) with the named template."""
     if name not in TEMPLATES:
         raise KeyError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
+    if isinstance(question, list) and name != "chat":
+        raise ValueError(
+            f"data.template={name}: conversational prompts (lists of messages) need "
+            "data.template=chat"
+        )
     return TEMPLATES[name](question, tokenizer)
 
 
 def encode_prompts(
-    name: str, questions: list[str], tokenizer: PreTrainedTokenizerBase
+    name: str, questions: list[Prompt], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[str], list[list[int]]]:
     """Templated prompt texts and their token ids (no extra special tokens: the template has
     them), the one way SFT, RL and evaluation turn questions into model input."""

@@ -54,7 +54,7 @@ def sample_and_verify(
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
     `reward` verifier (a score of 1 or more is correct)."""
-    texts, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
+    texts, prompt_ids = encode_prompts(template, [p.prompt for p in problems], tokenizer)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)

@@ -84,7 +84,8 @@ class PairTokens:
 
 def encode_pairs(pairs: list[PreferencePair], template: str, tokenizer) -> PairTokens:
     """Templated prompt ids and response ids + EOS (the way SFT encodes its targets)."""
-    _, prompts = encode_prompts(template, [p.prompt for p in pairs], tokenizer)
+    questions = [list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt for p in pairs]
+    _, prompts = encode_prompts(template, questions, tokenizer)
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -108,7 +109,7 @@ def sample_pairs(
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
     record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
-    _, prompt_ids = encode_prompts(template, [p.question for p in problems], tokenizer)
+    _, prompt_ids = encode_prompts(template, [p.prompt for p in problems], tokenizer)
     s = sample_and_verify(
         model,
         tokenizer,

@@ -33,7 +33,7 @@ def rollout_batch(
 ) -> RolloutBatch:
     """Sample G completions for each chosen problem; group ids start at `group_offset`."""
     problems = [task.train[i] for i in indices]
-    texts, prompt_ids = encode_prompts(cfg.data.template, [p.question for p in problems], tokenizer)
+    texts, prompt_ids = encode_prompts(cfg.data.template, [p.prompt for p in problems], tokenizer)
     r = cfg.rollout
     params = SamplingParams(
         r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.min_new_tokens

@@ -62,7 +62,7 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     if not examples:
         hint = " (name their column with data.solution_column)" if task.name == "file" else ""
         raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
-    _, prompts = encode_prompts(cfg.data.template, [p.question for p in examples], tokenizer)
+    _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in examples], tokenizer)
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples

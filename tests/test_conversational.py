@@ -1,0 +1,105 @@
+"""Conversational prompts (TRL's list-of-messages format) in data files: parsed, checked row by
+row, rendered by the chat template, and trained on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlvr.config import resolve_config
+from rlvr.data.curation import curate_row, drop_duplicates
+from rlvr.data.loaders import DatasetError, load_file
+from rlvr.data.synthetic import synthetic_splits
+from rlvr.data.templates import apply_template, encode_prompts
+from rlvr.models.tiny import build_tiny_tokenizer
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import train
+from tiny_run import TINY_RUN
+
+SYSTEM = {"role": "system", "content": "Answer in tags."}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_conversation_is_kept_and_its_last_user_turn_is_the_question(tmp_path):
+    rows = [
+        {"prompt": [SYSTEM, {"role": "user", "content": "What is 2+3?"}], "answer": 5, "id": 7},
+        {"prompt": "What is 1+1?", "answer": "2"},
+    ]
+    conversation, plain = load_file(write_jsonl(tmp_path / "c.jsonl", rows))
+    assert conversation.question == "What is 2+3?" and conversation.answer == "5"
+    assert conversation.messages == (SYSTEM, {"role": "user", "content": "What is 2+3?"})
+    assert conversation.prompt == [SYSTEM, {"role": "user", "content": "What is 2+3?"}]
+    assert conversation.columns == {"id": 7}
+    assert plain.messages is None and plain.prompt == "What is 1+1?"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "must end with a non-empty user turn"),
+        ([SYSTEM], "must end with a non-empty user turn"),
+        ([{"role": "user", "content": "  "}], "must end with a non-empty user turn"),
+        ([{"role": "user"}], "message 1: expected an object with 'role' and 'content'"),
+        (["hi"], "message 1: expected an object"),
+        ([SYSTEM, {"role": "robot", "content": "x"}], "message 2: role must be one of"),
+        ([{"role": "user", "content": 3}], "message 1: role must be one of"),
+    ],
+)
+def test_bad_conversations_name_file_row_and_message(tmp_path, prompt, message):
+    path = write_jsonl(
+        tmp_path / "c.jsonl", [{"prompt": "ok?", "answer": 1}, {"prompt": prompt, "answer": 1}]
+    )
+    with pytest.raises(DatasetError, match=r"c\.jsonl, row 2 \(line 2\): column 'prompt'") as e:
+        load_file(path)
+    assert message in str(e.value)
+
+
+def test_only_the_chat_template_renders_a_conversation():
+    tok = build_tiny_tokenizer()
+    messages = [SYSTEM, {"role": "user", "content": "What is 2+3?"}]
+    text = apply_template("chat", messages, tok)
+    assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "Answer in tags." in text and text != apply_template("chat", "What is 2+3?", tok)
+    texts, ids = encode_prompts("chat", [messages, "What is 2+3?"], tok)
+    assert texts[0] == text and len(ids[0]) > len(ids[1])
+    with pytest.raises(ValueError, match=r"need data\.template=chat"):
+        apply_template("r1", messages, tok)
+
+
+def test_curation_writes_the_conversation_back_and_tells_system_prompts_apart(tmp_path):
+    rows = [
+        {"prompt": [SYSTEM, {"role": "user", "content": "What is 2+3?"}], "answer": 5},
+        {"prompt": [{"role": "user", "content": "What is 2+3?"}], "answer": 5},
+        {"prompt": [SYSTEM, {"role": "user", "content": "What is 2+3?"}], "answer": 5},
+    ]
+    problems = load_file(write_jsonl(tmp_path / "c.jsonl", rows))
+    unique = drop_duplicates(problems)
+    assert [p.messages for p in unique] == [problems[0].messages, problems[1].messages]
+    assert curate_row(unique[0], 0.5) == {
+        "prompt": rows[0]["prompt"],
+        "answer": "5",
+        "pass_rate": 0.5,
+    }
+
+
+def test_rl_trains_on_a_conversational_file(tmp_path):
+    problems, _ = synthetic_splits("arithmetic", train_size=30, test_size=1, seed=0, max_digits=1)
+    rows = [
+        {"prompt": [SYSTEM, {"role": "user", "content": p.question}], "answer": p.answer}
+        for p in problems
+    ]
+    data = write_jsonl(tmp_path / "conv.jsonl", rows)
+    overrides = [*TINY_RUN, "data.task=file", f"data.path={data}", "data.test_size=4"]
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[*overrides, "train.steps=2", f"train.output_dir={tmp_path / 'run'}"],
+    )
+    run_dir = train(cfg, show_progress=False)
+    samples = [r for r in read_jsonl(run_dir / "samples.jsonl") if "prompt" in r]
+    assert samples and all("Answer in tags." in s["prompt"] for s in samples)
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
