@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import random
 
+import torch
+
 
 class EpochSampler:
     """Uniform sampling without replacement: a fresh seeded permutation every epoch.
@@ -82,12 +84,14 @@ class PrioritizedSampler:
         if not 0.0 <= min_priority <= 1.0:
             raise ValueError(f"min_priority must be in [0, 1], got {min_priority}")
         self.size, self.min_priority = size, min_priority
-        self.pass_rates: dict[int, float] = {}
-        self._rng = random.Random(seed)
+        self.pass_rates = torch.full((size,), float("nan"), dtype=torch.float64)
+        """Latest measured pass rate of each problem; NaN until it is first drawn."""
+        self._generator = torch.Generator().manual_seed(seed)
 
-    def priority(self, index: int) -> float:
-        """max(1 − s_i, min_priority) of problem `index`."""
-        return max(1.0 - self.pass_rates.get(index, 0.0), self.min_priority)
+    def priorities(self) -> torch.Tensor:
+        """max(1 − s_i, min_priority) of every problem, s_i = 0 for the unseen ones."""
+        rates = torch.nan_to_num(self.pass_rates, nan=0.0)
+        return (1.0 - rates).clamp(min=self.min_priority)
 
     def next(self, count: int) -> list[int]:
         """`count` problem indices, distinct up to `size` of them (a larger count takes a
@@ -98,19 +102,19 @@ class PrioritizedSampler:
         return picked
 
     def _draw(self, count: int) -> list[int]:
-        """`count` <= size distinct indices by priority, the rest uniformly (class docstring)."""
-        keyed, rest = [], []
-        for i in range(self.size):
-            weight = self.priority(i)
-            u = self._rng.random()
-            if weight > 0:
-                keyed.append((math.log(u or 5e-324) / weight, i))  # log u^(1/w), same order
-            else:
-                rest.append((u, i))
-        keyed.sort(reverse=True)
-        rest.sort()
-        picked = [i for _, i in keyed[:count]]
-        return picked + [i for _, i in rest[: count - len(picked)]]
+        """`count` <= size distinct indices by priority, the rest uniformly (class docstring).
+        One uniform u_i per problem: the largest log(u_i)/w_i (the order of u^(1/w)) among
+        w_i > 0, then the smallest u_i among the others."""
+        weights = self.priorities()
+        u = torch.rand(self.size, generator=self._generator, dtype=torch.float64)
+        positive = weights > 0
+        keys = torch.where(positive, u.clamp(min=1e-300).log() / weights, -math.inf)
+        picked = keys.topk(min(count, int(positive.sum()))).indices
+        if len(picked) < count:
+            others = (~positive).nonzero().flatten()
+            rest = others[u[others].argsort()[: count - len(picked)]]
+            picked = torch.cat([picked, rest])
+        return picked.tolist()
 
     def observe(self, indices: list[int], pass_rates: list[float]) -> None:
         """Record the measured success rate of each drawn problem (its latest group's)."""
@@ -119,25 +123,23 @@ class PrioritizedSampler:
         for index, rate in zip(indices, pass_rates):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"pass rate {rate} of problem {index} is outside [0, 1]")
-            self.pass_rates[index] = rate
+        self.pass_rates[indices] = torch.tensor(pass_rates, dtype=torch.float64)
 
     def stats(self) -> dict[str, float]:
         """`sampler/seen`: share of problems sampled at least once; `sampler/solved`: share
         whose latest group was all correct."""
-        solved = sum(rate == 1.0 for rate in self.pass_rates.values())
-        return {
-            "sampler/seen": len(self.pass_rates) / self.size,
-            "sampler/solved": solved / self.size,
-        }
+        seen = int((~self.pass_rates.isnan()).sum())
+        solved = int((self.pass_rates == 1.0).sum())
+        return {"sampler/seen": seen / self.size, "sampler/solved": solved / self.size}
 
     def state_dict(self) -> dict:
         """The measured rates and the generator state, for checkpoints."""
-        return {"pass_rates": dict(self.pass_rates), "rng": self._rng.getstate()}
+        return {"pass_rates": self.pass_rates.clone(), "rng": self._generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a checkpoint."""
-        self.pass_rates = dict(state["pass_rates"])
-        self._rng.setstate(state["rng"])
+        self.pass_rates = state["pass_rates"].clone()
+        self._generator.set_state(state["rng"])
 
 
 PromptSampler = EpochSampler | PrioritizedSampler
