@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.config import resolve_config
+from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training import bench
 from rlvr.training.bench import PHASES, bench_config, run_bench
 from tiny_run import TINY_RUN
@@ -35,9 +35,7 @@ def test_medians_of_the_timed_steps(tmp_path, monkeypatch):
     cfg = resolve_config(preset="grpo", overrides=SMALL)
     result = run_bench(cfg, steps=3, warmup=1)
     assert result["steps"] == 3 and len(result["per_step"]) == 3 and result["device"] == "cpu"
-    for key in PHASES:
-        assert result[key] == statistics.median(r[key] for r in result["per_step"]), key
-        assert result[key] > 0, key
+    assert all(result[key] > 0 for key in PHASES)
     for r in result["per_step"]:  # the phases add up to the step
         parts = r["time/rollout"] + r["time/reward"] + r["time/train"]
         assert parts == pytest.approx(r["time/step"], rel=1e-6)
@@ -46,6 +44,33 @@ def test_medians_of_the_timed_steps(tmp_path, monkeypatch):
     assert not Path(cfg.train.output_dir).exists()
     with pytest.raises(ValueError, match="steps >= 1"):
         run_bench(cfg, steps=0)
+
+
+def test_warm_up_steps_are_dropped_and_the_rest_give_medians(monkeypatch):
+    """A stand-in run whose per-step numbers are known: warm-up 100 s, then 1, 3, 2 s."""
+    seen = []
+
+    def fake_train(cfg, show_progress):
+        seen.append(cfg.train.steps)
+        times = [100.0, 1.0, 3.0, 2.0]
+        with JsonlWriter(Path(cfg.train.output_dir) / "metrics.jsonl") as log:
+            for step, t in enumerate(times, start=1):
+                parts = {"time/rollout": t / 2, "time/reward": 0.0, "time/train": t / 2}
+                log.write(
+                    {
+                        "step": step,
+                        **parts,
+                        "time/step": t,
+                        "tokens_per_s": 10 * t,
+                        "response_length/mean": 5.0,
+                    }
+                )
+
+    monkeypatch.setattr(bench, "train", fake_train)
+    result = run_bench(resolve_config(preset="grpo", overrides=SMALL), steps=3, warmup=1)
+    assert seen == [4]
+    assert [r["time/step"] for r in result["per_step"]] == [1.0, 3.0, 2.0]
+    assert (result["time/step"], result["time/rollout"], result["tokens_per_s"]) == (2.0, 1.0, 20.0)
 
 
 def test_cli_bench_prints_and_appends(tmp_path, monkeypatch):

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 class VerifiedSamples:
     """k samples of each problem, verified: what evaluation and curation are computed from."""
 
+    prompt_ids: list[list[int]]
+    """The templated prompt of each problem, as token ids."""
     correct: list[list[bool]]
     """Per problem, whether each of its k samples was accepted by the verifier."""
     completions: list[str]
@@ -66,6 +68,7 @@ def sample_and_verify(
     )
     correct = [score >= 1.0 for score in scored.total]
     return VerifiedSamples(
+        prompt_ids,
         [correct[i * k : (i + 1) * k] for i in range(len(problems))],
         completions,
         [extract_answer(c) for c in completions],

@@ -19,6 +19,7 @@ import random
 import time
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -72,14 +73,18 @@ class PairTokens:
             torch.tensor([len(r) for r in self.rejected], dtype=torch.float32),
         )
 
-    def micro_batches(self, rows: list[int], max_tokens: int) -> list[list[int]]:
-        """Pairs `rows` grouped so that both responses of each pair, padded to the longest,
-        fit `max_tokens` (a pair is two sequences)."""
-        longest = [
+    @cached_property
+    def longest(self) -> list[int]:
+        """Prompt + longer response length of each pair, in tokens (computed once)."""
+        return [
             len(p) + max(len(c), len(r))
             for p, c, r in zip(self.prompts, self.chosen, self.rejected)
         ]
-        return token_budget_micro_batches(rows, longest, max(max_tokens // 2, 1))
+
+    def micro_batches(self, rows: list[int], max_tokens: int) -> list[list[int]]:
+        """Pairs `rows` grouped so that both responses of each pair, padded to the longest,
+        fit `max_tokens` (a pair is two sequences)."""
+        return token_budget_micro_batches(rows, self.longest, max(max_tokens // 2, 1))
 
 
 def encode_pairs(pairs: list[PreferencePair], template: str, tokenizer) -> PairTokens:
@@ -109,7 +114,6 @@ def sample_pairs(
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
     record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
-    _, prompt_ids = encode_prompts(template, [p.prompt for p in problems], tokenizer)
     s = sample_and_verify(
         model,
         tokenizer,
@@ -122,7 +126,7 @@ def sample_pairs(
         max_new_tokens,
         seed,
     )
-    out, scores, completions = s.rollout, s.scored.total, s.completions
+    out, scores, completions, prompt_ids = s.rollout, s.scored.total, s.completions, s.prompt_ids
     chosen_rejected = pairs_from_groups(scores, samples_per_prompt, random.Random(seed))
     tokens = PairTokens(
         [prompt_ids[out.prompt_index[c]] for c, _ in chosen_rejected],
