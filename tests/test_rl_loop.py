@@ -87,10 +87,14 @@ CRITIC = (
 )
 
 
+# the untrained tiny model earns no reward: an entropy bonus makes the adapters move
+LORA = ("model.lora.rank=4", "algorithm.entropy.coef=0.05", "algorithm.kl.coef=0.1")
+
+
 @pytest.mark.parametrize(
     "extra",
-    [(), ADAPTIVE, CRITIC, ("data.sampler=prioritized",)],
-    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup", "prioritized"],
+    [(), ADAPTIVE, CRITIC, ("data.sampler=prioritized",), LORA],
+    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup", "prioritized", "lora"],
 )
 def test_resume_continues_the_same_trajectory(tmp_path, extra):
     straight = train(small_config(tmp_path / "a", "train.steps=4", *extra), show_progress=False)
@@ -101,6 +105,8 @@ def test_resume_continues_the_same_trajectory(tmp_path, extra):
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
     if extra == CRITIC:  # the critic learned, so the comparison covers its saved state
         assert all(m["value_loss"] > 0 for m in a[1:])
+    if extra == LORA:  # the adapters moved the policy away from its reference, the base
+        assert a[-1]["kl"] > 1e-6
     if extra == ADAPTIVE:  # the controllers really moved, so the comparison covers their state
         assert len({m["kl_coef"] for m in a}) > 1 and len({m["entropy_coef"] for m in a}) > 1
     assert [m["step"] for m in b] == [1, 2, 3, 4]

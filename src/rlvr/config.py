@@ -35,6 +35,19 @@ class TinyModelConfig(Section):
     """MLP width of the tiny model."""
 
 
+class LoraConfig(Section):
+    rank: int = Field(default=0, ge=0)
+    """LoRA rank r (Hu et al. 2021): 0 trains every weight; r > 0 freezes the model and trains
+    a rank-r update B·A on each target module (by `peft`)."""
+    alpha: float = Field(default=16.0, gt=0)
+    """LoRA scale numerator: the update is (alpha / rank) · B·A."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the input of the LoRA update, in training only."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get an update: `all-linear` (every linear layer but the LM head), or
+    module names such as [q_proj, v_proj]."""
+
+
 class ModelConfig(Section):
     name_or_path: str = "tiny"
     """`tiny` (the built-in offline model), a local Hugging Face model directory, or a hub name."""
@@ -49,6 +62,9 @@ class ModelConfig(Section):
     """Run Llama / Mistral / Qwen2 models through rlvr's lean forward (`rlvr.models.fused`:
     padding-free training, fewer decode operations); false = the `transformers` forward. Other
     architectures always use their own forward."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """LoRA adapters on the policy (rank 0: off); `rlvr train`, `sft` and `dpo` save the merged
+    model, plus the adapter in `adapter/`."""
 
 
 class DataConfig(Section):

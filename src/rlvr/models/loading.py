@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from rlvr.config import ModelConfig
-from rlvr.models import fused
+from rlvr.models import fused, lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,7 +42,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTrainedModel, Tokenizer]:
     """Build the tiny model (`name_or_path: tiny`) or load a local directory / hub name, in
-    `cfg.dtype` on `cfg.device`."""
+    `cfg.dtype` on `cfg.device`, with LoRA adapters when `cfg.lora.rank` > 0."""
     device = resolve_device(cfg.device)
     if cfg.name_or_path == "tiny":
         tokenizer = build_tiny_tokenizer()
@@ -58,7 +58,11 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
     else:
         model, tokenizer = load_pretrained(cfg.name_or_path, cfg.dtype)
     setattr(model, fused.ENABLE_ATTR, cfg.fused_forward)
-    return model.to(device=device, dtype=DTYPES[cfg.dtype]), tokenizer
+    model = model.to(device=device, dtype=DTYPES[cfg.dtype])
+    if cfg.lora.rank:
+        base_name = None if cfg.name_or_path == "tiny" else cfg.name_or_path
+        model = lora.add_lora(model, cfg.lora, base_name)
+    return model, tokenizer
 
 
 def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrainedModel, Tokenizer]:
@@ -104,6 +108,11 @@ def decode_completions(
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: Tokenizer, directory: Path) -> None:
-    """Save model (safetensors) and tokenizer in Hugging Face format."""
-    model.save_pretrained(directory, safe_serialization=True)
+    """Save model (safetensors) and tokenizer in Hugging Face format; a LoRA model as its merged
+    weights, plus the adapter alone in `directory/adapter` (`lora.save_adapter`)."""
+    if lora.has_lora(model):
+        model.save_pretrained(directory, state_dict=lora.merged_state_dict(model))
+        lora.save_adapter(model, directory)
+    else:
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
 
+from rlvr.models import lora
 from rlvr.models.loading import save_pretrained
 
 STATE_FILE = "trainer_state.pt"
@@ -63,3 +65,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """The trainer state saved next to the model weights."""
     return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load a checkpoint's weights into `model`: its adapter for a LoRA model (whose base
+    weights are those it was loaded with), else the saved model's weights."""
+    if lora.has_lora(model):
+        lora.load_adapter(model, checkpoint)
+        return
+    weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
+    model.load_state_dict(weights.state_dict())

@@ -6,6 +6,8 @@ The KL penalty, when it sits in the reward, is subtracted here: per token before
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
@@ -17,6 +19,7 @@ from rlvr.algorithms.value import (
     whiten,
 )
 from rlvr.config import AlgorithmConfig
+from rlvr.models import lora
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.critic import Critic
 from rlvr.training.update import LossSettings, batch_logprobs, batch_token_stats
@@ -89,10 +92,15 @@ def prepare_update(
     settings: LossSettings,
     needs_old_logprobs: bool,
 ) -> None:
-    """Add what the update reads to `batch`: reference / old log-probs, values, advantages."""
+    """Add what the update reads to `batch`: reference / old log-probs, values, advantages.
+
+    A `reference` that is the policy itself (a LoRA policy's, `Regularization`) is scored with
+    its adapters off."""
     algo, budget, pad = settings.algorithm, settings.micro_batch_tokens, settings.pad_id
     if reference is not None:
-        batch.ref_logprobs = batch_logprobs(reference, batch, settings.temperature, budget, pad)
+        base = lora.adapters_disabled(model) if reference is model else nullcontext()
+        with base:
+            batch.ref_logprobs = batch_logprobs(reference, batch, settings.temperature, budget, pad)
     top_frac = algo.entropy.top_frac
     entropy = None
     if needs_old_logprobs or top_frac < 1.0:

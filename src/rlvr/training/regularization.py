@@ -2,7 +2,9 @@
 
 Fixed coefficients are the default; `algorithm.kl.adaptive_target` (Ziegler et al. 2019) and
 `algorithm.entropy.target` (Skywork-OR1) make them follow the measured KL / entropy, and
-`algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1). Everything
+`algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1). The fixed
+reference of a LoRA policy is the policy itself with its adapters off (TRL's choice), no
+copy; a moving one is a copy, adapters included. Everything
 here is saved in checkpoints, so a resumed run continues with the same coefficients and
 reference (DESIGN rule 10).
 """
@@ -17,6 +19,7 @@ from torch import nn
 
 from rlvr.algorithms.controllers import AdaptiveEntropyCoef, AdaptiveKLCoef, ema_update_
 from rlvr.config import AlgorithmConfig
+from rlvr.models import lora
 
 
 class Regularization:
@@ -26,7 +29,10 @@ class Regularization:
         kl, entropy = algo.kl, algo.entropy
         self.kl_settings = kl
         self.reference = None
-        if kl.coef > 0:
+        moves = kl.reference_ema is not None or bool(kl.reference_reset_every)
+        if kl.coef > 0 and lora.has_lora(policy) and not moves:
+            self.reference = policy  # scored with its adapters off (`prepare_update`)
+        elif kl.coef > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
         self.kl_control = None
         if kl.adaptive_target is not None:

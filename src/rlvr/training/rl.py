@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from rlvr.config import ConfigError, RLConfig, save_config
 from rlvr.data.sampler import build_sampler
@@ -28,6 +27,7 @@ from rlvr.tracking.progress import StepProgress
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
     latest_checkpoint,
+    load_model_weights,
     load_trainer_state,
     restore_rng_state,
     save_checkpoint,
@@ -116,8 +116,7 @@ def train(
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
-        weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
-        model.load_state_dict(weights.state_dict())
+        load_model_weights(model, checkpoint)
         state = load_trainer_state(checkpoint)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
