@@ -17,7 +17,7 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState, batch_bucket, span_bucket
 from rlvr.rollout.hf import FusedDecoder, GraphDecoder, HFRolloutEngine
 from rlvr.training.batching import completion_token_stats, to_device
-from test_fused_forward import MODELS, logprobs_and_grads, ragged_batch
+from test_fused_forward import ADAPTED, MODELS, logprobs_and_grads, ragged_batch
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,25 @@ def test_static_buffer_steps_sample_what_the_eager_decoder_samples(tok, name, mo
     lengths = [len(c) for c in out.completion_ids]
     assert len(set(lengths)) > 5 and max(lengths) > 12  # many batch sizes and spans were used
     assert state.buffers is not None and state.buffers.rows == 18
+
+
+@pytest.mark.parametrize("name", ADAPTED)
+def test_a_model_with_adapters_decodes_eagerly(tok, name, monkeypatch):
+    """The captured step multiplies packed copies of the base weights, which know nothing of
+    LoRA adapters: a model with adapters decodes by the eager fused decoder instead, and
+    samples what the `transformers` forward samples."""
+    monkeypatch.setenv("RLVR_CPU_KERNELS", "0")
+    model = eos_heavy(ADAPTED[name](tok), tok, 0.25)
+    prompts = [[20, 30, 40], [50, 60]]
+    params = SamplingParams(n=4, temperature=0.9, max_new_tokens=24)
+    state = GraphState(capture=False)
+    out = engine(model, tok, 3, state).generate(prompts, params)
+    assert state.buffers is None  # no static-buffer step ran
+    setattr(model, fused.ENABLE_ATTR, False)
+    ref = engine(model, tok, 3, None).generate(prompts, params)
+    assert out.completion_ids == ref.completion_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
 
 
 @pytest.mark.parametrize(

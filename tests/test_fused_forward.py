@@ -1,6 +1,7 @@
 """The lean forward (`rlvr.models.fused`) computes what the `transformers` model computes.
 
-Checked on a Llama (multi-head) and a Qwen2 (grouped-query heads, q/k/v biases) model: the
+Checked on a Llama (multi-head) and a Qwen2 (grouped-query heads, q/k/v biases) model, each
+also with LoRA adapters on every projection: the
 training log-probs and gradients (padding-free, shared prefix), the decode samples and their
 log-probs, and which models fall back to the `transformers` forward.
 """
@@ -17,7 +18,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from rlvr.models import fused
+from rlvr.config import LoraConfig
+from rlvr.models import fused, lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -64,7 +66,24 @@ def llama(tok) -> nn.Module:
     return build_tiny_model(tok, hidden_size=64, num_layers=2, intermediate_size=128, seed=3)
 
 
+def with_lora(build):
+    """`build`'s model with LoRA adapters on every projection, B drawn so that they matter."""
+
+    def adapted(tok) -> nn.Module:
+        model = lora.add_lora(build(tok), LoraConfig(rank=4, alpha=8.0))
+        generator = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+        return model
+
+    return adapted
+
+
 MODELS = {"llama": llama, "qwen2_gqa": qwen2_gqa}
+ADAPTED = {"llama_lora": with_lora(llama), "qwen2_gqa_lora": with_lora(qwen2_gqa)}
+CASES = {**MODELS, **ADAPTED}
 
 
 def ragged_samples(g: torch.Generator) -> tuple[list[list[int]], list[list[int]]]:
@@ -92,13 +111,13 @@ def logprobs_and_grads(model: nn.Module, mb, enabled: bool):
     lp = token_logprobs(forward_logits_shared_prefix(model, mb), mb.completion_ids, 0.7)
     lp = lp * mb.response_mask
     (lp * torch.linspace(-1, 1, lp.numel(), device=lp.device).view_as(lp)).sum().backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
     return lp.detach(), grads
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CASES)
 def test_training_logprobs_and_gradients_equal_the_transformers_forward(tok, name):
-    model = MODELS[name](tok)
+    model = CASES[name](tok)
     assert fused.supports(model)
     mb = ragged_batch(tok)
     ref_lp, ref_grads = logprobs_and_grads(model, mb, enabled=False)
@@ -128,9 +147,9 @@ def test_training_runs_only_real_positions_through_the_matmuls(tok):
     assert real_inputs < mb.completion_ids[:, :-1].numel()  # there was padding to skip
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CASES)
 def test_decode_gives_the_same_samples_and_logprobs(tok, name):
-    model = MODELS[name](tok)
+    model = CASES[name](tok)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
     params = SamplingParams(n=4, temperature=0.9, max_new_tokens=16)
@@ -273,6 +292,18 @@ def test_unsupported_models_use_the_transformers_forward(tok):
     assert forward_logits_shared_prefix(gpt2, mb).shape == (*mb.completion_ids.shape, len(tok))
 
 
+def test_adapters_run_by_their_own_forward_never_packed_and_never_on_the_lm_head(tok):
+    model = ADAPTED["llama_lora"](tok)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(3, attn.q_proj.in_features)
+    assert fused.packed_linear(x, attn.q_proj, attn.k_proj) is None  # would drop B·A
+    plain = llama(tok).model.layers[0].self_attn
+    packed = fused.packed_linear(x, plain.q_proj, plain.k_proj)
+    torch.testing.assert_close(packed, torch.cat([plain.q_proj(x), plain.k_proj(x)], -1))
+    head = lora.add_lora(qwen2_gqa(tok), LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
+    assert not fused.supports(head)  # the chunked log-probs read the head's weight
+
+
 def test_packed_micro_batches_count_each_prompt_once_and_only_real_tokens():
     groups, prompts = [0, 0, 0, 1, 1], [10] * 5
     completions = [5, 5, 5, 20, 20]
@@ -300,11 +331,11 @@ def test_token_budget_micro_batches_sort_by_length():
     assert token_budget_micro_batches(list(range(6)), lengths, 60) == [[5, 1, 3], [2, 4], [0]]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CASES)
 def test_bfloat16_models_agree_with_the_transformers_forward(tok, name):
     """bf16 training (the GPU setting): same log-probs as the HF forward in bf16, and both
     within bf16 rounding of the fp32 model."""
-    model = MODELS[name](tok)
+    model = CASES[name](tok)
     mb = ragged_batch(tok)
     fp32, _ = logprobs_and_grads(model, mb, enabled=False)
     model = model.to(torch.bfloat16)
@@ -332,11 +363,11 @@ def saved_for_backward(model: nn.Module, mb) -> dict[int, tuple[int, torch.Size]
     return saved
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CASES)
 def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(
     tok, name, recomputed_regions
 ):
-    model = MODELS[name](tok)
+    model = CASES[name](tok)
     mb = ragged_batch(tok)
     kept = saved_for_backward(model, mb)
     lp, grads = logprobs_and_grads(model, mb, enabled=True)
@@ -417,14 +448,14 @@ def test_short_cpu_attention_with_explicit_scores_equals_the_fused_kernel(
     assert explicit[0][0, 0, 0].abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CASES)
 def test_the_padding_free_forward_and_backward_never_read_the_device_back(tok, name):
     """Lever 54: with the model and the micro-batch's tensors on PyTorch's meta device, where
     every read of a value (`nonzero`, `bool`, `int`) raises, `completion_token_stats` and its
     backward still run: the positions, masks and token checks come from the CPU batch
     (`SharedPrefixBatch.host`), so on a GPU the host never waits for the device there. The
     shapes are the CPU run's."""
-    model = MODELS[name](tok)
+    model = CASES[name](tok)
     mb = ragged_batch(tok)
     want, _ = completion_token_stats(model, to_device(mb, torch.device("cpu")), 0.7)
     model.to("meta")
@@ -433,7 +464,8 @@ def test_the_padding_free_forward_and_backward_never_read_the_device_back(tok, n
     logp, entropy = completion_token_stats(model, sb, 0.7)
     (logp.sum() + entropy.sum()).backward()
     assert logp.is_meta and logp.shape == entropy.shape == want.shape
-    assert all(p.grad is not None and p.grad.is_meta for p in model.parameters())
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all(p.grad is not None and p.grad.is_meta for p in trained)
 
 
 def layout_case(order: str) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:

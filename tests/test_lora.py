@@ -69,6 +69,21 @@ def test_adapted_projection_is_w_plus_scaled_b_a():
     assert not torch.allclose(logits(model, IDS), logits(base, IDS))
 
 
+def test_the_update_term_is_what_the_adapter_adds_and_nothing_when_disabled():
+    model, _ = tiny(rank=4)
+    randomize_adapters(model)
+    up = model.eval().model.layers[1].mlp.up_proj
+    x = torch.randn(5, up.in_features)
+    with torch.no_grad():
+        by_hand = (16.0 / 4) * x @ up.lora_A["default"].weight.T @ up.lora_B["default"].weight.T
+        torch.testing.assert_close(lora.update_term(up, x), by_hand)
+        torch.testing.assert_close(up.base_layer(x) + lora.update_term(up, x), up(x))
+        with lora.adapters_disabled(model):
+            assert lora.update_term(up, x) is None
+    assert lora.update_term(up.base_layer, x) is None
+    assert lora.base_layer(up) is up.base_layer and lora.base_layer(model.lm_head) is model.lm_head
+
+
 def test_adapters_disabled_computes_the_base_model_and_turns_them_back_on():
     base, _ = tiny()
     model, _ = tiny(rank=4)
@@ -127,6 +142,11 @@ def test_a_missing_adapter_is_an_error_naming_the_path(tmp_path):
 def test_an_unknown_target_module_is_a_config_error():
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*no_such_proj"):
         tiny(rank=4, target_modules=["no_such_proj"])
+
+
+def test_an_adapter_on_a_tied_lm_head_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*ties its LM head"):
+        tiny(rank=4, target_modules=["q_proj", "lm_head"])
 
 
 def test_the_fixed_reference_of_a_lora_policy_is_the_policy_itself():

@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rlvr.models import lora
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -487,8 +489,11 @@ def _check(condition: bool, what: str) -> None:
         raise ValueError(f"cpu_kernels: {what}")
 
 
-def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
-    """`module(x)` without the module call (for a plain `nn.Linear`)."""
+def linear(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+    """`module(x)`: without the module call for a plain `nn.Linear`; an adapter around one
+    (LoRA) by its own forward."""
+    if type(module) is not torch.nn.Linear:
+        return module(x)
     return torch.nn.functional.linear(x, module.weight, module.bias)
 
 
@@ -613,10 +618,17 @@ class DecodeOps(Composites):
         self.panels = panels if panels_pay() else None
 
     def projections(self, x: torch.Tensor, *modules: torch.nn.Linear) -> tuple[torch.Tensor, ...]:
-        """x through each of `modules`: contiguous outputs, as the kernels below read them."""
-        if self.panels is not None:
+        """x through each of `modules`: contiguous outputs, as the kernels below read them.
+        A LoRA layer's base weight goes into the panels and its low-rank term is added
+        (`lora.update_term`); other adapters run by their own forward."""
+        if self.panels is not None and all(type(m) is torch.nn.Linear for m in modules):
             return self.panels.products(x, modules)
-        return tuple(torch.nn.functional.linear(x, m.weight, m.bias) for m in modules)
+        bases = tuple(lora.base_layer(m) for m in modules)
+        if self.panels is None or not all(type(b) is torch.nn.Linear for b in bases):
+            return tuple(linear(x, m) for m in modules)
+        ys = self.panels.products(x, bases)
+        terms = (lora.update_term(m, x) for m in modules)
+        return tuple(y if t is None else y.add_(t) for y, t in zip(ys, terms))
 
     def linear(self, x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
         """`module(x)`, by `projections`."""

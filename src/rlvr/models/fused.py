@@ -22,9 +22,11 @@ Concatenating q/k/v and gate/up into one matmul each was measured and dropped he
 in decoding on a CPU at batch 128, a loss in training (the gradient split costs more than it
 saves). A GPU's captured decode step does use it (`rollout.graph_step`).
 
-Only plain modules are accepted (`supports`): exact `nn.Linear` projections (no LoRA or
-quantised wrappers), SiLU MLP, full attention without dropout, rotary types that do not depend
-on the sequence length. Anything else uses the `transformers` forward, as does
+Only plain modules are accepted (`supports`): exact `nn.Linear` projections, or adapters around
+them (LoRA, `rlvr.models.lora`), which run by their own forward where a plain projection would
+run by its weight (and keep out of the packed and panel products); SiLU MLP, full attention
+without dropout, rotary types that do not depend on the sequence length. Anything else
+(quantised projections, an adapted LM head) uses the `transformers` forward, as does
 `model.fused_forward: false`.
 """
 
@@ -54,6 +56,18 @@ def _plain_linear(module: object) -> bool:
     return type(module) is nn.Linear
 
 
+def adapted_linear(module: object) -> bool:
+    """Whether `module` is an adapter around a plain `nn.Linear` (a peft tuner layer such as
+    LoRA's), whose own forward computes the adapted projection."""
+    base = getattr(module, "get_base_layer", None)
+    return base is not None and module is not base() and _plain_linear(base())
+
+
+def has_adapted_linears(model: nn.Module) -> bool:
+    """Whether any module of `model` is an `adapted_linear`."""
+    return any(adapted_linear(m) for m in model.modules())
+
+
 def supports(model: nn.Module) -> bool:
     """Whether the fused forward computes exactly what `model` computes."""
     if not getattr(model, ENABLE_ATTR, True):
@@ -81,7 +95,9 @@ def supports(model: nn.Module) -> bool:
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
         projections += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-    return all(_plain_linear(p) for p in projections)
+    return _plain_linear(head) and all(
+        _plain_linear(p) or adapted_linear(p) for p in projections[1:]
+    )
 
 
 class ConcatKV:
@@ -630,9 +646,12 @@ class PackedOps(KernelOps):
 
 def packed_linear(x: torch.Tensor, *modules: nn.Linear) -> torch.Tensor | None:
     """x through `modules` as one matmul over their weights (and biases) concatenated, a copy
-    per call whose gradient autograd splits back; None where only some have a bias."""
+    per call whose gradient autograd splits back; None where only some have a bias, or where
+    one is an adapter (`adapted_linear`)."""
     biases = [module.bias for module in modules]
     if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    if not all(_plain_linear(module) for module in modules):
         return None
     bias = None if biases[0] is None else torch.cat(biases)
     return F.linear(x, torch.cat([module.weight for module in modules]), bias)

@@ -165,7 +165,11 @@ class HFRolloutEngine:
         decoder: Decoder
         if not fused.supports(self.model):
             decoder = HFDecoder(self.model, capacity)
-        elif graphs is not None and (device.type == "cuda" or not graphs.capture):
+        elif (
+            graphs is not None
+            and (device.type == "cuda" or not graphs.capture)
+            and not fused.has_adapted_linears(self.model)  # the captured step packs weights
+        ):
             decoder = GraphDecoder(self.model, capacity, graphs)
         else:
             pool = self.kv_pool if device.type == "cpu" else None
