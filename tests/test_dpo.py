@@ -168,6 +168,24 @@ def test_last_held_out_line_is_the_saved_model_against_the_start(tmp_path):
     assert evals[-1]["rewards/margins"] > 0.01
 
 
+def test_dpo_with_lora_learns_against_the_base_model_and_saves_it_merged(tmp_path):
+    """The reference log-probs are the starting policy's, which with adapters (B = 0) is the
+    base model; the saved model is the merged one (measured at 1e-2: loss 0.69 -> 0.21)."""
+    cfg = file_config(tmp_path, "dpo", "model.lora.rank=8", "dpo.lr=1e-2")
+    run_dir = run_dpo(cfg, show_progress=False)
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert evals[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[-1]["rewards/accuracies"] >= 0.95 and evals[-1]["loss"] < 0.4
+    base_cfg = cfg.model.model_copy(update={"lora": cfg.model.lora.model_copy(update={"rank": 0})})
+    base, _ = load_model_and_tokenizer(base_cfg, seed=cfg.dpo.seed)
+    saved, _ = load_pretrained(str(run_dir))
+    assert torch.equal(saved.model.embed_tokens.weight, base.model.embed_tokens.weight)
+    assert not torch.equal(
+        saved.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight
+    )
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
 def test_simpo_needs_no_reference_pass(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the reference-free loss ran a reference pass")
