@@ -225,6 +225,29 @@ class CriticConfig(Section):
     """Initialise the critic from this causal LM (same tokenizer) instead of the policy."""
 
 
+class RolloutISConfig(Section):
+    mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        "none"
+    )
+    """Correct the policy loss for the rollout engine's log-probs differing from the
+    trainer's: `token_truncate` weights each token by min(π_old/π_rollout, max_ratio) (TIS);
+    `token_mask` drops tokens whose ratio is outside [min_ratio, max_ratio]; `sequence_*` use
+    one ratio per sample. The mismatch is logged in every mode (`rollout/*`)."""
+    min_ratio: float = Field(default=0.0, ge=0.0)
+    """Lower bound of the ratio (truncated up to it, or masked below it)."""
+    max_ratio: float = Field(default=2.0, gt=0.0)
+    """Upper bound of the ratio, the cap C (truncated down to it, or masked above it)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutISConfig:
+        if self.min_ratio >= self.max_ratio:
+            raise ValueError(
+                f"algorithm.rollout_is.min_ratio ({self.min_ratio}) must be below "
+                f"algorithm.rollout_is.max_ratio ({self.max_ratio})"
+            )
+        return self
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
@@ -256,6 +279,8 @@ class AlgorithmConfig(Section):
     """Weight of VAPO's NLL loss on correct samples (paper: 0.1); 0 = off."""
     omd_tau: float = 0.1
     """Kimi k1.5 mirror-descent tau of the `kimi_omd` loss."""
+    rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
+    """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
 
 
 class RewardSpec(Section):

@@ -55,6 +55,15 @@ def step_metrics(
         "trained_samples": len(trained),
         "skipped_samples": totals.get("skipped_samples", 0.0) / max(passes, 1),
     }
+    if trained_tokens:  # the rollout engine against the trainer (DESIGN rule 8)
+        metrics["rollout/logprob_diff"] = totals.get("rollout_diff_sum", 0.0) / trained_tokens
+        metrics["rollout/kl"] = totals.get("rollout_kl_sum", 0.0) / trained_tokens
+        if cfg.algorithm.rollout_is.mode != "none":
+            weight_sum = totals.get("rollout_weight_sum", 0.0)
+            metrics["rollout/is_weight"] = weight_sum / trained_tokens
+            metrics["rollout/is_capped_frac"] = (
+                totals.get("rollout_capped_tokens", 0.0) / trained_tokens
+            )
     if "value_loss" in totals:
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
         metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)

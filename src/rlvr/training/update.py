@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.algorithms.kl import kl_k3
 from rlvr.algorithms.policy_losses import VANISH_AT_ZERO_ADVANTAGE
+from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weights
 from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
 from rlvr.models import fused
@@ -121,7 +124,52 @@ def batch_logprobs(
     return batch_token_stats(model, batch, temperature, budget, pad_id)[0]
 
 
-SUMMED = ("loss", "clip_tokens", "entropy_sum", "kl_sum", "tokens")
+class RolloutMismatch(NamedTuple):
+    """A micro-batch's rollout importance weights and the statistics `SUMMED` adds up."""
+
+    weights: torch.Tensor
+    """[b, T] the weights of the token losses (`rollout_is_weights`; ones when off)."""
+    sums: tuple[torch.Tensor, ...]
+    """|log π_old − log π_rollout|, k3 of KL(π_rollout ‖ π_old), the weights, and the tokens
+    whose weight is not their ratio (truncated or masked), each [b, T] over the mask."""
+
+
+def rollout_mismatch(
+    old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig
+) -> RolloutMismatch:
+    """How far the rollout engine's log-probs are from the trainer's π_old on the `mask`
+    tokens, and the correcting weights `algo.rollout_is` asks for (DESIGN rule 8)."""
+    settings = algo.rollout_is
+    with torch.no_grad():
+        diff = (old - rollout) * mask
+        kl = kl_k3(rollout, old) * mask  # samples from π_rollout: KL(π_rollout ‖ π_old)
+        weights, changed = mask, mask * 0
+        if settings.mode != "none":
+            sequence = settings.mode.startswith("sequence")
+            ratio = rollout_is_ratio(old, rollout, mask, sequence=sequence).expand_as(mask)
+            weights = rollout_is_weights(
+                old,
+                rollout,
+                mask,
+                mode=settings.mode,
+                min_ratio=settings.min_ratio,
+                max_ratio=settings.max_ratio,
+            )
+            changed = (weights != ratio * mask).float() * mask
+    return RolloutMismatch(weights, (diff.abs(), kl, weights, changed))
+
+
+SUMMED = (
+    "loss",
+    "clip_tokens",
+    "entropy_sum",
+    "kl_sum",
+    "tokens",
+    "rollout_diff_sum",
+    "rollout_kl_sum",
+    "rollout_weight_sum",
+    "rollout_capped_tokens",
+)
 """`minibatch_backward`'s statistics summed over the micro-batches on the model's device and
 read back once, after the last backward: a read per micro-batch would make the host wait for
 each backward before it prepares the next micro-batch, and leave a GPU idle meanwhile."""
@@ -171,7 +219,11 @@ def minibatch_backward(
             dual_clip=algo.clip.dual,
             tau=algo.omd_tau,
         )
-        loss = aggregate(algo.aggregation, out.token_loss, mask, **norm)
+        rollout = rows_on(batch.rollout_logprobs, mb_rows, width, device)
+        token_loss, mismatch = out.token_loss, rollout_mismatch(old, rollout, mask, algo)
+        if algo.rollout_is.mode != "none":
+            token_loss = token_loss * mismatch.weights
+        loss = aggregate(algo.aggregation, token_loss, mask, **norm)
         if positive_tokens:
             nll = positive_example_nll(logprobs, mask, on_device(batch.correct[mb_rows], device))
             loss = loss + algo.positive_lm_coef * nll.sum() / positive_tokens
@@ -186,6 +238,13 @@ def minibatch_backward(
         if s.entropy_coef:
             loss = loss - s.entropy_coef * aggregate(algo.aggregation, entropy, mask, **norm)
         loss.backward()
-        summed = (loss.detach(), out.clipped.float() * mask, entropy.detach() * mask, kl_sum, mask)
+        summed = (
+            loss.detach(),
+            out.clipped.float() * mask,
+            entropy.detach() * mask,
+            kl_sum,
+            mask,
+            *mismatch.sums,
+        )
         sums += torch.stack([x.sum().double() for x in summed])
     return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}

@@ -1,0 +1,138 @@
+"""Rollout importance sampling (DESIGN rule 8): the weights by hand, their effect on the
+gradient, the mismatch metrics, and the config."""
+
+import math
+
+import pytest
+import torch
+
+from batches import token_batch
+from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weights
+from rlvr.config import AlgorithmConfig, ConfigError, resolve_config
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import train
+from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
+from tiny_run import TINY_RUN
+
+OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.3, -0.1]])
+ROLLOUT = torch.tensor([[-1.5, -1.0, -0.5], [-0.2, -0.3, -0.1]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+E_HALF, E_MINUS_ONE = math.exp(0.5), math.exp(-1.0)  # row 0's token ratios: 1.649, 0.368
+
+
+def weights(mode: str, low: float = 0.0, high: float = 2.0) -> torch.Tensor:
+    return rollout_is_weights(OLD, ROLLOUT, MASK, mode=mode, min_ratio=low, max_ratio=high)
+
+
+@pytest.mark.parametrize(
+    ("mode", "low", "high", "row0"),
+    [
+        ("token_truncate", 0.0, 1.5, [1.5, E_MINUS_ONE, 0.0]),  # TIS: min(ratio, C)
+        ("token_truncate", 0.5, 2.0, [E_HALF, 0.5, 0.0]),
+        ("token_mask", 0.5, 1.5, [0.0, 0.0, 0.0]),  # both ratios outside [0.5, 1.5]
+        ("token_mask", 0.0, 2.0, [E_HALF, E_MINUS_ONE, 0.0]),
+        # one ratio per row: exp(0.5 - 1.0) = 0.607 on each of row 0's tokens
+        ("sequence_truncate", 0.7, 2.0, [0.7, 0.7, 0.0]),
+        ("sequence_mask", 0.0, 2.0, [math.exp(-0.5)] * 2 + [0.0]),
+        ("sequence_mask", 0.7, 2.0, [0.0, 0.0, 0.0]),
+    ],
+)
+def test_weights_by_hand(mode, low, high, row0):
+    w = weights(mode, low, high)
+    torch.testing.assert_close(w[0], torch.tensor(row0))
+    torch.testing.assert_close(w[1], MASK[1])  # the engines agree on row 1: weight 1
+
+
+def test_the_ratio_per_token_and_per_sequence():
+    torch.testing.assert_close(
+        rollout_is_ratio(OLD, ROLLOUT, MASK),
+        torch.tensor([[E_HALF, E_MINUS_ONE, 1.0], [1.0, 1.0, 1.0]]),
+    )
+    sequence = rollout_is_ratio(OLD, ROLLOUT, MASK, sequence=True)
+    torch.testing.assert_close(sequence, torch.tensor([[math.exp(-0.5)], [1.0]]))
+
+
+def test_weights_carry_no_gradient_and_never_overflow():
+    old = torch.tensor([[0.0, -1.0]], requires_grad=True)
+    rollout = torch.tensor([[-100.0, -1.0]])  # the trainer finds token 0 e^100 times likelier
+    mask = torch.ones(1, 2)
+    truncated = rollout_is_weights(old, rollout, mask, mode="token_truncate", max_ratio=3.0)
+    assert not truncated.requires_grad
+    torch.testing.assert_close(truncated, torch.tensor([[3.0, 1.0]]))
+    masked = rollout_is_weights(old, rollout, mask, mode="token_mask", max_ratio=3.0)
+    torch.testing.assert_close(masked, torch.tensor([[0.0, 1.0]]))
+    with pytest.raises(ValueError, match="unknown rollout correction mode 'tis'"):
+        rollout_is_weights(old, rollout, mask, mode="tis")
+
+
+def test_truncated_weights_scale_each_tokens_policy_gradient():
+    """On the first update (π_θ = π_old, ratio 1, no clipping) the PPO loss's token gradient is
+    −A·∇log π, so TIS's weighted loss has the gradient of advantages multiplied by the weights."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (3, 5, 4, 6)]
+    completions = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 2, 5, 3)]
+    batch = token_batch(
+        prompts, completions, torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, -1.0, 0.5, -0.5])
+    )
+    current = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id)
+    shift = torch.rand(batch.response_mask.shape, generator=g) * 2 - 1  # log-ratios in [-1, 1]
+    batch.rollout_logprobs = (current - shift) * batch.response_mask
+    by_hand = torch.exp(shift).clamp(max=1.5) * batch.response_mask
+
+    def gradient(mode: str, advantages: torch.Tensor) -> torch.Tensor:
+        batch.advantages = advantages
+        algo = AlgorithmConfig.model_validate({"rollout_is": {"mode": mode, "max_ratio": 1.5}})
+        model.zero_grad()
+        minibatch_backward(model, batch, [0, 1, 2, 3], LossSettings(algo, 1.0, 8, 64, 0))
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    advantages = batch.advantages.clone()
+    corrected = gradient("token_truncate", advantages)
+    reweighted = gradient("none", advantages * by_hand)
+    torch.testing.assert_close(corrected, reweighted, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(corrected, gradient("none", advantages), atol=1e-4)
+
+
+def shift_rollout_logprobs(batch):
+    """A filter that makes the rollout engine three times less likely than the trainer to
+    have drawn every token: log π_old − log π_rollout = log 3."""
+    batch.rollout_logprobs = batch.rollout_logprobs - math.log(3.0) * batch.response_mask
+    return batch
+
+
+def run(tmp_path, *extra, filters=()):
+    overrides = [
+        *TINY_RUN,
+        "train.steps=2",
+        "rollout.temperature=0.7",
+        f"train.output_dir={tmp_path}",
+    ]
+    cfg = resolve_config(preset="grpo", overrides=[*overrides, *extra])
+    return read_jsonl(train(cfg, filters=filters, show_progress=False) / "metrics.jsonl")
+
+
+def test_the_engine_and_the_trainer_agree_and_the_metrics_show_a_mismatch(tmp_path):
+    # at T = 0.7 both sides divide the logits by the temperature (rule 1) and agree to fp32
+    for record in run(tmp_path / "same"):
+        assert record["rollout/logprob_diff"] < 1e-5 and abs(record["rollout/kl"]) < 1e-6
+        assert "rollout/is_weight" not in record
+    shifted = run(
+        tmp_path / "shifted",
+        "algorithm.rollout_is.mode=token_truncate",
+        filters=(shift_rollout_logprobs,),
+    )
+    for record in shifted:
+        assert record["rollout/logprob_diff"] == pytest.approx(math.log(3.0), abs=1e-4)
+        assert record["rollout/kl"] == pytest.approx(3 - math.log(3.0) - 1, abs=1e-3)  # k3
+        assert record["rollout/is_weight"] == pytest.approx(2.0, abs=1e-4)  # capped at 2
+        assert record["rollout/is_capped_frac"] == pytest.approx(1.0)
+
+
+def test_bad_settings_are_config_errors_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"rollout_is\.min_ratio.*rollout_is\.max_ratio"):
+        resolve_config(preset="grpo", overrides=["algorithm.rollout_is.min_ratio=3"])
+    with pytest.raises(ConfigError, match=r"algorithm\.rollout_is\.mode"):
+        resolve_config(preset="grpo", overrides=["algorithm.rollout_is.mode=tis"])
