@@ -24,7 +24,8 @@ saves). A GPU's captured decode step does use it (`rollout.graph_step`).
 
 Only plain modules are accepted (`supports`): exact `nn.Linear` projections, or adapters around
 them (LoRA, `rlvr.models.lora`), which run by their own forward where a plain projection would
-run by its weight (and keep out of the packed and panel products); SiLU MLP, full attention
+run by its weight (never in the packed products; a CPU decode step's panel products take a
+LoRA layer's base weight and add its low-rank term); SiLU MLP, full attention
 without dropout, rotary types that do not depend on the sequence length. Anything else
 (quantised projections, an adapted LM head) uses the `transformers` forward, as does
 `model.fused_forward: false`.
