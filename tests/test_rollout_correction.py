@@ -22,7 +22,8 @@ E_HALF, E_MINUS_ONE = math.exp(0.5), math.exp(-1.0)  # row 0's token ratios: 1.6
 
 
 def weights(mode: str, low: float = 0.0, high: float = 2.0) -> torch.Tensor:
-    return rollout_is_weights(OLD, ROLLOUT, MASK, mode=mode, min_ratio=low, max_ratio=high)
+    ratio = rollout_is_ratio(OLD, ROLLOUT, MASK, sequence=mode.startswith("sequence"))
+    return rollout_is_weights(ratio, MASK, mode=mode, min_ratio=low, max_ratio=high)
 
 
 @pytest.mark.parametrize(
@@ -57,13 +58,14 @@ def test_weights_carry_no_gradient_and_never_overflow():
     old = torch.tensor([[0.0, -1.0]], requires_grad=True)
     rollout = torch.tensor([[-100.0, -1.0]])  # the trainer finds token 0 e^100 times likelier
     mask = torch.ones(1, 2)
-    truncated = rollout_is_weights(old, rollout, mask, mode="token_truncate", max_ratio=3.0)
+    ratio = rollout_is_ratio(old, rollout, mask)
+    truncated = rollout_is_weights(ratio, mask, mode="token_truncate", max_ratio=3.0)
     assert not truncated.requires_grad
     torch.testing.assert_close(truncated, torch.tensor([[3.0, 1.0]]))
-    masked = rollout_is_weights(old, rollout, mask, mode="token_mask", max_ratio=3.0)
+    masked = rollout_is_weights(ratio, mask, mode="token_mask", max_ratio=3.0)
     torch.testing.assert_close(masked, torch.tensor([[0.0, 1.0]]))
     with pytest.raises(ValueError, match="unknown rollout correction mode 'tis'"):
-        rollout_is_weights(old, rollout, mask, mode="tis")
+        rollout_is_weights(ratio, mask, mode="tis")
 
 
 def test_truncated_weights_scale_each_tokens_policy_gradient():

@@ -41,23 +41,15 @@ def rollout_is_ratio(
 
 
 def rollout_is_weights(
-    old_logprobs: Tensor,
-    rollout_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    mode: str,
-    min_ratio: float = 0.0,
-    max_ratio: float = 2.0,
+    ratio: Tensor, mask: Tensor, *, mode: str, min_ratio: float = 0.0, max_ratio: float = 2.0
 ) -> Tensor:
-    """[N, T] stop-gradient weights of the token losses (zero outside `mask`).
+    """[N, T] stop-gradient weights of the token losses (zero outside `mask`), from
+    `rollout_is_ratio`'s ratio ([N, T] for the `token_*` modes, [N, 1] for `sequence_*`).
 
     `*_truncate`: w = clamp(π_old / π_rollout, min_ratio, max_ratio) (TIS when min_ratio is 0);
-    `*_mask`: w = π_old / π_rollout inside [min_ratio, max_ratio], else 0 (MIS). `sequence_*`
-    use one ratio per row, exp(Σ_t mask_t · (log π_old − log π_rollout))."""
+    `*_mask`: w = π_old / π_rollout inside [min_ratio, max_ratio], else 0 (MIS)."""
     if mode not in MODES:
         raise ValueError(f"unknown rollout correction mode {mode!r} (choose from {MODES})")
-    sequence = mode.startswith("sequence")
-    ratio = rollout_is_ratio(old_logprobs, rollout_logprobs, mask, sequence=sequence)
     if mode.endswith("truncate"):
         weights = ratio.clamp(min_ratio, max_ratio)
     else:

@@ -146,16 +146,15 @@ def rollout_mismatch(
         weights, changed = mask, mask * 0
         if settings.mode != "none":
             sequence = settings.mode.startswith("sequence")
-            ratio = rollout_is_ratio(old, rollout, mask, sequence=sequence).expand_as(mask)
+            ratio = rollout_is_ratio(old, rollout, mask, sequence=sequence)
             weights = rollout_is_weights(
-                old,
-                rollout,
+                ratio,
                 mask,
                 mode=settings.mode,
                 min_ratio=settings.min_ratio,
                 max_ratio=settings.max_ratio,
             )
-            changed = (weights != ratio * mask).float() * mask
+            changed = (weights != ratio.expand_as(mask) * mask).float() * mask
     return RolloutMismatch(weights, (diff.abs(), kl, weights, changed))
 
 
