@@ -1,4 +1,4 @@
-"""A/B of the decode cache's memory kept between rollouts (`fused.BufferPool`, what the rollout
+"""A/B of the decode cache's memory kept between rollouts (`kv_cache.BufferPool`, what the rollout
 engine does on a CPU) against a fresh cache per rollout (the implementation before it), in one
 process, alternating, on the demo-shaped tiny model with 2 threads; one engine per variant runs
 every rollout, as in training.
@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 from fused_ab import decode_ab, demo_setup
 
-from rlvr.models import fused
+from rlvr.models import kv_cache
 
 RESULTS = Path(__file__).parent / "results" / "kv_reuse_ab.json"
 REPEATS = 12
 
 
 def fresh_empty(
-    self: fused.BufferPool, key: tuple, like: torch.Tensor, shape: tuple
+    self: kv_cache.BufferPool, key: tuple, like: torch.Tensor, shape: tuple
 ) -> torch.Tensor:
     """A pool that keeps nothing: every buffer newly allocated."""
     return like.new_empty(shape)
@@ -33,16 +33,16 @@ def fresh_empty(
 
 def main() -> None:
     tok, model, prompts = demo_setup()
-    pool_empty = fused.BufferPool.empty
+    pool_empty = kv_cache.BufferPool.empty
 
     def switch(method):
-        return lambda: setattr(fused.BufferPool, "empty", method)
+        return lambda: setattr(kv_cache.BufferPool, "empty", method)
 
     variants = {"fresh": switch(fresh_empty), "pool": switch(pool_empty)}
     try:
         report = decode_ab(tok, model, prompts, variants, REPEATS)
     finally:
-        fused.BufferPool.empty = pool_empty
+        kv_cache.BufferPool.empty = pool_empty
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
 

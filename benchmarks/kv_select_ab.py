@@ -1,4 +1,4 @@
-"""A/B of the decode cache's row selection, in one process, alternating: `fused.select_rows`
+"""A/B of the decode cache's row selection, in one process, alternating: `kv_cache.select_rows`
 (copy only the filled positions; compact dropped rows in place) against indexing the whole
 buffer (`buffer[rows]`, the implementation before it), on the demo-shaped tiny model with 2
 threads.
@@ -6,7 +6,7 @@ threads.
 Two rollouts of 16 prompts × 8 samples, up to 64 tokens: one with every completion forced to
 64 tokens (the cache is only repeated after the prefill) and one where two frequent tokens end
 a completion, so rows leave the batch at many different steps. Since lever 52 a CPU rollout
-no longer repeats a prompt's cache for its samples (`fused.SharedPromptKV`), so the selection
+no longer repeats a prompt's cache for its samples (`kv_cache.SharedPromptKV`), so the selection
 moves only the rows' own positions, and the forced case, whose rows never leave, selects
 nothing (1.00×).
 
@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 from fused_ab import decode_cases, demo_setup
 
-from rlvr.models import fused
+from rlvr.models import kv_cache
 from rlvr.rollout.hf import HFRolloutEngine
 
 RESULTS = Path(__file__).parent / "results" / "kv_select_ab.json"
 REPEATS = 10
 
 
-def whole_buffer_select(self: fused.BufferKV, indices: torch.Tensor) -> None:
+def whole_buffer_select(self: kv_cache.BufferKV, indices: torch.Tensor) -> None:
     """The previous `BufferKV.batch_select_indices`: every row copied at full capacity."""
     self.keys = [k[indices] for k in self.keys]
     self.values = [v[indices] for v in self.values]
@@ -40,7 +40,7 @@ def main() -> None:
     tok, model, prompts = demo_setup()
     cases = decode_cases(tok)
     variants = {
-        "select_rows": fused.BufferKV.batch_select_indices,
+        "select_rows": kv_cache.BufferKV.batch_select_indices,
         "whole buffer": whole_buffer_select,
     }
     report = {}
@@ -49,7 +49,7 @@ def main() -> None:
         tokens = 0
         for _ in range(REPEATS):
             for variant, method in variants.items():
-                fused.BufferKV.batch_select_indices = method
+                kv_cache.BufferKV.batch_select_indices = method
                 engine = HFRolloutEngine(
                     model, eos, tok.pad_token_id, generator=torch.Generator().manual_seed(0)
                 )
@@ -62,7 +62,7 @@ def main() -> None:
         medians["completion_tokens"] = tokens
         report[name] = medians
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()), flush=True)
-    fused.BufferKV.batch_select_indices = variants["select_rows"]
+    kv_cache.BufferKV.batch_select_indices = variants["select_rows"]
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
 

@@ -40,7 +40,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from vs_trl import RESULTS_DIR
 
 from rlvr.config import AlgorithmConfig
-from rlvr.models import fused
+from rlvr.models import fused, kv_cache
 from rlvr.training import batching, update
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import placed_at, shared_prefix_forward
@@ -52,7 +52,7 @@ def padded_logits(model, sb, temperature, with_entropy=True):
     forward = fused.FusedForward(model)
 
     def step(input_ids, attention_mask, position_ids, cache, keep_last, real):
-        cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
+        cache = cache if cache is not None else kv_cache.ConcatKV(len(forward.layers))
         if real is None:
             hidden = forward.hidden(input_ids, position_ids, attention_mask, cache)
             return forward.logits(hidden[:, -keep_last:] if keep_last else hidden), cache

@@ -1,6 +1,6 @@
 """A/B of the CPU decode cache holding each prompt's keys and values once for its samples
-(`fused.SharedPromptKV`, lever 52: the C decode attention reads them in place) against a copy
-per sample (`fused.BufferKV` repeated after the prefill, the implementation before it), in one
+(`kv_cache.SharedPromptKV`, lever 52: the C decode attention reads them in place) against a copy
+per sample (`kv_cache.BufferKV` repeated after the prefill, the implementation before it), in one
 process, alternating, on the demo-shaped tiny model with 2 threads; one engine per variant runs
 every rollout, as in training.
 

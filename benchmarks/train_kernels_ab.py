@@ -59,7 +59,7 @@ def attention_case(
 ) -> tuple[Case, float]:
     """The attention's ways, and its useful FLOPs forward and backward: 12 · dim · heads per
     (query, visible key) pair (QKᵀ and PV forward, twice that backward; `gpu.py`'s count)."""
-    from rlvr.models import flash_varlen, fused, gpu_kernels
+    from rlvr.models import flash_varlen, fused, gpu_kernels, kv_cache
 
     g = torch.Generator().manual_seed(0)
     prompts, samples, prompt_len = (2, 2, 8) if quick else (4, 8, 128)
@@ -96,7 +96,7 @@ def attention_case(
         def once() -> None:
             gpu_kernels.TUNE, flash_varlen.ENABLED = tune, flash
             try:
-                cache = fused.ConcatKV(1)
+                cache = kv_cache.ConcatKV(1)
                 cache.update(0, pk.transpose(1, 2), pv.transpose(1, 2))
                 cache.batch_select_indices(prompt_index)
                 out = ops.attend(q, *ops.cached(cache, 0, k, v), scale=d**-0.5)

@@ -42,7 +42,7 @@ def packed_attention_case(
     key hidden from the queries after it, unless not `hidden_key`), row 1 its first two
     thirds, row 2 none, row 3 one block of 64, row 4 a few; the per-token rows in a shuffled
     order (in row order unless `shuffled`). The prefixes' keys are a transposed view, as
-    `fused.ConcatKV` keeps a prompt's; the first has 10 padded keys, the second a hidden one
+    `kv_cache.ConcatKV` keeps a prompt's; the first has 10 padded keys, the second a hidden one
     in the middle."""
     g = torch.Generator().manual_seed(4)
     lengths = [t, 2 * t // 3, 0, min(64, t), 5]

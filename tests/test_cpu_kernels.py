@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlvr.models import cpu_kernels, fused, gpu_kernels
+from rlvr.models import cpu_kernels, fused, gpu_kernels, kv_cache
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import FusedDecoder, HFRolloutEngine
@@ -150,10 +150,10 @@ def test_a_shared_prompt_that_does_not_fit_is_refused():
 
 
 def test_a_shared_prompt_cache_refuses_rows_it_cannot_hold():
-    prompts = fused.BufferKV(1, 6)
+    prompts = kv_cache.BufferKV(1, 6)
     prompts.update(0, torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4))
     prompts.length = 3
-    cache = fused.SharedPromptKV(prompts, torch.tensor([0, 0, 1, 1]))
+    cache = kv_cache.SharedPromptKV(prompts, torch.tensor([0, 0, 1, 1]))
     assert cache.length == 3
     cache.length += 1  # as the forward advances it
     assert (cache.length, cache.own.length) == (4, 1)
@@ -220,7 +220,7 @@ def test_a_rollout_with_the_kernels_samples_what_the_torch_operations_sample(mon
 
 @needs_compiler
 def test_a_rollout_with_shared_prompts_samples_what_copied_prompts_sample(monkeypatch):
-    """Same seed, with each prompt's cache shared by its samples (`fused.SharedPromptKV`) and
+    """Same seed, with each prompt's cache shared by its samples (`kv_cache.SharedPromptKV`) and
     copied into each: the same tokens and log-probs, bit for bit, with rows finishing at many
     steps (the rows' own positions compacted, the prompts' left in place); one sample per
     prompt repeats nothing, so it shares nothing."""
@@ -229,13 +229,13 @@ def test_a_rollout_with_shared_prompts_samples_what_copied_prompts_sample(monkey
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
     made = []
-    shared_cache = fused.SharedPromptKV
+    shared_cache = kv_cache.SharedPromptKV
 
     def counted(*args, **kwargs):
         made.append(args[1].tolist())
         return shared_cache(*args, **kwargs)
 
-    monkeypatch.setattr(fused, "SharedPromptKV", counted)
+    monkeypatch.setattr(kv_cache, "SharedPromptKV", counted)
     for n in (4, 1):
         params = SamplingParams(n=n, temperature=0.9, max_new_tokens=24)
         outs = []
@@ -333,12 +333,12 @@ def test_select_rows_compacts_with_the_kernel_as_with_torch_and_falls_back_other
     for setting in ("0", "1"):
         monkeypatch.setenv(cpu_kernels.DISABLE_ENV, setting)
         with torch.inference_mode():
-            outs[setting] = fused.select_rows(source.clone(), torch.tensor([1, 2, 5]), 3)
+            outs[setting] = kv_cache.select_rows(source.clone(), torch.tensor([1, 2, 5]), 3)
     assert torch.equal(outs["1"][:, :, :3], outs["0"][:, :, :3])
     assert torch.equal(outs["1"][:, :, :3], source[[1, 2, 5], :, :3])
     with torch.inference_mode():  # not increasing: the kernel declines, torch gathers
         assert not cpu_kernels.compact_rows(source.clone(), torch.tensor([2, 1]), 3)
-        swapped = fused.select_rows(source.clone(), torch.tensor([2, 1]), 3)
+        swapped = kv_cache.select_rows(source.clone(), torch.tensor([2, 1]), 3)
         assert not cpu_kernels.compact_rows(source[:, :, 1:], torch.tensor([1]), 3)
     assert torch.equal(swapped[:, :, :3], source[[2, 1], :, :3])
 
@@ -432,7 +432,7 @@ def _attention_case(prefixes, group, q_heads, kv_heads, t, sp, d, seed):
 
 def _attend(ops, q, k, v, pk, pv, select):
     """A completion pass's attention through a `ConcatKV` holding the prompt pass's keys."""
-    cache = fused.ConcatKV(1)
+    cache = kv_cache.ConcatKV(1)
     cache.update(0, pk, pv)
     cache.batch_select_indices(select)
     return ops.attend(q, *ops.cached(cache, 0, k, v), scale=0.3), cache
@@ -486,7 +486,7 @@ def test_kernel_attention_of_a_prompt_pass_sees_its_left_padding_as_torch_does()
         fused.TorchOps(fused.mask_bias(key_mask, t, torch.float32)),
         fused.KernelOps(key_mask, t),
     ):
-        out = ops.attend(q, *ops.cached(fused.ConcatKV(1), 0, k, v), scale=0.5)
+        out = ops.attend(q, *ops.cached(kv_cache.ConcatKV(1), 0, k, v), scale=0.5)
         results.append([out, *torch.autograd.grad(out.square().sum(), (q, k, v))])
     for got, want in zip(*results[::-1]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -563,7 +563,7 @@ def test_concat_kv_lays_out_a_selection_only_for_the_layers_it_holds():
     held layer's rows repeated then its new positions added; a layer filled after the
     selection is not selected."""
     keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
-    cache = fused.ConcatKV(2)
+    cache = kv_cache.ConcatKV(2)
     cache.update(0, keys, -keys)
     cache.batch_select_indices(torch.tensor([0, 0, 1]))
     tail = torch.ones(3, 1, 1, 2)

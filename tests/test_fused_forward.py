@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from rlvr.config import LoraConfig
-from rlvr.models import fused, lora
+from rlvr.models import fused, kv_cache, lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -191,7 +191,7 @@ def test_decode_drops_finished_rows_and_keeps_sampling_the_live_ones(tok):
 def test_select_rows_copies_the_filled_positions_of_the_chosen_rows(rows):
     buffer = torch.randn(4, 2, 10, 3)
     expected = buffer[rows, :, :6].clone()
-    out = fused.select_rows(buffer, torch.tensor(rows), length=6)
+    out = kv_cache.select_rows(buffer, torch.tensor(rows), length=6)
     assert out.shape == (len(rows), 2, 10, 3)
     torch.testing.assert_close(out[:, :, :6], expected, rtol=0, atol=0)
     shares_storage = out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
@@ -242,7 +242,7 @@ def test_a_reused_engine_samples_what_fresh_engines_sample(tok):
 
 
 def test_buffer_pool_reuses_and_grows_its_storage():
-    pool = fused.BufferPool()
+    pool = kv_cache.BufferPool()
     like = torch.zeros(1)
     a = pool.empty(("k", 0, 0), like, (2, 3, 4))
     b = pool.empty(("k", 0, 0), like, (1, 3, 4))  # smaller: same memory

@@ -667,9 +667,9 @@ class DecodeOps(Composites):
 
     @staticmethod
     def cached(cache: Any, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """Add one position's k, v [b, 1, kv_heads, dim] to `cache` (a `fused.KVStore`);
+        """Add one position's k, v [b, 1, kv_heads, dim] to `cache` (a `kv_cache.KVStore`);
         return the layer's keys and values as `attention` takes them after q (a
-        `fused.SharedPromptKV` gives each row's own and its prompt's apart)."""
+        `kv_cache.SharedPromptKV` gives each row's own and its prompt's apart)."""
         return cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))
 
     def attend(self, q: torch.Tensor, *kv: torch.Tensor, scale: float) -> torch.Tensor:

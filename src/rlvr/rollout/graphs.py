@@ -33,7 +33,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from rlvr.models import fused
+from rlvr.models import fused, kv_cache
 from rlvr.rollout import graph_step, triton_ops
 from rlvr.rollout.graph_step import SlotKV, decode_hidden, decode_weights
 from rlvr.rollout.sampling import Draw, sample_tokens
@@ -157,7 +157,7 @@ class GraphDecoder:
     def __init__(self, model: nn.Module, capacity: int, state: GraphState) -> None:
         self.forward = fused.FusedForward(model)
         self.capacity, self.state = capacity, state
-        self.prefill_cache: fused.BufferKV | None = None
+        self.prefill_cache: kv_cache.BufferKV | None = None
         self.buffers: StaticBuffers | None = None
         self.ban: torch.Tensor | None = None
         """The ban last copied into the static buffers (`next_tokens`)."""
@@ -165,7 +165,7 @@ class GraphDecoder:
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Next-token logits [b, vocab] after each (left-padded) prompt (eager)."""
-        self.prefill_cache = fused.BufferKV(len(self.forward.layers), input_ids.shape[1])
+        self.prefill_cache = kv_cache.BufferKV(len(self.forward.layers), input_ids.shape[1])
         hidden = self.forward.hidden(input_ids, position_ids, attention_mask, self.prefill_cache)
         self.length = self.prefill_cache.length
         return self.forward.logits(hidden[:, -1])

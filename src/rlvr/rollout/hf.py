@@ -3,12 +3,12 @@
 Departures from `model.generate`, all for speed and for the trainer's needs:
 - each prompt is prefilled once and its KV cache repeated for its `n` samples; where the C
   kernels run the decode step (a CPU, fp32) its samples read it in place instead
-  (`fused.SharedPromptKV`);
+  (`kv_cache.SharedPromptKV`);
 - the KV cache is preallocated for prompt + budget and written in place (`PreallocatedLayer`),
   instead of being re-concatenated at every token;
 - finished sequences are dropped from the batch, so late tokens cost only the live rows (the
   live rows' cache is compacted in place, copying only the filled positions: `select_rows`);
-- on a CPU the cache's memory is kept from one rollout to the next (`fused.BufferPool`), so a
+- on a CPU the cache's memory is kept from one rollout to the next (`kv_cache.BufferPool`), so a
   rollout does not fault in tens of MB of fresh pages;
 - on a GPU each decode step, the next token's sampling included, is the replay of a captured
   CUDA graph (`graphs.GraphDecoder`), one launch instead of hundreds, and each step is
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-from rlvr.models import cpu_kernels, fused
+from rlvr.models import cpu_kernels, fused, kv_cache
 from rlvr.models.hf_cache import cache_kwarg
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.graphs import GraphDecoder, GraphState
@@ -96,8 +96,8 @@ class PreallocatedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only the rows `indices` (finished sequences leave the batch)."""
-        self.key_buffer = fused.select_rows(self.key_buffer, indices, self.length)
-        self.value_buffer = fused.select_rows(self.value_buffer, indices, self.length)
+        self.key_buffer = kv_cache.select_rows(self.key_buffer, indices, self.length)
+        self.value_buffer = kv_cache.select_rows(self.value_buffer, indices, self.length)
         self._views()
 
 
@@ -123,7 +123,7 @@ class HFRolloutEngine:
         self.pad_id = pad_id
         self.batch_size = batch_size
         self.generator = generator
-        self.kv_pool = fused.BufferPool()
+        self.kv_pool = kv_cache.BufferPool()
         """Cache memory reused across rollouts when the model is on the CPU."""
         self.graph_state = GraphState() if cuda_graphs else None
         """Static buffers and CUDA graphs of the decode step, kept across rollouts on a GPU (a
@@ -324,14 +324,14 @@ class FusedDecoder(SampleAfterStep):
 
     share_prompts = True
     """Keep each prompt's cache once for its samples where the C kernels run the decode step
-    (`fused.SharedPromptKV`); False: a copy per sample (before lever 52; for the A/B)."""
+    (`kv_cache.SharedPromptKV`); False: a copy per sample (before lever 52; for the A/B)."""
 
     def __init__(
-        self, model: nn.Module, capacity: int, pool: fused.BufferPool | None = None
+        self, model: nn.Module, capacity: int, pool: kv_cache.BufferPool | None = None
     ) -> None:
         self.forward = fused.FusedForward(model)
-        self.cache: fused.BufferKV | fused.SharedPromptKV
-        self.cache = fused.BufferKV(len(self.forward.layers), capacity, pool)
+        self.cache: kv_cache.BufferKV | kv_cache.SharedPromptKV
+        self.cache = kv_cache.BufferKV(len(self.forward.layers), capacity, pool)
         self.pool = pool
 
     def _logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -346,9 +346,9 @@ class FusedDecoder(SampleAfterStep):
         """Keep (or repeat) cache rows: a prompt's cache repeated for its samples is shared
         by them instead where the C kernels will run the decode step."""
         cache = self.cache
-        repeats = isinstance(cache, fused.BufferKV) and len(rows) > cache.keys[0].shape[0]
+        repeats = isinstance(cache, kv_cache.BufferKV) and len(rows) > cache.keys[0].shape[0]
         if repeats and self.share_prompts and cpu_kernels.usable(cache.keys[0]):
-            self.cache = fused.SharedPromptKV(cache, rows, self.pool)
+            self.cache = kv_cache.SharedPromptKV(cache, rows, self.pool)
         else:
             cache.batch_select_indices(rows)
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
-from rlvr.models import fused
+from rlvr.models import fused, kv_cache
 from rlvr.models.hf_cache import cache_kwarg, returned_cache
 from rlvr.rollout.hf import staged
 from rlvr.training.logprobs import linear_token_stats, token_logprobs_and_entropy
@@ -224,7 +224,7 @@ def fused_hidden_step(model: nn.Module) -> PrefixStep:
     forward = fused.FusedForward(model)
 
     def step(input_ids, attention_mask, position_ids, cache, keep_last, flat, host):
-        cache = cache if cache is not None else fused.ConcatKV(len(forward.layers))
+        cache = cache if cache is not None else kv_cache.ConcatKV(len(forward.layers))
         hidden = forward.hidden(input_ids, position_ids, attention_mask, cache, flat, host=host)
         if flat is None:
             return (hidden[:, -keep_last:] if keep_last else hidden), cache
