@@ -28,3 +28,15 @@ def token_batch(
         rollout_logprobs=torch.zeros_like(mask),
         advantages=advantages[:, None] * mask,
     )
+
+
+def two_group_batch() -> RolloutBatch:
+    """Six samples of random token ids in two groups of three, with lengths and advantages
+    that differ from row to row."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (3, 5, 4, 7, 2, 6)]
+    completions = [
+        torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (1, 9, 4, 6, 3, 8)
+    ]
+    advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.4])
+    return token_batch(prompts, completions, torch.tensor([0, 0, 0, 1, 1, 1]), advantages)

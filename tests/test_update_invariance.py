@@ -3,25 +3,13 @@
 import pytest
 import torch
 
-from batches import token_batch
+from batches import two_group_batch
 from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import update
-from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import completion_token_stats
 from rlvr.training.critic import Critic
 from rlvr.training.update import LossSettings, batch_logprobs, minibatch_backward
-
-
-def make_batch() -> RolloutBatch:
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (3, 5, 4, 7, 2, 6)]
-    completions = [
-        torch.randint(10, 90, (int(k),), generator=g).tolist() for k in (1, 9, 4, 6, 3, 8)
-    ]
-    advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.4])
-    return token_batch(prompts, completions, torch.tensor([0, 0, 0, 1, 1, 1]), advantages)
-
 
 CASES = {
     "token_mean": {"aggregation": "token_mean"},
@@ -40,7 +28,7 @@ CASES = {
 def test_micro_batch_split_does_not_change_loss_or_gradient(case):
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     batch.correct = torch.tensor([True, False, True, True, False, False])
     algo = AlgorithmConfig.model_validate(CASES[case])
     batch.ref_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) - 0.05
@@ -62,7 +50,7 @@ def test_micro_batch_split_does_not_change_loss_or_gradient(case):
 def test_critic_update_does_not_depend_on_the_micro_batch_split():
     tok = build_tiny_tokenizer()
     policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     results = []
     for budget in (10_000, 24, 1):
         torch.manual_seed(0)
@@ -92,7 +80,7 @@ def _grads_and_stats(model, batch, algo, tok, **settings_kw):
 def test_skipping_zero_advantage_samples_keeps_the_gradient_exactly():
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     batch.advantages[3:] = 0.0  # the second group carries no signal
     batch.old_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) + 0.1
     algo = AlgorithmConfig.model_validate({"aggregation": "token_mean"})
@@ -110,7 +98,7 @@ def test_an_all_zero_advantage_batch_gives_zero_gradients_not_none():
     """The optimizer must still step (AdamW momentum), as it would on the computed zeros."""
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     batch.advantages.zero_()
     algo = AlgorithmConfig()
     grads, stats = _grads_and_stats(model, batch, algo, tok, skip_zero_advantage=True)
@@ -131,7 +119,7 @@ def test_an_all_zero_advantage_batch_gives_zero_gradients_not_none():
 def test_no_sample_is_skipped_when_another_term_has_a_gradient(change):
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     batch.advantages[3:] = 0.0
     batch.correct = torch.ones(len(batch), dtype=torch.bool)
     if change.get("ref"):
@@ -148,7 +136,7 @@ def test_the_update_without_logits_gives_the_gradient_through_logits(monkeypatch
     gradient of the full-logits formula."""
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    batch = make_batch()
+    batch = two_group_batch()
     algo = AlgorithmConfig.model_validate({"aggregation": "token_mean"})
     batch.ref_logprobs = batch_logprobs(model, batch, 0.7, 10_000, tok.pad_token_id) - 0.05
     results = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,6 +52,20 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code=2)
+
+
+@app.callback()
+def _one_process_unless_training(ctx: typer.Context) -> None:
+    if os.environ.get("WORLD_SIZE", "1") != "1" and ctx.invoked_subcommand != "train":
+        _fail(
+            f"rlvr {ctx.invoked_subcommand} runs in one process: under torchrun, only "
+            "`rlvr train` runs data-parallel"
+        )
+
+
+def _main_process() -> bool:
+    """Whether this is torchrun's rank 0 (or no torchrun): the process that reports."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 ConfigArgs = Annotated[
@@ -103,8 +118,9 @@ def train(
         run_dir = run_train(cfg, resume=resume)
     except _user_errors() as exc:
         _fail(str(exc))
-    plot_runs([run_dir], run_dir / "report.png")
-    console.print(f"run directory: {run_dir} (curves in report.png)")
+    if _main_process():
+        plot_runs([run_dir], run_dir / "report.png")
+        console.print(f"run directory: {run_dir} (curves in report.png)")
 
 
 @app.command(context_settings={"allow_extra_args": True})

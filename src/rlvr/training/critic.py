@@ -27,23 +27,31 @@ from rlvr.training.batching import (
     shared_prefix_forward,
     to_device,
 )
+from rlvr.training.distributed import ONE_PROCESS, Ranks
 from rlvr.training.optim import build_optimizer
-from rlvr.training.update import micro_batches
+from rlvr.training.update import micro_batches, rank_share
 
 
 class Critic:
-    """Owns the value model and its optimizer."""
+    """Owns the value model and its optimizer; with several ranks, each scores and trains its
+    share of the rows and the values and gradients are summed over the ranks."""
 
     def __init__(
-        self, settings: CriticConfig, policy: torch.nn.Module, train: TrainConfig, pad_id: int
+        self,
+        settings: CriticConfig,
+        policy: torch.nn.Module,
+        train: TrainConfig,
+        pad_id: int,
+        ranks: Ranks = ONE_PROCESS,
     ) -> None:
-        self.settings = settings
+        self.settings, self.ranks = settings, ranks
         base = policy if settings.model is None else load_pretrained(settings.model)[0]
         self.model = ValueModel(base).to(model_device(policy))
         self.device = model_device(policy)
         self.optimizer = build_optimizer(self.model, settings.lr, train.weight_decay, train.betas)
         self.budget, self.pad_id = train.micro_batch_tokens, pad_id
         self.max_grad_norm = train.max_grad_norm or math.inf
+        ranks.copy_from_main(self.model)
 
     def _values(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """[b, T] values of the completion tokens of `rows`, on the critic's device."""
@@ -55,11 +63,12 @@ class Critic:
         """[N, T] values of every response token (0 elsewhere)."""
         self.model.eval()
         out = torch.zeros_like(batch.response_mask)
-        for rows in micro_batches(batch, list(range(len(batch))), self.budget, self.model):
+        mine = rank_share(batch, list(range(len(batch))), self.ranks)
+        for rows in micro_batches(batch, mine, self.budget, self.model):
             values = self._values(batch, rows).float().cpu()
             width = values.shape[1]
             out[rows, :width] = values * batch.response_mask[rows, :width]
-        return out
+        return self.ranks.sum_(out)
 
     def update(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
         """One optimizer step of the clipped value loss on the mini-batch `rows`; the
@@ -69,7 +78,8 @@ class Critic:
         num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
         norm = {"num_tokens": num_tokens, "num_seqs": float(len(rows)), "max_len": 1}
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for mb_rows in micro_batches(batch, rows, self.budget, self.model):
+        mine = rank_share(batch, rows, self.ranks)
+        for mb_rows in micro_batches(batch, mine, self.budget, self.model):
             values = self._values(batch, mb_rows)
             width = values.shape[1]
             mask = rows_on(batch.response_mask, mb_rows, width, self.device)
@@ -83,6 +93,8 @@ class Critic:
             loss = aggregate("token_mean", token_loss, mask, **norm)
             loss.backward()
             sums += torch.stack([x.sum().double() for x in (loss.detach(), clipped * mask)])
+        self.ranks.sum_gradients(self.model.parameters())
+        self.ranks.sum_(sums)
         stats = dict(zip(("value_loss", "value_clip_tokens"), sums.tolist(), strict=True))
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         if math.isfinite(stats["value_loss"]):

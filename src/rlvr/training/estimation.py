@@ -22,6 +22,7 @@ from rlvr.config import AlgorithmConfig
 from rlvr.models import lora
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.critic import Critic
+from rlvr.training.distributed import ONE_PROCESS, Ranks
 from rlvr.training.update import LossSettings, batch_logprobs, batch_token_stats
 
 CRITIC_ADVANTAGE = "gae"
@@ -91,21 +92,25 @@ def prepare_update(
     critic: Critic | None,
     settings: LossSettings,
     needs_old_logprobs: bool,
+    ranks: Ranks = ONE_PROCESS,
 ) -> None:
     """Add what the update reads to `batch`: reference / old log-probs, values, advantages.
 
     A `reference` that is the policy itself (a LoRA policy's, `Regularization`) is scored with
-    its adapters off."""
+    its adapters off. With several ranks each scores its share of the rows and every rank
+    gets the whole batch's scores."""
     algo, budget, pad = settings.algorithm, settings.micro_batch_tokens, settings.pad_id
     if reference is not None:
         base = lora.adapters_disabled(model) if reference is model else nullcontext()
         with base:
-            batch.ref_logprobs = batch_logprobs(reference, batch, settings.temperature, budget, pad)
+            batch.ref_logprobs = batch_logprobs(
+                reference, batch, settings.temperature, budget, pad, ranks
+            )
     top_frac = algo.entropy.top_frac
     entropy = None
     if needs_old_logprobs or top_frac < 1.0:
         old, entropy = batch_token_stats(
-            model, batch, settings.temperature, budget, pad, with_entropy=top_frac < 1.0
+            model, batch, settings.temperature, budget, pad, top_frac < 1.0, ranks
         )
         if needs_old_logprobs:
             batch.old_logprobs = old

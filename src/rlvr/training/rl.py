@@ -1,12 +1,14 @@
 """Online RL, top to bottom: sample -> reward -> filter -> advantages -> update -> log.
 
 One function, `train`, is the whole loop; every formula it uses is a registered pure function
-in `rlvr.algorithms`, selected by name from the config.
+in `rlvr.algorithms`, selected by name from the config. Under `torchrun` every process runs
+it as one data-parallel rank (`rlvr.training.distributed`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
-from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer
+from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.loggers import MetricLoggers
@@ -30,9 +32,11 @@ from rlvr.training.checkpoint import (
     load_model_weights,
     load_trainer_state,
     restore_rng_state,
+    rng_state,
     save_checkpoint,
 )
 from rlvr.training.critic import Critic
+from rlvr.training.distributed import Ranks, data_parallel, rank_state
 from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.metrics import step_metrics
@@ -68,6 +72,23 @@ def train(
     show_progress: bool = True,
 ) -> Path:
     """Run online RL as configured; return the run directory."""
+    with data_parallel(resolve_device(cfg.model.device)) as ranks:
+        return _train(cfg, ranks, resume, filters, show_progress)
+
+
+def _train(
+    cfg: RLConfig,
+    ranks: Ranks,
+    resume: bool,
+    filters: tuple[BatchFilter, ...],
+    show_progress: bool,
+) -> Path:
+    """`train` on this rank (rank 0 alone writes the run directory)."""
+    if ranks.world > cfg.rollout.prompts_per_step:
+        raise ConfigError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is less than the "
+            f"{ranks.world} data-parallel ranks; each rank samples at least one prompt"
+        )
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     if cfg.train.keep_freed_memory:
@@ -76,14 +97,16 @@ def train(
     algo, r = cfg.algorithm, cfg.rollout
 
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    ranks.copy_from_main(model)
     if cfg.train.gradient_checkpointing:
         try:
             fused.enable_activation_checkpointing(model)
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
     run_dir = Path(cfg.train.output_dir)  # written only once the model is known to fit the config
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
     regularization = Regularization(algo, model)
     reference = regularization.reference
     task = load_task(cfg.data)
@@ -97,7 +120,7 @@ def train(
     sampler = build_sampler(
         cfg.data.sampler, len(task.train), cfg.train.seed, cfg.data.min_priority
     )
-    generator = torch.Generator().manual_seed(cfg.train.seed)
+    generator = torch.Generator().manual_seed(cfg.train.seed + ranks.rank)
 
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas)
@@ -110,7 +133,7 @@ def train(
     )
     critic = None
     if algo.advantage == CRITIC_ADVANTAGE:
-        critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id)
+        critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
     start_step, bad_steps = 0, 0
     if resume:
         checkpoint = latest_checkpoint(run_dir)
@@ -121,14 +144,16 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
-        generator.set_state(state["generator"])
-        restore_rng_state(state["rng"])
+        own = rank_state(state, ranks, checkpoint)
+        generator.set_state(own["generator"])
+        restore_rng_state(own["rng"])
         regularization.load_state_dict(state["regularization"])
         if critic is not None:
             critic.load_state_dict(state["critic"])
         start_step, bad_steps = state["step"], state["bad_steps"]
     for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl"):
-        keep_until_step(run_dir / name, start_step)
+        if ranks.main:
+            keep_until_step(run_dir / name, start_step)
 
     engine = HFRolloutEngine(
         model,
@@ -146,7 +171,9 @@ def train(
     settings.skip_zero_advantage = cfg.train.skip_zero_advantage and algo.entropy.target is None
 
     def checkpoint_state() -> dict:
+        own = {"generator": generator.get_state(), "rng": rng_state()}
         return {
+            "ranks": ranks.gather(own) if ranks.world > 1 else None,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "sampler": sampler.state_dict(),
@@ -159,17 +186,18 @@ def train(
     def evaluate_after(step: int) -> None:
         """Held-out pass@1 / pass@k / maj@k before step 1, every `eval.every_steps` and at the
         end, into eval.jsonl (not counted in the step's time)."""
-        if held_out and (step % every == 0 or step == cfg.train.steps):
+        if held_out and ranks.main and (step % every == 0 or step == cfg.train.steps):
             scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg)
             with JsonlWriter(run_dir / "eval.jsonl") as log:
                 log.write({"step": step, **scores})
             loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
 
     config = cfg.model_dump(mode="json")
-    loggers = MetricLoggers(cfg.train.log_to, run_dir, config, cfg.train.wandb_project)
-    metrics_log = JsonlWriter(run_dir / "metrics.jsonl")
-    samples_log = JsonlWriter(run_dir / "samples.jsonl")
-    progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress)
+    log_to = cfg.train.log_to if ranks.main else []
+    loggers = MetricLoggers(log_to, run_dir, config, cfg.train.wandb_project)
+    metrics_log = JsonlWriter(run_dir / "metrics.jsonl" if ranks.main else os.devnull)
+    samples_log = JsonlWriter(run_dir / "samples.jsonl" if ranks.main else os.devnull)
+    progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress and ranks.main)
     with metrics_log, samples_log, progress, loggers:
         if start_step == 0:
             evaluate_after(0)
@@ -179,7 +207,7 @@ def train(
             settings.temperature = step_cfg.rollout.temperature
             settings.max_len = rewarder.max_len = step_cfg.rollout.max_new_tokens
             rewarder.step = step
-            data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder)
+            data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder, ranks)
             full_batch, batch = data.sampled, data.kept
             for keep in (*config_filters(cfg), *filters):
                 batch = keep(batch)
@@ -188,13 +216,15 @@ def train(
             model.train()
             settings.kl_coef = regularization.kl_coef
             settings.entropy_coef = regularization.entropy_coef
-            prepare_update(batch, model, reference, critic, settings, updates_per_step > 1)
+            prepare_update(batch, model, reference, critic, settings, updates_per_step > 1, ranks)
             train_policy = critic is None or step > algo.critic.warmup_steps
 
             totals: dict[str, float] = {}
             grad_norms, skipped = [], 0
             for _epoch in range(cfg.train.epochs):
-                order = torch.randperm(len(batch)).tolist()
+                # rank 0's order: a model with dropout draws from each rank's global RNG as
+                # many times as that rank's rows ask, so the ranks' RNGs part ways
+                order = ranks.broadcast(torch.randperm(len(batch)).tolist())
                 for part in range(cfg.train.mini_batches):
                     rows = order[part :: cfg.train.mini_batches]
                     if critic is not None:
@@ -203,7 +233,7 @@ def train(
                     if not train_policy:
                         continue
                     optimizer.zero_grad(set_to_none=True)
-                    stats = minibatch_backward(model, batch, rows, settings)
+                    stats = minibatch_backward(model, batch, rows, settings, ranks)
                     for key, value in stats.items():
                         totals[key] = totals.get(key, 0.0) + value
                     max_norm = cfg.train.max_grad_norm or float("inf")
@@ -266,5 +296,8 @@ def train(
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
                 step == cfg.train.steps
             ):
-                save_checkpoint(run_dir, step, model, tokenizer, checkpoint_state())
+                ranks.check_in_sync(model, f"step {step}")
+                state = checkpoint_state()
+                if ranks.main:
+                    save_checkpoint(run_dir, step, model, tokenizer, state)
     return run_dir

@@ -20,6 +20,7 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batch import RolloutBatch, concat_batches
 from rlvr.training.batching import response_mask_from_lengths
+from rlvr.training.distributed import ONE_PROCESS, Ranks
 from rlvr.training.rewarding import RewardScorer
 
 
@@ -29,9 +30,9 @@ def rollout_batch(
     task: Task,
     indices: list[int],
     cfg: RLConfig,
-    group_offset: int = 0,
 ) -> RolloutBatch:
-    """Sample G completions for each chosen problem; group ids start at `group_offset`."""
+    """Sample G completions for each chosen problem; group g holds the samples of
+    `indices[g]`."""
     problems = [task.train[i] for i in indices]
     texts, prompt_ids = encode_prompts(cfg.data.template, [p.prompt for p in problems], tokenizer)
     r = cfg.rollout
@@ -53,7 +54,7 @@ def rollout_batch(
         completion_ids=out.completion_ids,
         prompt_texts=[texts[g] for g in out.prompt_index],
         completion_texts=completions,
-        group_ids=torch.tensor([group_offset + g for g in out.prompt_index]),
+        group_ids=torch.tensor(out.prompt_index),
         truncated=torch.tensor([f == "length" for f in out.finish_reason]),
         response_mask=response_mask_from_lengths(lengths, width),
         rollout_logprobs=logprobs,
@@ -121,9 +122,13 @@ def collect_step(
     sampler: PromptSampler,
     cfg: RLConfig,
     rewarder: RewardScorer,
+    ranks: Ranks = ONE_PROCESS,
 ) -> StepData:
     """Sample and score `prompts_per_step` prompts; with dynamic sampling, repeat until
-    `prompts_per_step` informative groups are kept or `max_sampling_rounds` is reached."""
+    `prompts_per_step` informative groups are kept or `max_sampling_rounds` is reached.
+
+    With several ranks, each samples and scores its chunk of the drawn prompts and the chunks
+    are gathered, so every rank returns the same whole step."""
     r, algo = cfg.rollout, cfg.algorithm
     dynamic = DynamicSampling(r.prompts_per_step, algo.max_sampling_rounds)
     sampled, kept, examples = [], [], []
@@ -133,9 +138,16 @@ def collect_step(
         offset = rounds * r.prompts_per_step
         t0 = time.perf_counter()
         drawn = sampler.next(r.prompts_per_step)
-        batch = rollout_batch(engine, tokenizer, task, drawn, cfg, offset)
+        mine = ranks.chunk(len(drawn))
+        batch = rollout_batch(engine, tokenizer, task, drawn[mine.start : mine.stop], cfg)
+        batch.group_ids += offset + mine.start
         t1 = time.perf_counter()
         scored = rewarder(batch)
+        if ranks.world > 1:
+            parts = ranks.gather((batch, scored.errors, scored.timeouts, scored.error_examples))
+            batch = concat_batches([part[0] for part in parts])
+            scored.errors, scored.timeouts = (sum(part[i] for part in parts) for i in (1, 2))
+            scored.error_examples = [e for part in parts for e in part[3]]
         sampler.observe(
             drawn, group_pass_rates(batch.correct, batch.group_ids - offset, len(drawn))
         )

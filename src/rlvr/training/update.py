@@ -32,6 +32,7 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.distributed import ONE_PROCESS, Ranks
 
 
 @dataclass
@@ -49,6 +50,12 @@ class LossSettings:
     """This step's entropy coefficient (fixed, or set by the adaptive controller)."""
     skip_zero_advantage: bool = False
     """Whether samples with all-zero advantages may skip forward/backward (`trainable_rows`)."""
+
+
+def rank_share(batch: RolloutBatch, rows: list[int], ranks: Ranks) -> list[int]:
+    """This rank's part of `rows` (`Ranks.share`), whole groups weighed by their tokens."""
+    costs = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    return ranks.share(rows, batch.group_ids.tolist(), costs)
 
 
 def micro_batches(
@@ -99,13 +106,16 @@ def batch_token_stats(
     budget: int,
     pad_id: int,
     with_entropy: bool = False,
+    ranks: Ranks = ONE_PROCESS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[N, T] log-probs (and entropies when asked) of every completion token, no gradient; on
-    the batch's device (the CPU), whatever the model's."""
+    the batch's device (the CPU), whatever the model's. Each rank scores its share of the rows
+    and the ranks' results are summed, rows being zero where a rank did not score them."""
     device = model_device(model)
     logprobs = torch.zeros_like(batch.response_mask)
     entropy = torch.zeros_like(batch.response_mask) if with_entropy else None
-    for rows in micro_batches(batch, list(range(len(batch))), budget, model):
+    mine = rank_share(batch, list(range(len(batch))), ranks)
+    for rows in micro_batches(batch, mine, budget, model):
         mb = to_device(
             collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, pad_id), device
         )
@@ -114,14 +124,22 @@ def batch_token_stats(
         logprobs[rows, :width] = lp.to(logprobs)
         if entropy is not None:
             entropy[rows, :width] = ent.to(entropy)
+    ranks.sum_(logprobs)
+    if entropy is not None:
+        ranks.sum_(entropy)
     return logprobs, entropy
 
 
 def batch_logprobs(
-    model: nn.Module, batch: RolloutBatch, temperature: float, budget: int, pad_id: int
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    budget: int,
+    pad_id: int,
+    ranks: Ranks = ONE_PROCESS,
 ) -> torch.Tensor:
     """[N, T] log-probs of every completion token under `model` (no gradient)."""
-    return batch_token_stats(model, batch, temperature, budget, pad_id)[0]
+    return batch_token_stats(model, batch, temperature, budget, pad_id, ranks=ranks)[0]
 
 
 class RolloutMismatch(NamedTuple):
@@ -175,12 +193,18 @@ each backward before it prepares the next micro-batch, and leave a GPU idle mean
 
 
 def minibatch_backward(
-    model: nn.Module, batch: RolloutBatch, rows: list[int], s: LossSettings
+    model: nn.Module,
+    batch: RolloutBatch,
+    rows: list[int],
+    s: LossSettings,
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, float]:
     """Accumulate the gradient of the mini-batch `rows`; return summed statistics.
 
     Rows that `trainable_rows` leaves out get no forward/backward; when none is left, the
-    gradient is set to zeros, so the optimizer steps as it would on the full mini-batch."""
+    gradient is set to zeros, so the optimizer steps as it would on the full mini-batch.
+    With several ranks, each runs its share of the rows (`rank_share`) and the gradients and
+    statistics are summed over the ranks: every rank ends with those of the whole mini-batch."""
     algo = s.algorithm
     policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
@@ -191,6 +215,7 @@ def minibatch_backward(
         positive_tokens = float((batch.response_mask[rows] * correct).sum())
     trained = trainable_rows(batch, rows, s)
     skipped = float(len(rows) - len(trained))
+    trained = rank_share(batch, trained, ranks)
     if not trained:
         for param in model.parameters():
             if param.requires_grad:
@@ -246,4 +271,6 @@ def minibatch_backward(
             *mismatch.sums,
         )
         sums += torch.stack([x.sum().double() for x in summed])
+    ranks.sum_gradients(model.parameters())
+    ranks.sum_(sums)
     return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}

@@ -1,0 +1,66 @@
+"""The update's results on a fixed batch under any `Ranks`: tests/test_distributed.py computes
+them in one process and under torchrun (tests/dp_rank.py), and compares."""
+
+import torch
+
+from batches import two_group_batch
+from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training.critic import Critic
+from rlvr.training.distributed import Ranks
+from rlvr.training.update import LossSettings, batch_token_stats, minibatch_backward
+
+ROWS = [5, 0, 3, 2, 1]
+"""The mini-batch: five of the six samples, shuffled (the loss is normalised over these)."""
+
+CASES = {
+    "token_mean": ({"aggregation": "token_mean"}, {}),
+    "seq_mean_token_sum_kl_entropy": (
+        {"aggregation": "seq_mean_token_sum", "kl": {"estimator": "k2"}},
+        {"kl_coef": 0.1, "entropy_coef": 0.01},
+    ),
+    "dual_clip_positive_lm": ({"clip": {"dual": 3.0}, "positive_lm_coef": 0.1}, {}),
+    "skip_zero_advantage": ({"aggregation": "token_mean"}, {"skip_zero_advantage": True}),
+}
+
+
+def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
+    """Scores, policy-update gradients and statistics of each case, and a critic update's."""
+    tok = build_tiny_tokenizer()
+    pad = tok.pad_token_id
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    out = {}
+    batch = two_group_batch()
+    logprobs, entropy = batch_token_stats(model, batch, 0.7, 24, pad, True, ranks)
+    out["logprobs"], out["entropy"] = logprobs, entropy
+    for name, (algo, settings) in CASES.items():
+        batch = two_group_batch()
+        batch.correct = torch.tensor([True, False, True, True, False, False])
+        if name == "skip_zero_advantage":
+            batch.advantages[3:] = 0.0
+        else:
+            batch.ref_logprobs = logprobs - 0.05
+        noise = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(2))
+        batch.old_logprobs = logprobs + 0.3 * noise  # ratios far enough from 1 to clip
+        config = AlgorithmConfig.model_validate(algo)
+        model.zero_grad(set_to_none=True)
+        stats = minibatch_backward(
+            model, batch, ROWS, LossSettings(config, 0.7, 12, 24, pad, **settings), ranks
+        )
+        out[f"{name}/grad"] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        out.update({f"{name}/{key}": torch.tensor(value) for key, value in stats.items()})
+    torch.manual_seed(1)
+    critic = Critic(
+        CriticConfig(value_clip=0.1), model, TrainConfig(micro_batch_tokens=24), 0, ranks
+    )
+    torch.nn.init.normal_(critic.model.head.weight, std=0.1)
+    ranks.copy_from_main(critic.model)
+    batch = two_group_batch()
+    batch.values = critic.predict(batch)
+    batch.returns = batch.advantages + 0.5 * batch.response_mask
+    critic.optimizer.step = lambda: None  # keep the weights: compare the gradients
+    out["critic/values"] = batch.values
+    out["critic/value_loss"] = torch.tensor(critic.update(batch, ROWS)["value_loss"])
+    out["critic/grad"] = torch.cat([p.grad.flatten() for p in critic.model.parameters()])
+    return out

@@ -1,0 +1,23 @@
+"""One rank of tests/test_distributed.py, started by torchrun: `dp_rank.py OUT` has rank 0
+save every rank's `update_results` to OUT, with the error `check_in_sync` raises on a rank
+whose replica drifted."""
+
+import sys
+
+import torch
+
+from dp_cases import update_results
+from rlvr.training.distributed import data_parallel
+
+with data_parallel(torch.device("cpu")) as ranks:
+    results = update_results(ranks)
+    replica = torch.nn.Linear(2, 1)
+    torch.nn.init.zeros_(replica.weight), torch.nn.init.zeros_(replica.bias)
+    replica.bias.data += ranks.rank == 1  # rank 1 alone drifts
+    try:
+        ranks.check_in_sync(replica, "test")
+    except RuntimeError as error:
+        results["check_in_sync"] = str(error)
+    everyone = ranks.gather(results)
+    if ranks.main:
+        torch.save(everyone, sys.argv[1])

@@ -1,0 +1,166 @@
+"""Data parallelism: the ranks' split of the work (by hand), the update's rank invariance (the
+same loss, gradient and scores in one process and under torchrun with 2 and 3 ranks, DESIGN's
+invariance tests), and `rlvr train` under torchrun end to end: one run directory, replicas in
+sync, resume on the same trajectory."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dp_cases import update_results
+from rlvr.cli import app
+from rlvr.config import ConfigError, resolve_config
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training import rl
+from rlvr.training.checkpoint import load_trainer_state
+from rlvr.training.distributed import ONE_PROCESS, Ranks, _buckets, rank_state
+from tiny_run import TINY_RUN
+
+TESTS = Path(__file__).parent
+
+
+def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=nproc *args` on the CPU, one thread a rank."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*command, f"--nproc_per_node={nproc}", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=TESTS,
+    )
+
+
+def test_chunks_split_the_prompts_in_order_and_differ_by_at_most_one():
+    assert [Ranks(r, 4).chunk(10) for r in range(4)] == [
+        range(0, 3),
+        range(3, 6),
+        range(6, 8),
+        range(8, 10),
+    ]
+    assert ONE_PROCESS.chunk(5) == range(0, 5)
+
+
+def test_share_deals_whole_groups_largest_first_to_the_least_loaded_rank():
+    # group 0: rows 0-2 (5 tokens each, 15); group 1: rows 3-4 (20); group 2: row 5 (4);
+    # group 3: rows 6-7 (6). LPT: g1 -> rank 0 (20), g0 -> rank 1 (15), g3 -> rank 1 (21),
+    # g2 -> rank 0 (24).
+    groups = [0, 0, 0, 1, 1, 2, 3, 3]
+    costs = [5, 5, 5, 10, 10, 4, 3, 3]
+    rows = [7, 3, 0, 5, 1, 4, 2, 6]
+    shares = [Ranks(r, 2).share(rows, groups, costs) for r in range(2)]
+    assert shares == [[3, 5, 4], [7, 0, 1, 2, 6]]
+    assert ONE_PROCESS.share(rows, groups, costs) == rows
+
+
+def test_share_deals_single_rows_when_there_are_fewer_groups_than_ranks():
+    groups, costs = [0, 0, 0, 1, 1], [9, 2, 4, 7, 3]
+    # rows by cost: 0 (9) -> r0, 3 (7) -> r1, 2 (4) -> r2, 4 (3) -> r2 (7), 1 (2) -> r1 (9).
+    shares = [Ranks(r, 3).share(range(5), groups, costs) for r in range(3)]
+    assert shares == [[0], [1, 3], [2, 4]]
+
+
+def test_gradient_buckets_keep_one_dtype_and_a_size_limit():
+    tensors = [torch.zeros(3), torch.zeros(4), torch.zeros(9), torch.zeros(2, dtype=torch.float64)]
+    sizes = [[t.numel() for t in bucket] for bucket in _buckets(tensors, 8)]
+    assert sizes == [[3, 4], [9], [2]]
+
+
+def test_a_checkpoint_resumes_only_with_its_number_of_ranks(tmp_path):
+    state = {"generator": "g", "rng": "r", "ranks": None}
+    assert rank_state(state, ONE_PROCESS, tmp_path) == {"generator": "g", "rng": "r"}
+    two = {"ranks": [{"generator": 0}, {"generator": 1}]}
+    assert rank_state(two, Ranks(1, 2), tmp_path) == {"generator": 1}
+    with pytest.raises(ConfigError, match="written by a run of 2 rank"):
+        rank_state(two, ONE_PROCESS, tmp_path / "step-2")
+
+
+def test_more_ranks_than_prompts_is_a_config_error(tmp_path):
+    cfg = resolve_config(preset="grpo", overrides=[*TINY_RUN, f"train.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"rollout\.prompts_per_step=3 is less than the 4"):
+        rl._train(cfg, Ranks(0, 4), False, (), False)
+    assert not tmp_path.joinpath("config.yaml").exists()
+
+
+def test_commands_other_than_train_refuse_to_run_under_torchrun(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = CliRunner().invoke(app, ["eval", "--model", "tiny", "--task", "arithmetic"])
+    assert result.exit_code == 2
+    assert "rlvr eval runs in one process" in result.output
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_update_is_the_same_on_any_number_of_ranks(tmp_path, world):
+    """Each rank scores and trains its share of the rows; summed, the gradients, statistics
+    and scores are those of one process, and every rank holds the same."""
+    done = torchrun(world, "dp_rank.py", str(tmp_path / "out.pt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    everyone = torch.load(tmp_path / "out.pt")
+    single = update_results(ONE_PROCESS)
+    assert len(everyone) == world
+    for name, expected in single.items():
+        for rank, results in enumerate(everyone):
+            assert torch.equal(results[name], everyone[0][name]), (rank, name)
+        assert torch.allclose(everyone[0][name], expected, atol=1e-6, rtol=1e-6), name
+    for name in ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad"):
+        assert single[name].abs().max() > 1e-3  # a gradient that is really there
+    assert (
+        single["token_mean/clip_tokens"] > 0 and single["skip_zero_advantage/skipped_samples"] == 2
+    )
+    assert everyone[1]["check_in_sync"] == (
+        "test: rank 1's parameter bias differs from rank 0's; the replicas have drifted apart"
+    )
+
+
+TIMING = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
+RUN = [
+    "train",
+    "--preset",
+    "grpo",
+    *TINY_RUN,
+    "rollout.max_new_tokens=12",
+    "train.mini_batches=2",
+    "train.micro_batch_tokens=64",
+    "algorithm.kl.coef=0.01",
+    "algorithm.entropy.coef=0.05",
+    "train.lr=1e-2",
+    "train.save_every=2",
+    "eval.every_steps=2",
+    "eval.samples=4",
+    "eval.k=2",
+    "eval.max_new_tokens=12",
+]
+
+
+def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(tmp_path):
+    straight, parted = tmp_path / "straight", tmp_path / "parted"
+    for run_dir, steps, resume in ((straight, 4, []), (parted, 2, []), (parted, 4, ["--resume"])):
+        done = torchrun(
+            2, "-m", "rlvr", *RUN, f"train.steps={steps}", f"train.output_dir={run_dir}", *resume
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
+    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(parted / "metrics.jsonl")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]
+    assert a[-1]["kl"] > 1e-6  # the policy moved, so resuming covers the optimizer and RNGs
+    for left, right in zip(a, b, strict=True):
+        for key, value in left.items():
+            if key not in TIMING and not (isinstance(value, float) and math.isnan(value)):
+                assert right[key] == value, (left["step"], key)
+    assert [r["step"] for r in read_jsonl(straight / "eval.jsonl")] == [0, 2, 4]
+    state = load_trainer_state(straight / "checkpoints" / "step-4")
+    generators = [own["generator"] for own in state["ranks"]]
+    assert len(generators) == 2 and not torch.equal(*generators)  # each rank samples its own
+    cfg = resolve_config(
+        preset="grpo", overrides=[*RUN[3:], "train.steps=6", f"train.output_dir={straight}"]
+    )
+    with pytest.raises(ConfigError, match=r"step-4: written by a run of 2 rank\(s\)"):
+        rl.train(cfg, resume=True, show_progress=False)
