@@ -8,6 +8,7 @@ from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
+from rlvr.training.sft import sft_backward
 from rlvr.training.update import LossSettings, batch_token_stats, minibatch_backward
 
 ROWS = [5, 0, 3, 2, 1]
@@ -25,7 +26,8 @@ CASES = {
 
 
 def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
-    """Scores, policy-update gradients and statistics of each case, and a critic update's."""
+    """Scores, policy-update gradients and statistics of each case, a critic update's and an
+    SFT step's."""
     tok = build_tiny_tokenizer()
     pad = tok.pad_token_id
     torch.manual_seed(0)
@@ -63,4 +65,8 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     out["critic/values"] = batch.values
     out["critic/value_loss"] = torch.tensor(critic.update(batch, ROWS)["value_loss"])
     out["critic/grad"] = torch.cat([p.grad.flatten() for p in critic.model.parameters()])
+    model.zero_grad(set_to_none=True)
+    loss = sft_backward(model, batch.prompt_ids, batch.completion_ids, ROWS, 24, pad, ranks)
+    out["sft/loss"] = torch.tensor(loss)
+    out["sft/grad"] = torch.cat([p.grad.flatten() for p in model.parameters()])
     return out

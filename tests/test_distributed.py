@@ -1,7 +1,7 @@
 """Data parallelism: the ranks' split of the work (by hand), the update's rank invariance (the
 same loss, gradient and scores in one process and under torchrun with 2 and 3 ranks, DESIGN's
-invariance tests), and `rlvr train` under torchrun end to end: one run directory, replicas in
-sync, resume on the same trajectory."""
+invariance tests), `rlvr train` under torchrun end to end (one run directory, replicas in
+sync, resume on the same trajectory) and `rlvr sft` (the one-process model)."""
 
 import math
 import os
@@ -15,11 +15,13 @@ from typer.testing import CliRunner
 
 from dp_cases import update_results
 from rlvr.cli import app
-from rlvr.config import ConfigError, resolve_config
+from rlvr.config import ConfigError, SFTConfig, resolve_config
+from rlvr.models.loading import load_pretrained
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
 from rlvr.training.distributed import ONE_PROCESS, Ranks, _buckets, rank_state
+from rlvr.training.sft import run_sft
 from tiny_run import TINY_RUN
 
 TESTS = Path(__file__).parent
@@ -94,7 +96,7 @@ def test_commands_other_than_train_refuse_to_run_under_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     result = CliRunner().invoke(app, ["eval", "--model", "tiny", "--task", "arithmetic"])
     assert result.exit_code == 2
-    assert "rlvr eval runs in one process" in result.output
+    assert "rlvr eval runs in one process: under torchrun, only" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -110,7 +112,7 @@ def test_the_update_is_the_same_on_any_number_of_ranks(tmp_path, world):
         for rank, results in enumerate(everyone):
             assert torch.equal(results[name], everyone[0][name]), (rank, name)
         assert torch.allclose(everyone[0][name], expected, atol=1e-6, rtol=1e-6), name
-    for name in ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad"):
+    for name in ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad", "sft/grad"):
         assert single[name].abs().max() > 1e-3  # a gradient that is really there
     assert (
         single["token_mean/clip_tokens"] > 0 and single["skip_zero_advantage/skipped_samples"] == 2
@@ -164,3 +166,36 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
     )
     with pytest.raises(ConfigError, match=r"step-4: written by a run of 2 rank\(s\)"):
         rl.train(cfg, resume=True, show_progress=False)
+
+
+def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
+    """SFT samples nothing, so two ranks, each on its share of every batch, must end with the
+    weights one process ends with (up to the order of the gradient sums)."""
+    settings = [
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.intermediate_size=64",
+        "data.train_size=40",
+        "data.test_size=2",
+        "data.max_digits=1",
+        "sft.steps=6",
+        "sft.batch_size=8",
+        "sft.lr=3e-3",
+        "sft.warmup_steps=0",
+        "sft.micro_batch_tokens=64",
+    ]
+    one = resolve_config(
+        overrides=[*settings, f"sft.output_dir={tmp_path / 'one'}"], model=SFTConfig
+    )
+    run_sft(one, show_progress=False)
+    done = torchrun(2, "-m", "rlvr", "sft", *settings, f"sft.output_dir={tmp_path / 'two'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("model saved to") == 1
+    a, b = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("one", "two"))
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert a[-1]["loss"] < 0.9 * a[0]["loss"]  # it trained
+    for left, right in zip(a, b, strict=True):
+        assert right["loss"] == pytest.approx(left["loss"], rel=1e-5)
+    (first, _), (second, _) = (load_pretrained(str(tmp_path / run)) for run in ("one", "two"))
+    for (name, p), q in zip(first.named_parameters(), second.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4, msg=name)

@@ -54,12 +54,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+PARALLEL = ("train", "sft")
+"""The commands that run data-parallel under torchrun (`rlvr.training.distributed`)."""
+
+
 @app.callback()
 def _one_process_unless_training(ctx: typer.Context) -> None:
-    if os.environ.get("WORLD_SIZE", "1") != "1" and ctx.invoked_subcommand != "train":
+    if os.environ.get("WORLD_SIZE", "1") != "1" and ctx.invoked_subcommand not in PARALLEL:
         _fail(
             f"rlvr {ctx.invoked_subcommand} runs in one process: under torchrun, only "
-            "`rlvr train` runs data-parallel"
+            "`rlvr train` and `rlvr sft` run data-parallel"
         )
 
 
@@ -199,9 +203,11 @@ def sft(
     from rlvr.training.sft import run_sft
 
     try:
-        console.print(f"model saved to {run_sft(cfg)}")
+        out_dir = run_sft(cfg)
     except _user_errors() as exc:
         _fail(str(exc))
+    if _main_process():
+        console.print(f"model saved to {out_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True})

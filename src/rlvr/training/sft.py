@@ -3,11 +3,13 @@
 The loss is the mean negative log-likelihood of the completion tokens (solution + EOS) over the
 whole optimizer step; prompt tokens are context only. The forward is the RL update's
 (`batching.completion_token_stats`): padding-free on the lean forward, and the LM head's
-logits are made a chunk at a time, never for the whole micro-batch.
+logits are made a chunk at a time, never for the whole micro-batch. Under `torchrun` each rank
+trains its share of every batch and the gradients are summed (`rlvr.training.distributed`).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 from rlvr.config import SFTConfig, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
-from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
+from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -26,6 +28,7 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler
 
@@ -44,19 +47,52 @@ def summed_nll(
     return -logprobs.sum()
 
 
+def sft_backward(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    targets: list[list[int]],
+    rows: list[int],
+    budget: int,
+    pad_id: int,
+    ranks: Ranks = ONE_PROCESS,
+) -> float:
+    """Accumulate the gradient of the mean NLL of the target tokens of `rows` (one optimizer
+    step) over token-budget micro-batches; return that loss. Each rank runs its share of the
+    rows (`Ranks.share`) and the gradients and the loss are summed over the ranks."""
+    num_tokens = float(sum(len(targets[r]) for r in rows))
+    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    mine = ranks.share(rows, range(len(prompts)), seq_lengths)
+    total = torch.zeros(1, dtype=torch.float64)
+    for mb_rows in token_budget_micro_batches(mine, seq_lengths, budget):
+        loss = summed_nll(model, prompts, targets, mb_rows, pad_id) / num_tokens
+        loss.backward()
+        total += float(loss.detach())
+    ranks.sum_gradients(model.parameters())
+    return float(ranks.sum_(total))
+
+
 def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
-    """Fine-tune on the task's worked solutions; save the model to `cfg.sft.output_dir`."""
+    """Fine-tune on the task's worked solutions; save the model to `cfg.sft.output_dir`.
+    Under `torchrun` every process runs this as one data-parallel rank."""
+    with data_parallel(resolve_device(cfg.model.device)) as ranks:
+        return _run_sft(cfg, ranks, show_progress)
+
+
+def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
+    """`run_sft` on this rank (rank 0 alone writes the output folder)."""
     s = cfg.sft
     out_dir = Path(s.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
-    save_config(cfg, out_dir / "config.yaml")
+    if ranks.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
+        save_config(cfg, out_dir / "config.yaml")
     if s.threads:
         torch.set_num_threads(s.threads)
     if s.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(s.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
+    ranks.copy_from_main(model)
     task = load_task(cfg.data)
     examples = [p for p in task.train if p.solution]
     if not examples:
@@ -67,7 +103,6 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples
     ]
-    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     optimizer = build_optimizer(model, s.lr, s.weight_decay)
     scheduler = build_scheduler(
         optimizer,
@@ -80,21 +115,17 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
     order: list[int] = []
     model.train()
     start = time.perf_counter()
-    with JsonlWriter(out_dir / "metrics.jsonl") as log:
+    with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log:
         for step in range(1, s.steps + 1):
             if len(order) < s.batch_size:
                 fresh = list(range(len(examples)))
                 order_rng.shuffle(fresh)
                 order.extend(fresh)
             rows, order = order[: s.batch_size], order[s.batch_size :]
-            num_tokens = float(sum(len(targets[r]) for r in rows))
             optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for mb_rows in token_budget_micro_batches(rows, seq_lengths, s.micro_batch_tokens):
-                nll = summed_nll(model, prompts, targets, mb_rows, tokenizer.pad_token_id)
-                loss = nll / num_tokens
-                loss.backward()
-                total += float(loss.detach())
+            total = sft_backward(
+                model, prompts, targets, rows, s.micro_batch_tokens, tokenizer.pad_token_id, ranks
+            )
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), s.max_grad_norm or float("inf")
             )
@@ -109,7 +140,9 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
                     "time": time.perf_counter() - start,
                 }
             )
-            if show_progress and (step % 50 == 0 or step == s.steps):
+            if show_progress and ranks.main and (step % 50 == 0 or step == s.steps):
                 print(f"sft step {step}/{s.steps}  loss {total:.4f}", flush=True)
-    save_pretrained(model, tokenizer, out_dir)
+    ranks.check_in_sync(model, f"sft step {s.steps}")
+    if ranks.main:
+        save_pretrained(model, tokenizer, out_dir)
     return out_dir
