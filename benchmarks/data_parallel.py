@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from rlvr.data.tasks import load_task
-from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from cold_start import cold_start
+
+from rlvr.demo import DATA, RL
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.checkpoint import latest_checkpoint
-from rlvr.training.sft import run_sft
 
 ROOT = Path("runs/data_parallel")
-PROMPTS, PROBLEMS = 32, 200
+PROMPTS = 32
 TIMES = ("time/step", "time/rollout", "time/train")
 
 
@@ -52,6 +53,7 @@ def run(arm: str, ranks: int, steps: int, out: Path) -> Path:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         command = [*launcher, f"--nproc_per_node={ranks}", "-m", "rlvr", "train", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    shutil.rmtree(out, ignore_errors=True)  # no checkpoint of an earlier, longer run
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     return out
 
@@ -62,17 +64,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
-    sft_cfg, rl_cfg = demo_configs(ROOT, sft_steps=600, rl_steps=args.steps)
-    if not (ROOT / "sft" / "config.json").is_file():
-        run_sft(sft_cfg)
-    task = load_task(rl_cfg.data)
-    held_out = task.test[:PROBLEMS]
-    small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": 4})})
-
-    def pass_at_1(model_dir: Path) -> float:
-        return evaluate_model_dir(model_dir, small, held_out, task.reward)["pass@1"]
-
-    print(f"cold start: pass@1 {pass_at_1(ROOT / 'sft'):.3f}")
+    sft_dir, pass_at_1 = cold_start(ROOT)
+    print(f"cold start: pass@1 {pass_at_1(sft_dir):.3f}")
     times: dict[str, dict[str, list[float]]] = {"one": {}, "ranks": {}}
     scores: dict[str, list[float]] = {"one": [], "ranks": []}
     for round_ in range(args.rounds):

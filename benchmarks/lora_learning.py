@@ -11,16 +11,17 @@ under runs/lora_learning/sft (600 steps, about 95 s on a 2-core VM).
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
 
+from cold_start import cold_start
+
 from rlvr.config import resolve_config
-from rlvr.data.tasks import load_task
-from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from rlvr.demo import DATA, RL
 from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.rl import train
-from rlvr.training.sft import run_sft
 
 ROOT = Path("runs/lora_learning")
 ARMS = [
@@ -29,21 +30,11 @@ ARMS = [
     "model.lora.rank=8 train.lr=1e-4",
     "model.lora.rank=32 train.lr=1e-3",
 ]
-STEPS, PROMPTS, PROBLEMS = 32, 32, 200
+STEPS, PROMPTS = 32, 32
 
 
 def main() -> None:
-    sft_cfg, rl_cfg = demo_configs(ROOT, sft_steps=600, rl_steps=STEPS)
-    sft_dir = ROOT / "sft"
-    if not (sft_dir / "config.json").is_file():
-        sft_dir = run_sft(sft_cfg)
-    task = load_task(rl_cfg.data)
-    held_out = task.test[:PROBLEMS]
-    small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": 4})})
-
-    def pass_at_1(model_dir: Path) -> float:
-        return evaluate_model_dir(model_dir, small, held_out, task.reward)["pass@1"]
-
+    sft_dir, pass_at_1 = cold_start(ROOT)
     print(f"cold start: pass@1 {pass_at_1(sft_dir):.3f}")
     for arm in sys.argv[1:] or ARMS:
         overrides = [
@@ -55,6 +46,7 @@ def main() -> None:
             f"rollout.prompts_per_step={PROMPTS}",
             *arm.split(),
         ]
+        shutil.rmtree(ROOT / arm.replace(" ", "_"), ignore_errors=True)  # no earlier checkpoints
         start = time.perf_counter()
         run_dir = train(resolve_config(preset="grpo", overrides=overrides), show_progress=False)
         seconds = time.perf_counter() - start
