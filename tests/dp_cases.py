@@ -4,10 +4,17 @@ them in one process and under torchrun (tests/dp_rank.py), and compares."""
 import torch
 
 from batches import two_group_batch
-from rlvr.config import AlgorithmConfig, CriticConfig, TrainConfig
+from rlvr.config import AlgorithmConfig, CriticConfig, DPOConfig, TrainConfig
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
+from rlvr.training.preference import (
+    PairScorer,
+    PairTokens,
+    _means,
+    accumulate_gradients,
+    all_pair_logps,
+)
 from rlvr.training.sft import sft_backward
 from rlvr.training.update import LossSettings, batch_token_stats, minibatch_backward
 
@@ -26,8 +33,8 @@ CASES = {
 
 
 def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
-    """Scores, policy-update gradients and statistics of each case, a critic update's and an
-    SFT step's."""
+    """Scores, policy-update gradients and statistics of each case, a critic update's, an SFT
+    step's and a DPO step's (reference pass, gradient, pair statistics, held-out metrics)."""
     tok = build_tiny_tokenizer()
     pad = tok.pad_token_id
     torch.manual_seed(0)
@@ -69,4 +76,17 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     loss = sft_backward(model, batch.prompt_ids, batch.completion_ids, ROWS, 24, pad, ranks)
     out["sft/loss"] = torch.tensor(loss)
     out["sft/grad"] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    completions = batch.completion_ids
+    pairs = PairTokens(batch.prompt_ids, completions, completions[1:] + completions[:1])
+    reference = all_pair_logps(model, pairs, 24, pad, ranks)
+    out["dpo/reference"] = torch.stack(reference)
+    shift = torch.linspace(-0.5, 0.5, len(pairs))  # a reference the policy is not
+    scorer = PairScorer(DPOConfig.model_validate({"dpo": {"micro_batch_tokens": 24}}), pairs, None)
+    scorer.reference = (reference[0] + shift, reference[1] - shift)
+    model.zero_grad(set_to_none=True)
+    parts = accumulate_gradients(model, scorer, ROWS, 24, pad, ranks)
+    out["dpo/grad"] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    out.update({f"dpo/{key}": torch.tensor(value) for key, value in _means(parts, ranks).items()})
+    held_out = scorer.evaluate(model, pad, ranks)
+    out.update({f"dpo/held_out/{key}": torch.tensor(value) for key, value in held_out.items()})
     return out

@@ -1,10 +1,12 @@
 """Data parallelism: the ranks' split of the work (by hand), the update's rank invariance (the
 same loss, gradient and scores in one process and under torchrun with 2 and 3 ranks, DESIGN's
 invariance tests), `rlvr train` under torchrun end to end (one run directory, replicas in
-sync, resume on the same trajectory) and `rlvr sft` (the one-process model)."""
+sync, resume on the same trajectory), and `rlvr sft` and `rlvr dpo` (the one-process model)."""
 
+import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +17,13 @@ from typer.testing import CliRunner
 
 from dp_cases import update_results
 from rlvr.cli import app
-from rlvr.config import ConfigError, SFTConfig, resolve_config
+from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, SFTConfig, resolve_config
 from rlvr.models.loading import load_pretrained
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
 from rlvr.training.distributed import ONE_PROCESS, Ranks, _buckets, rank_state
+from rlvr.training.preference import run_dpo
 from rlvr.training.sft import run_sft
 from tiny_run import TINY_RUN
 
@@ -112,7 +115,8 @@ def test_the_update_is_the_same_on_any_number_of_ranks(tmp_path, world):
         for rank, results in enumerate(everyone):
             assert torch.equal(results[name], everyone[0][name]), (rank, name)
         assert torch.allclose(everyone[0][name], expected, atol=1e-6, rtol=1e-6), name
-    for name in ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad", "sft/grad"):
+    grads = ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad", "sft/grad", "dpo/grad")
+    for name in grads:
         assert single[name].abs().max() > 1e-3  # a gradient that is really there
     assert (
         single["token_mean/clip_tokens"] > 0 and single["skip_zero_advantage/skipped_samples"] == 2
@@ -144,12 +148,17 @@ RUN = [
 
 def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(tmp_path):
     straight, parted = tmp_path / "straight", tmp_path / "parted"
-    for run_dir, steps, resume in ((straight, 4, []), (parted, 2, []), (parted, 4, ["--resume"])):
-        done = torchrun(
-            2, "-m", "rlvr", *RUN, f"train.steps={steps}", f"train.output_dir={run_dir}", *resume
-        )
+
+    def launch(run_dir: Path, *resume: str) -> None:
+        command = ["-m", "rlvr", *RUN, "train.steps=4", f"train.output_dir={run_dir}"]
+        done = torchrun(2, *command, *resume)
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
+
+    launch(straight)
+    shutil.copytree(straight, parted)  # what a crash after step 3 leaves: step 2 saved last
+    shutil.rmtree(parted / "checkpoints" / "step-4")
+    launch(parted, "--resume")
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(parted / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]
     assert a[-1]["kl"] > 1e-6  # the policy moved, so resuming covers the optimizer and RNGs
@@ -166,6 +175,20 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
     )
     with pytest.raises(ConfigError, match=r"step-4: written by a run of 2 rank\(s\)"):
         rl.train(cfg, resume=True, show_progress=False)
+
+
+def same_run(one: Path, two: Path, logs: tuple[str, ...]) -> None:
+    """The two runs logged the same values (to rounding) and saved the same weights."""
+    for log in logs:
+        a, b = read_jsonl(one / log), read_jsonl(two / log)
+        assert [r["step"] for r in a] == [r["step"] for r in b]
+        for left, right in zip(a, b, strict=True):
+            for key, value in left.items():
+                if not key.startswith("time"):
+                    assert right[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (log, key)
+    (first, _), (second, _) = (load_pretrained(str(run)) for run in (one, two))
+    for (name, p), q in zip(first.named_parameters(), second.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
@@ -191,11 +214,44 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
     done = torchrun(2, "-m", "rlvr", "sft", *settings, f"sft.output_dir={tmp_path / 'two'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("model saved to") == 1
-    a, b = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("one", "two"))
-    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
-    assert a[-1]["loss"] < 0.9 * a[0]["loss"]  # it trained
-    for left, right in zip(a, b, strict=True):
-        assert right["loss"] == pytest.approx(left["loss"], rel=1e-5)
-    (first, _), (second, _) = (load_pretrained(str(tmp_path / run)) for run in ("one", "two"))
-    for (name, p), q in zip(first.named_parameters(), second.parameters(), strict=True):
-        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4, msg=name)
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
+    assert len(losses) == 6 and losses[-1] < 0.9 * losses[0]  # it trained
+    same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl",))
+
+
+def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
+    """Pairs from a file: two ranks end with one process's weights and held-out metrics."""
+    rows = [
+        {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
+        for a in range(40)
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = [
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.intermediate_size=64",
+        "data.task=file",
+        f"data.path={data}",
+        "dpo.eval_pairs=8",
+        "dpo.batch_size=8",
+        "dpo.steps=4",
+        "dpo.eval_every_steps=2",
+        "dpo.lr=1e-3",
+        "dpo.micro_batch_tokens=64",
+    ]
+    one = resolve_config(
+        None,
+        "dpo",
+        [*settings, f"dpo.output_dir={tmp_path / 'one'}"],
+        model=DPOConfig,
+        preset_package=PREFERENCE_PRESETS,
+    )
+    run_dpo(one, show_progress=False)
+    command = ["-m", "rlvr", "dpo", "--preset", "dpo", *settings]
+    done = torchrun(2, *command, f"dpo.output_dir={tmp_path / 'two'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("model and logs saved to") == 1
+    metrics = read_jsonl(tmp_path / "one" / "metrics.jsonl")
+    assert metrics[-1]["loss"] < metrics[0]["loss"]  # it trained
+    same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl", "eval.jsonl"))

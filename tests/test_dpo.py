@@ -197,7 +197,7 @@ def test_simpo_needs_no_reference_pass(tmp_path, monkeypatch):
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
-    def nan_reference(model, pairs, max_tokens, pad_id):
+    def nan_reference(model, pairs, max_tokens, pad_id, ranks):
         return torch.full((len(pairs),), float("nan")), torch.zeros(len(pairs))
 
     monkeypatch.setattr(preference, "all_pair_logps", nan_reference)

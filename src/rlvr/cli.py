@@ -54,7 +54,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-PARALLEL = ("train", "sft")
+PARALLEL = ("train", "sft", "dpo")
 """The commands that run data-parallel under torchrun (`rlvr.training.distributed`)."""
 
 
@@ -63,7 +63,7 @@ def _one_process_unless_training(ctx: typer.Context) -> None:
     if os.environ.get("WORLD_SIZE", "1") != "1" and ctx.invoked_subcommand not in PARALLEL:
         _fail(
             f"rlvr {ctx.invoked_subcommand} runs in one process: under torchrun, only "
-            "`rlvr train` and `rlvr sft` run data-parallel"
+            "`rlvr train`, `sft` and `dpo` run data-parallel"
         )
 
 
@@ -227,9 +227,11 @@ def dpo(
     from rlvr.training.preference import run_dpo
 
     try:
-        console.print(f"model and logs saved to {run_dpo(cfg)}")
+        out_dir = run_dpo(cfg)
     except _user_errors() as exc:
         _fail(str(exc))
+    if _main_process():
+        console.print(f"model and logs saved to {out_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True})

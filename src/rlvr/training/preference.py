@@ -10,11 +10,16 @@ no second model stays in memory, and not at all for the reference-free SimPO.
 Pairs come from a local file (`data.task=file`) or, for a built-in task, from the starting
 model's own samples, verified (`rlvr.data.preference`); sampled pairs are written to
 `pairs.jsonl` in the file format, so a later run can read them back.
+
+Under `torchrun` rank 0 reads or samples the pairs and hands them to the other ranks; each rank
+then scores and trains its share of every batch and the gradients are summed
+(`rlvr.training.distributed`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import warnings
@@ -33,7 +38,7 @@ from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import sample_and_verify
-from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
+from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -42,6 +47,7 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler
 from rlvr.training.rl import NonFiniteError
@@ -85,6 +91,10 @@ class PairTokens:
         """Pairs `rows` grouped so that both responses of each pair, padded to the longest,
         fit `max_tokens` (a pair is two sequences)."""
         return token_budget_micro_batches(rows, self.longest, max(max_tokens // 2, 1))
+
+    def share(self, rows: list[int], ranks: Ranks) -> list[int]:
+        """This rank's part of pairs `rows` (`Ranks.share`, each pair weighed by `longest`)."""
+        return ranks.share(rows, range(len(self)), self.longest)
 
 
 def encode_pairs(pairs: list[PreferencePair], template: str, tokenizer) -> PairTokens:
@@ -163,14 +173,19 @@ def pair_logps(
 
 @torch.no_grad()
 def all_pair_logps(
-    model: torch.nn.Module, pairs: PairTokens, max_tokens: int, pad_id: int
+    model: torch.nn.Module,
+    pairs: PairTokens,
+    max_tokens: int,
+    pad_id: int,
+    ranks: Ranks = ONE_PROCESS,
 ) -> tuple[Tensor, Tensor]:
-    """`pair_logps` of every pair, on the CPU, without gradients (the reference pass)."""
+    """`pair_logps` of every pair, on the CPU, without gradients (the reference pass); each
+    rank scores its share and every rank gets them all."""
     chosen, rejected = torch.zeros(len(pairs)), torch.zeros(len(pairs))
-    for rows in pairs.micro_batches(list(range(len(pairs))), max_tokens):
+    for rows in pairs.micro_batches(pairs.share(list(range(len(pairs))), ranks), max_tokens):
         c, r = pair_logps(model, pairs, rows, pad_id)
         chosen[rows], rejected[rows] = c.float().cpu(), r.float().cpu()
-    return chosen, rejected
+    return ranks.sum_(chosen), ranks.sum_(rejected)
 
 
 class PairScorer:
@@ -210,31 +225,44 @@ class PairScorer:
         return out.losses, stats
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, pad_id: int) -> dict[str, float]:
-        """Mean pair statistics over the whole set (the held-out metrics)."""
-        rows = list(range(len(self.pairs)))
+    def evaluate(
+        self, model: torch.nn.Module, pad_id: int, ranks: Ranks = ONE_PROCESS
+    ) -> dict[str, float]:
+        """Mean pair statistics over the whole set (the held-out metrics); each rank scores its
+        share."""
+        rows = self.pairs.share(list(range(len(self.pairs))), ranks)
         parts = [
             self.loss(model, mb, pad_id)[1]
             for mb in self.pairs.micro_batches(rows, self.cfg.dpo.micro_batch_tokens)
         ]
-        return {"pairs": len(rows), **_means(parts)}
+        return {"pairs": len(self.pairs), **_means(parts, ranks)}
 
 
 def accumulate_gradients(
-    model: torch.nn.Module, scorer: PairScorer, rows: list[int], max_tokens: int, pad_id: int
+    model: torch.nn.Module,
+    scorer: PairScorer,
+    rows: list[int],
+    max_tokens: int,
+    pad_id: int,
+    ranks: Ranks = ONE_PROCESS,
 ) -> list[dict]:
     """Backpropagate the mean loss of pairs `rows`, a token-budget micro-batch at a time: each
     adds Σ losses / len(rows), so any split gives the same gradient. Returns each micro-batch's
-    statistics."""
+    statistics. Each rank runs its share of `rows`; the gradients are summed over the ranks."""
     parts = []
-    for mb_rows in scorer.pairs.micro_batches(rows, max_tokens):
+    for mb_rows in scorer.pairs.micro_batches(scorer.pairs.share(rows, ranks), max_tokens):
         losses, stats = scorer.loss(model, mb_rows, pad_id)
         (losses.sum() / len(rows)).backward()
         parts.append(stats)
+    ranks.sum_gradients(model.parameters())
     return parts
 
 
-def _means(parts: list[dict]) -> dict[str, float]:
+def _means(parts: list[dict], ranks: Ranks = ONE_PROCESS) -> dict[str, float]:
+    """The mean of each per-pair statistic over the micro-batches `parts` of every rank."""
+    if ranks.world > 1:
+        mine = [{key: value.cpu() for key, value in part.items()} for part in parts]
+        parts = [part for theirs in ranks.gather(mine) for part in theirs]
     return {key: float(torch.cat([p[key].float() for p in parts]).mean()) for key in parts[0]}
 
 
@@ -293,30 +321,42 @@ def _training_pairs(
 
 
 def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
-    """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`."""
+    """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`. Under
+    `torchrun` every process runs this as one data-parallel rank."""
+    with data_parallel(resolve_device(cfg.model.device)) as ranks:
+        return _run_dpo(cfg, ranks, show_progress)
+
+
+def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
+    """`run_dpo` on this rank (rank 0 alone reads or samples the pairs and writes the output
+    folder)."""
     d = cfg.dpo
     try:
         PREFERENCE_LOSSES.get(d.loss)
     except KeyError as exc:
         raise ConfigError(f"dpo.loss: {exc.args[0]}") from None
     out_dir = Path(d.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):  # a fresh run's logs
-        (out_dir / name).unlink(missing_ok=True)
-    save_config(cfg, out_dir / "config.yaml")
+    if ranks.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):  # a fresh run's logs
+            (out_dir / name).unlink(missing_ok=True)
+        save_config(cfg, out_dir / "config.yaml")
     if d.threads:
         torch.set_num_threads(d.threads)
     if d.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(d.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
+    ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
-    train_pairs, eval_pairs = _training_pairs(cfg, model, tokenizer, out_dir)
+    pairs = _training_pairs(cfg, model, tokenizer, out_dir) if ranks.main else None
+    train_pairs, eval_pairs = ranks.broadcast(pairs)
 
     def scorer(pairs: PairTokens) -> PairScorer:
         if d.loss in REFERENCE_FREE:
             return PairScorer(cfg, pairs, None)
-        return PairScorer(cfg, pairs, all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id))
+        reference = all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id, ranks)
+        return PairScorer(cfg, pairs, reference)
 
     train_scorer = scorer(train_pairs)
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
@@ -332,12 +372,14 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
     order: list[int] = []
     bad_steps = 0
     batch_size = min(d.batch_size, len(train_pairs))
-    with JsonlWriter(out_dir / "metrics.jsonl") as log, JsonlWriter(out_dir / "eval.jsonl") as ev:
+    metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
+    eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
+    with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev:
 
         def held_out(step: int) -> None:
             if eval_scorer is not None:
                 model.eval()
-                ev.write({"step": step, **eval_scorer.evaluate(model, pad_id)})
+                ev.write({"step": step, **eval_scorer.evaluate(model, pad_id, ranks)})
                 model.train()
 
         held_out(0)
@@ -350,11 +392,13 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
                 order.extend(fresh)
             rows, order = order[:batch_size], order[batch_size:]
             optimizer.zero_grad(set_to_none=True)
-            parts = accumulate_gradients(model, train_scorer, rows, d.micro_batch_tokens, pad_id)
+            parts = accumulate_gradients(
+                model, train_scorer, rows, d.micro_batch_tokens, pad_id, ranks
+            )
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), d.max_grad_norm or float("inf"))
             )
-            record = {"step": step, **_means(parts), "grad_norm": grad_norm}
+            record = {"step": step, **_means(parts, ranks), "grad_norm": grad_norm}
             finite = math.isfinite(record["loss"]) and math.isfinite(grad_norm)
             bad_steps = 0 if finite else bad_steps + 1
             if finite:
@@ -379,12 +423,14 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
                 )
             if d.eval_every_steps and step % d.eval_every_steps == 0 and step < d.steps:
                 held_out(step)
-            if show_progress and (step % 10 == 0 or step == d.steps):
+            if show_progress and ranks.main and (step % 10 == 0 or step == d.steps):
                 print(
                     f"{d.loss} step {step}/{d.steps}  loss {record['loss']:.4f}  "
                     f"reward accuracy {record['rewards/accuracies']:.3f}",
                     flush=True,
                 )
         held_out(d.steps)
-    save_pretrained(model, tokenizer, out_dir)
+    ranks.check_in_sync(model, f"{d.loss} step {d.steps}")
+    if ranks.main:
+        save_pretrained(model, tokenizer, out_dir)
     return out_dir
