@@ -3,7 +3,7 @@ them in one process and under torchrun (tests/dp_rank.py), and compares."""
 
 import torch
 
-from batches import two_group_batch
+from batches import token_batch
 from rlvr.config import AlgorithmConfig, CriticConfig, DPOConfig, TrainConfig
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.critic import Critic
@@ -18,8 +18,22 @@ from rlvr.training.preference import (
 from rlvr.training.sft import sft_backward
 from rlvr.training.update import LossSettings, batch_token_stats, minibatch_backward
 
-ROWS = [5, 0, 3, 2, 1]
-"""The mini-batch: five of the six samples, shuffled (the loss is normalised over these)."""
+ROWS = [5, 0, 7, 3, 2, 6, 1]
+"""The mini-batch: seven of the eight samples, shuffled (the loss is normalised over these).
+Its four groups go whole to 3 ranks; the two left when groups 2 and 3 carry no advantage go
+row by row."""
+
+
+def four_group_batch():
+    """Eight samples of random token ids in four groups of two, lengths and advantages
+    differing from row to row."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [(3, 1), (5, 9), (4, 4), (7, 6), (2, 3), (6, 8), (3, 5), (5, 2)]
+    prompts = [torch.randint(10, 90, (p,), generator=g).tolist() for p, _ in lengths]
+    completions = [torch.randint(10, 90, (c,), generator=g).tolist() for _, c in lengths]
+    advantages = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.4, -0.7, 0.2])
+    return token_batch(prompts, completions, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), advantages)
+
 
 CASES = {
     "token_mean": ({"aggregation": "token_mean"}, {}),
@@ -40,14 +54,14 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     out = {}
-    batch = two_group_batch()
+    batch = four_group_batch()
     logprobs, entropy = batch_token_stats(model, batch, 0.7, 24, pad, True, ranks)
     out["logprobs"], out["entropy"] = logprobs, entropy
     for name, (algo, settings) in CASES.items():
-        batch = two_group_batch()
-        batch.correct = torch.tensor([True, False, True, True, False, False])
+        batch = four_group_batch()
+        batch.correct = torch.tensor([True, False, True, True, False, False, True, False])
         if name == "skip_zero_advantage":
-            batch.advantages[3:] = 0.0
+            batch.advantages[4:] = 0.0
         else:
             batch.ref_logprobs = logprobs - 0.05
         noise = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(2))
@@ -65,7 +79,7 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     )
     torch.nn.init.normal_(critic.model.head.weight, std=0.1)
     ranks.copy_from_main(critic.model)
-    batch = two_group_batch()
+    batch = four_group_batch()
     batch.values = critic.predict(batch)
     batch.returns = batch.advantages + 0.5 * batch.response_mask
     critic.optimizer.step = lambda: None  # keep the weights: compare the gradients

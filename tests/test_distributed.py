@@ -1,7 +1,8 @@
-"""Data parallelism: the ranks' split of the work (by hand), the update's rank invariance (the
-same loss, gradient and scores in one process and under torchrun with 2 and 3 ranks, DESIGN's
-invariance tests), `rlvr train` under torchrun end to end (one run directory, replicas in
-sync, resume on the same trajectory), and `rlvr sft` and `rlvr dpo` (the one-process model)."""
+"""Data parallelism: the ranks' split of the work (by hand); the update's rank invariance
+(DESIGN's invariance tests: the same loss, gradient and scores under torchrun with 3 ranks as
+in one process); `rlvr train` under torchrun end to end (one run directory, replicas in sync,
+resume on the same trajectory); and `rlvr sft` and `rlvr dpo` on 2 ranks, which end with the
+one-process model."""
 
 import json
 import math
@@ -102,10 +103,12 @@ def test_commands_other_than_train_refuse_to_run_under_torchrun(monkeypatch):
     assert "rlvr eval runs in one process: under torchrun, only" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_the_update_is_the_same_on_any_number_of_ranks(tmp_path, world):
+def test_the_update_is_the_same_on_three_ranks_as_in_one_process(tmp_path):
     """Each rank scores and trains its share of the rows; summed, the gradients, statistics
-    and scores are those of one process, and every rank holds the same."""
+    and scores are those of one process, and every rank holds the same. (Three ranks: uneven
+    shares, groups dealt whole and row by row; the SFT and DPO runs below check two ranks end
+    to end.)"""
+    world = 3
     done = torchrun(world, "dp_rank.py", str(tmp_path / "out.pt"))
     assert done.returncode == 0, done.stderr[-3000:]
     everyone = torch.load(tmp_path / "out.pt")
@@ -119,7 +122,7 @@ def test_the_update_is_the_same_on_any_number_of_ranks(tmp_path, world):
     for name in grads:
         assert single[name].abs().max() > 1e-3  # a gradient that is really there
     assert (
-        single["token_mean/clip_tokens"] > 0 and single["skip_zero_advantage/skipped_samples"] == 2
+        single["token_mean/clip_tokens"] > 0 and single["skip_zero_advantage/skipped_samples"] == 3
     )
     assert everyone[1]["check_in_sync"] == (
         "test: rank 1's parameter bias differs from rank 0's; the replicas have drifted apart"
