@@ -4,7 +4,9 @@ them in one process and under torchrun (tests/dp_rank.py), and compares."""
 import torch
 
 from batches import token_batch
-from rlvr.config import AlgorithmConfig, CriticConfig, DPOConfig, TrainConfig
+from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, DPOConfig, TrainConfig
+from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
@@ -46,14 +48,33 @@ CASES = {
 }
 
 
+def held_out_scores(model, tokenizer, ranks: Ranks, chunk: range = range(5), seed: int = 0):
+    """`evaluate` on the held-out arithmetic problems `chunk` (k = 2, 8 new tokens), without
+    its wall-clock seconds."""
+    task = load_task(DataConfig(max_digits=1, train_size=10, test_size=5))
+    problems = task.test[chunk.start : chunk.stop]
+    scores = evaluate(
+        model,
+        tokenizer,
+        problems,
+        reward=task.reward,
+        k=2,
+        max_new_tokens=8,
+        seed=seed,
+        ranks=ranks,
+    )
+    return {key: value for key, value in scores.items() if key != "seconds"}
+
+
 def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     """Scores, policy-update gradients and statistics of each case, a critic update's, an SFT
-    step's and a DPO step's (reference pass, gradient, pair statistics, held-out metrics)."""
+    step's and a DPO step's (reference pass, gradient, pair statistics, held-out metrics), and
+    the held-out evaluation's scores."""
     tok = build_tiny_tokenizer()
     pad = tok.pad_token_id
     torch.manual_seed(0)
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    out = {}
+    out = {f"eval/{k}": torch.tensor(v) for k, v in held_out_scores(model, tok, ranks).items()}
     batch = four_group_batch()
     logprobs, entropy = batch_token_stats(model, batch, 0.7, 24, pad, True, ranks)
     out["logprobs"], out["entropy"] = logprobs, entropy

@@ -16,10 +16,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dp_cases import update_results
+from dp_cases import held_out_scores, update_results
 from rlvr.cli import app
 from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, SFTConfig, resolve_config
 from rlvr.models.loading import load_pretrained
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
@@ -117,7 +118,20 @@ def test_the_update_is_the_same_on_three_ranks_as_in_one_process(tmp_path):
     for name, expected in single.items():
         for rank, results in enumerate(everyone):
             assert torch.equal(results[name], everyone[0][name]), (rank, name)
-        assert torch.allclose(everyone[0][name], expected, atol=1e-6, rtol=1e-6), name
+        if not name.startswith("eval/"):
+            assert torch.allclose(everyone[0][name], expected, atol=1e-6, rtol=1e-6), name
+    # The evaluation: rank r samples its chunk of the 5 problems (2, 2, 1) with seed r.
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    chunks = [Ranks(r, world).chunk(5) for r in range(world)]
+    parts = [held_out_scores(model, tok, ONE_PROCESS, c, seed=r) for r, c in enumerate(chunks)]
+    samples = [len(c) * 2 for c in chunks]
+    for key in ("pass@1", "response_length/mean", "truncated_frac"):
+        expected = sum(p[key] * n for p, n in zip(parts, samples, strict=True)) / sum(samples)
+        assert float(everyone[0][f"eval/{key}"]) == pytest.approx(expected, rel=1e-6), key
+    assert everyone[0]["eval/problems"] == 5
+    assert 0 < everyone[0]["eval/truncated_frac"] < 1  # lengths differ, so the weights matter
     grads = ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad", "sft/grad", "dpo/grad")
     for name in grads:
         assert single[name].abs().max() > 1e-3  # a gradient that is really there
@@ -169,7 +183,11 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
         for key, value in left.items():
             if key not in TIMING and not (isinstance(value, float) and math.isnan(value)):
                 assert right[key] == value, (left["step"], key)
-    assert [r["step"] for r in read_jsonl(straight / "eval.jsonl")] == [0, 2, 4]
+    scores = [
+        [{k: v for k, v in line.items() if k != "seconds"} for line in read_jsonl(path)]
+        for path in (straight / "eval.jsonl", parted / "eval.jsonl")
+    ]
+    assert [line["step"] for line in scores[0]] == [0, 2, 4] and scores[1] == scores[0]
     state = load_trainer_state(straight / "checkpoints" / "step-4")
     generators = [own["generator"] for own in state["ranks"]]
     assert len(generators) == 2 and not torch.equal(*generators)  # each rank samples its own

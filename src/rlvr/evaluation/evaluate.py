@@ -17,6 +17,7 @@ from rlvr.rewards import compose_rewards, extract_answer
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.training.distributed import ONE_PROCESS, Ranks
 from rlvr.training.rewarding import reward_columns
 
 if TYPE_CHECKING:
@@ -90,29 +91,45 @@ def evaluate(
     max_new_tokens: int = 64,
     seed: int = 0,
     batch_size: int = 512,
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier.
 
     pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
+    With several ranks, rank r samples its chunk of the problems (`Ranks.chunk`) with seed +
+    r, and every rank returns the metrics of all of them.
     """
     start = time.perf_counter()
-    s = sample_and_verify(
-        model,
-        tokenizer,
-        problems,
-        reward,
-        template,
-        k,
-        temperature,
-        top_p,
-        max_new_tokens,
-        seed,
-        batch_size,
-    )
-    votes = [s.answers[i * k : (i + 1) * k] for i in range(len(problems))]
-    per_problem, out, scored = s.correct, s.rollout, s.scored
-    lengths = [len(c) for c in out.completion_ids]
+    chunk = ranks.chunk(len(problems))
+    mine = problems[chunk.start : chunk.stop]
+    part: tuple[list, list, list[int], int, int, int] = ([], [], [], 0, 0, 0)
+    if mine:
+        s = sample_and_verify(
+            model,
+            tokenizer,
+            mine,
+            reward,
+            template,
+            k,
+            temperature,
+            top_p,
+            max_new_tokens,
+            seed + ranks.rank,
+            batch_size,
+        )
+        out = s.rollout
+        part = (
+            s.correct,
+            [s.answers[i * k : (i + 1) * k] for i in range(len(mine))],
+            [len(c) for c in out.completion_ids],
+            sum(f == "length" for f in out.finish_reason),
+            s.scored.errors,
+            s.scored.timeouts,
+        )
+    parts = ranks.gather(part)
+    per_problem, votes, lengths = ([x for p in parts for x in p[i]] for i in range(3))
+    truncated, errors, timeouts = (sum(p[i] for p in parts) for i in range(3, 6))
     return {
         "problems": len(problems),
         "k": k,
@@ -120,19 +137,24 @@ def evaluate(
         f"pass@{k}": mean_pass_at_k(per_problem, k),
         f"maj@{k}": mean_majority_at_k(votes, per_problem, k),
         "response_length/mean": sum(lengths) / len(lengths),
-        "truncated_frac": sum(f == "length" for f in out.finish_reason) / len(lengths),
-        "reward/errors": scored.errors,
-        "reward/timeouts": scored.timeouts,
+        "truncated_frac": truncated / len(lengths),
+        "reward/errors": errors,
+        "reward/timeouts": timeouts,
         "seconds": time.perf_counter() - start,
     }
 
 
 def evaluate_as_configured(
-    model: PreTrainedModel, tokenizer, problems: list[Problem], reward: str, cfg: RLConfig
+    model: PreTrainedModel,
+    tokenizer,
+    problems: list[Problem],
+    reward: str,
+    cfg: RLConfig,
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, float]:
     """`evaluate` with the `eval` settings of a run's config: k, temperature and budget
     (`eval.max_new_tokens`, else `rollout.max_new_tokens`), its template, seeded by
-    `train.seed`."""
+    `train.seed`; split over `ranks`."""
     return evaluate(
         model,
         tokenizer,
@@ -143,4 +165,5 @@ def evaluate_as_configured(
         temperature=cfg.eval.temperature,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
+        ranks=ranks,
     )

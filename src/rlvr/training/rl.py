@@ -186,10 +186,11 @@ def _train(
     def evaluate_after(step: int) -> None:
         """Held-out pass@1 / pass@k / maj@k before step 1, every `eval.every_steps` and at the
         end, into eval.jsonl (not counted in the step's time)."""
-        if held_out and ranks.main and (step % every == 0 or step == cfg.train.steps):
-            scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg)
-            with JsonlWriter(run_dir / "eval.jsonl") as log:
-                log.write({"step": step, **scores})
+        if held_out and (step % every == 0 or step == cfg.train.steps):
+            scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg, ranks)
+            if ranks.main:
+                with JsonlWriter(run_dir / "eval.jsonl") as log:
+                    log.write({"step": step, **scores})
             loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
 
     config = cfg.model_dump(mode="json")
