@@ -12,9 +12,11 @@ How one RL step splits across R ranks (`rlvr.training.rl`):
   gradients are summed across ranks, so the optimizer steps on the single-process gradient
   whatever the number of ranks (tests/test_distributed.py);
 - weights and optimizer states are replicated, as in DDP (FSDP2 sharding is not here yet:
-  docs/decisions.md); rank 0 alone writes logs, evaluates and checkpoints.
+  docs/decisions.md); the held-out evaluation is split by chunks of problems too; rank 0
+  alone writes logs and checkpoints.
 
-One process is `Ranks()`, rank 0 of 1, whose collectives do nothing.
+`rlvr sft` and `rlvr dpo` split their batches the same way. One process is `Ranks()`, rank 0
+of 1, whose collectives do nothing.
 """
 
 from __future__ import annotations
