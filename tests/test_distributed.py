@@ -24,7 +24,7 @@ from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
-from rlvr.training.distributed import ONE_PROCESS, Ranks, _buckets, rank_state
+from rlvr.training.distributed import ONE_PROCESS, Ranks, _buckets, data_parallel, rank_state
 from rlvr.training.preference import run_dpo
 from rlvr.training.sft import run_sft
 from tiny_run import TINY_RUN
@@ -95,6 +95,15 @@ def test_more_ranks_than_prompts_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.prompts_per_step=3 is less than the 4"):
         rl._train(cfg, Ranks(0, 4), False, (), False)
     assert not tmp_path.joinpath("config.yaml").exists()
+
+
+def test_a_numbered_gpu_under_torchrun_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with (
+        pytest.raises(ConfigError, match=r"model\.device=cuda:1: under torchrun each rank"),
+        data_parallel(torch.device("cuda", 1)),
+    ):
+        pass
 
 
 def test_commands_other_than_train_refuse_to_run_under_torchrun(monkeypatch):

@@ -181,10 +181,19 @@ def data_parallel(device: torch.device) -> Iterator[Ranks]:
     Under `torchrun` (WORLD_SIZE > 1) the process group is started, with NCCL for a CUDA
     `device` (this rank's GPU, LOCAL_RANK, becomes the current one) and gloo on the CPU, and
     closed at the end; a group the caller started is used and left open. Otherwise one
-    process."""
+    process.
+
+    Raises:
+        ConfigError: a GPU named by its index (`model.device=cuda:N`) under torchrun, where
+            each rank takes its own."""
     if launched_ranks() == 1 and not dist.is_initialized():
         yield Ranks()
         return
+    if device.type == "cuda" and device.index is not None:
+        raise ConfigError(
+            f"model.device={device}: under torchrun each rank uses its own GPU (LOCAL_RANK); "
+            "set model.device=cuda or auto"
+        )
     started = not dist.is_initialized()
     if started:
         if device.type == "cuda":
