@@ -108,7 +108,9 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     out["critic/value_loss"] = torch.tensor(critic.update(batch, ROWS)["value_loss"])
     out["critic/grad"] = torch.cat([p.grad.flatten() for p in critic.model.parameters()])
     model.zero_grad(set_to_none=True)
-    loss = sft_backward(model, batch.prompt_ids, batch.completion_ids, ROWS, 24, pad, ranks)
+    prompts, targets = batch.prompt_ids, batch.completion_ids
+    lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    loss = sft_backward(model, prompts, targets, lengths, ROWS, 24, pad, ranks)
     out["sft/loss"] = torch.tensor(loss)
     out["sft/grad"] = torch.cat([p.grad.flatten() for p in model.parameters()])
     completions = batch.completion_ids

@@ -12,7 +12,8 @@ from rlvr.training.distributed import data_parallel
 with data_parallel(torch.device("cpu")) as ranks:
     results = update_results(ranks)
     replica = torch.nn.Linear(2, 1)
-    torch.nn.init.zeros_(replica.weight), torch.nn.init.zeros_(replica.bias)
+    torch.nn.init.zeros_(replica.weight)
+    torch.nn.init.zeros_(replica.bias)
     replica.bias.data += ranks.rank == 1  # rank 1 alone drifts
     try:
         ranks.check_in_sync(replica, "test")

@@ -171,9 +171,11 @@ def _train(
     settings.skip_zero_advantage = cfg.train.skip_zero_advantage and algo.entropy.target is None
 
     def checkpoint_state() -> dict:
-        own = {"generator": generator.get_state(), "rng": rng_state()}
+        per_rank = None  # one process: its states are `generator` and the checkpoint's `rng`
+        if ranks.world > 1:
+            per_rank = ranks.gather({"generator": generator.get_state(), "rng": rng_state()})
         return {
-            "ranks": ranks.gather(own) if ranks.world > 1 else None,
+            "ranks": per_rank,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "sampler": sampler.state_dict(),

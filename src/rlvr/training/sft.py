@@ -51,16 +51,17 @@ def sft_backward(
     model: torch.nn.Module,
     prompts: list[list[int]],
     targets: list[list[int]],
+    seq_lengths: list[int],
     rows: list[int],
     budget: int,
     pad_id: int,
     ranks: Ranks = ONE_PROCESS,
 ) -> float:
     """Accumulate the gradient of the mean NLL of the target tokens of `rows` (one optimizer
-    step) over token-budget micro-batches; return that loss. Each rank runs its share of the
-    rows (`Ranks.share`) and the gradients and the loss are summed over the ranks."""
+    step) over token-budget micro-batches; return that loss. `seq_lengths` are the prompt +
+    target lengths of every example. Each rank runs its share of the rows (`Ranks.share`) and
+    the gradients and the loss are summed over the ranks."""
     num_tokens = float(sum(len(targets[r]) for r in rows))
-    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     mine = ranks.share(rows, range(len(prompts)), seq_lengths)
     total = torch.zeros(1, dtype=torch.float64)
     for mb_rows in token_budget_micro_batches(mine, seq_lengths, budget):
@@ -103,6 +104,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples
     ]
+    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     optimizer = build_optimizer(model, s.lr, s.weight_decay)
     scheduler = build_scheduler(
         optimizer,
@@ -124,7 +126,14 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
             rows, order = order[: s.batch_size], order[s.batch_size :]
             optimizer.zero_grad(set_to_none=True)
             total = sft_backward(
-                model, prompts, targets, rows, s.micro_batch_tokens, tokenizer.pad_token_id, ranks
+                model,
+                prompts,
+                targets,
+                seq_lengths,
+                rows,
+                s.micro_batch_tokens,
+                tokenizer.pad_token_id,
+                ranks,
             )
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), s.max_grad_norm or float("inf")

@@ -54,8 +54,6 @@ class LossSettings:
 
 def rank_share(batch: RolloutBatch, rows: list[int], ranks: Ranks) -> list[int]:
     """This rank's part of `rows` (`Ranks.share`), whole groups weighed by their tokens."""
-    if ranks.world == 1:
-        return rows
     costs = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     return ranks.share(rows, batch.group_ids.tolist(), costs)
 
