@@ -10,6 +10,7 @@ from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
+from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_state
 from rlvr.training.preference import (
     PairScorer,
     PairTokens,
@@ -127,3 +128,28 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     held_out = scorer.evaluate(model, pad, ranks)
     out.update({f"dpo/held_out/{key}": torch.tensor(value) for key, value in held_out.items()})
     return out
+
+
+def sharded_adamw_steps(ranks: Ranks) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """Two steps of `build_optimizer(shard=True)` (weight decay, a scheduled learning rate)
+    from the same fixed gradients on every rank: this rank's weights and the number of moment
+    elements it keeps, and the checkpoint state `optimizer_state` gives it (None but on
+    rank 0 when sharded)."""
+    torch.manual_seed(0)
+    model = build_tiny_model(
+        build_tiny_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+    )
+    optimizer = build_optimizer(model, 1e-2, weight_decay=0.1, shard=True)
+    scheduler = build_scheduler(optimizer, warmup_steps=1, total_steps=3)
+    for step in range(2):
+        for i, p in enumerate(model.parameters()):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * step + i))
+        optimizer.step()
+        scheduler.step()
+    kept = getattr(optimizer, "optim", optimizer)  # a ZeroRedundancyOptimizer's own part
+    moments = sum(s[k].numel() for s in kept.state.values() for k in ("exp_avg", "exp_avg_sq"))
+    results = {
+        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
+        "kept_moments": torch.tensor(moments),
+    }
+    return results, optimizer_state(optimizer)

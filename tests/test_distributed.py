@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dp_cases import held_out_scores, update_results
+from dp_cases import held_out_scores, sharded_adamw_steps, update_results
 from rlvr.cli import app
 from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, SFTConfig, resolve_config
 from rlvr.models.loading import load_pretrained
@@ -113,15 +113,21 @@ def test_commands_other_than_train_refuse_to_run_under_torchrun(monkeypatch):
     assert "rlvr eval runs in one process: under torchrun, only" in " ".join(result.output.split())
 
 
-def test_the_update_is_the_same_on_three_ranks_as_in_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory) -> list[dict]:
+    """Every rank's results from `dp_rank.py` under torchrun with 3 ranks."""
+    out = tmp_path_factory.mktemp("three_ranks") / "out.pt"
+    done = torchrun(3, "dp_rank.py", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def test_the_update_is_the_same_on_three_ranks_as_in_one_process(three_ranks):
     """Each rank scores and trains its share of the rows; summed, the gradients, statistics
     and scores are those of one process, and every rank holds the same. (Three ranks: uneven
     shares, groups dealt whole and row by row; the SFT and DPO runs below check two ranks end
     to end.)"""
-    world = 3
-    done = torchrun(world, "dp_rank.py", str(tmp_path / "out.pt"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    everyone = torch.load(tmp_path / "out.pt")
+    world, everyone = 3, three_ranks
     single = update_results(ONE_PROCESS)
     assert len(everyone) == world
     for name, expected in single.items():
@@ -152,6 +158,25 @@ def test_the_update_is_the_same_on_three_ranks_as_in_one_process(tmp_path):
     )
 
 
+def test_sharded_adamw_keeps_a_part_of_the_state_on_each_rank_and_steps_as_adamw(three_ranks):
+    """`shard_optimizer` (ZeRO-1): every rank ends with the weights AdamW gives in one
+    process, bit for bit, while keeping the moments of its own parameters only; rank 0
+    gathers the whole state, equal to one process's, for the checkpoint."""
+    single, state = sharded_adamw_steps(ONE_PROCESS)
+    kept = [results["sharded"]["kept_moments"] for results in three_ranks]
+    assert sum(kept) == single["kept_moments"] == 2 * single["weights"].numel()
+    assert max(kept) < 0.5 * single["kept_moments"]  # about a third each
+    for results in three_ranks:
+        assert torch.equal(results["sharded"]["weights"], single["weights"])
+    gathered = three_ranks[0]["sharded_state"]
+    assert [results["sharded_state"] for results in three_ranks[1:]] == [None, None]
+    assert gathered["param_groups"][0]["lr"] == state["param_groups"][0]["lr"] != 1e-2
+    assert gathered["state"].keys() == state["state"].keys()
+    for index, moments in state["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(gathered["state"][index][key], value), (index, key)
+
+
 TIMING = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
 RUN = [
     "train",
@@ -165,6 +190,7 @@ RUN = [
     "algorithm.entropy.coef=0.05",
     "train.lr=1e-2",
     "train.save_every=2",
+    "train.shard_optimizer=true",
     "eval.every_steps=2",
     "eval.samples=4",
     "eval.k=2",
@@ -173,6 +199,8 @@ RUN = [
 
 
 def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(tmp_path):
+    """Two ranks with the optimizer state sharded: one run directory, and a resume from a
+    checkpoint continues the run as it went on."""
     straight, parted = tmp_path / "straight", tmp_path / "parted"
 
     def launch(run_dir: Path, *resume: str) -> None:
@@ -200,6 +228,11 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
     state = load_trainer_state(straight / "checkpoints" / "step-4")
     generators = [own["generator"] for own in state["ranks"]]
     assert len(generators) == 2 and not torch.equal(*generators)  # each rank samples its own
+    # the sharded optimizer's whole state, gathered from both ranks (resumed from above)
+    moments = state["optimizer"]["state"].values()
+    assert len(moments) == len(
+        list(load_pretrained(str(straight / "checkpoints" / "step-4"))[0].parameters())
+    )
     cfg = resolve_config(
         preset="grpo", overrides=[*RUN[3:], "train.steps=6", f"train.output_dir={straight}"]
     )
@@ -236,6 +269,7 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
         "sft.lr=3e-3",
         "sft.warmup_steps=0",
         "sft.micro_batch_tokens=64",
+        "sft.shard_optimizer=true",  # partitions the state on two ranks, nothing in one
     ]
     one = resolve_config(
         overrides=[*settings, f"sft.output_dir={tmp_path / 'one'}"], model=SFTConfig
@@ -269,6 +303,7 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
         "dpo.eval_every_steps=2",
         "dpo.lr=1e-3",
         "dpo.micro_batch_tokens=64",
+        "dpo.shard_optimizer=true",  # partitions the state on two ranks, nothing in one
     ]
     one = resolve_config(
         None,

@@ -334,6 +334,11 @@ class TrainConfig(Section):
     third more compute, several times less activation memory): for micro-batches larger than
     memory allows otherwise. Needs rlvr's fused forward (`model.fused_forward`, a Llama,
     Mistral or Qwen2 model)."""
+    shard_optimizer: bool = False
+    """Under torchrun, each rank keeps the AdamW state of its own part of the parameters and
+    broadcasts that part after each step (ZeRO stage 1): the optimizer's memory per rank falls
+    R-fold for one broadcast of the weights per step, and the weights are those of the
+    replicated optimizer. Checkpoints hold the whole state either way. Also the critic's."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
@@ -578,6 +583,8 @@ class SFTTrainConfig(Section):
     """Cosine floor as a fraction of the peak learning rate."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
+    shard_optimizer: bool = False
+    """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
@@ -637,6 +644,8 @@ class DPOTrainConfig(Section):
     """Cosine floor as a fraction of the peak learning rate."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
+    shard_optimizer: bool = False
+    """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
     pair's two responses share one micro-batch and one prompt forward."""

@@ -28,7 +28,7 @@ from rlvr.training.batching import (
     to_device,
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.optim import build_optimizer
+from rlvr.training.optim import build_optimizer, optimizer_state
 from rlvr.training.update import micro_batches, rank_share
 
 
@@ -48,7 +48,9 @@ class Critic:
         base = policy if settings.model is None else load_pretrained(settings.model)[0]
         self.model = ValueModel(base).to(model_device(policy))
         self.device = model_device(policy)
-        self.optimizer = build_optimizer(self.model, settings.lr, train.weight_decay, train.betas)
+        self.optimizer = build_optimizer(
+            self.model, settings.lr, train.weight_decay, train.betas, train.shard_optimizer
+        )
         self.budget, self.pad_id = train.micro_batch_tokens, pad_id
         self.max_grad_norm = train.max_grad_norm or math.inf
         ranks.copy_from_main(self.model)
@@ -102,8 +104,9 @@ class Critic:
         return stats
 
     def state_dict(self) -> dict[str, Any]:
-        """Weights and optimizer state (saved in the trainer state of a checkpoint)."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Weights and optimizer state (saved in the trainer state of a checkpoint; every rank
+        calls it, as `optim.optimizer_state` asks)."""
+        return {"model": self.model.state_dict(), "optimizer": optimizer_state(self.optimizer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`."""

@@ -11,9 +11,10 @@ How one RL step splits across R ranks (`rlvr.training.rl`):
   backward on its share only, normalised over the whole mini-batch (DESIGN rule 4), and the
   gradients are summed across ranks, so the optimizer steps on the single-process gradient
   whatever the number of ranks (tests/test_distributed.py);
-- weights and optimizer states are replicated, as in DDP (FSDP2 sharding is not here yet:
-  docs/decisions.md); the held-out evaluation is split by chunks of problems too; rank 0
-  alone writes logs and checkpoints.
+- weights are replicated, as in DDP, and so is the optimizer state unless
+  `train.shard_optimizer` partitions it over the ranks (ZeRO stage 1, `optim.build_optimizer`;
+  FSDP2 sharding of weights and gradients is not here yet: docs/decisions.md); the held-out
+  evaluation is split by chunks of problems too; rank 0 alone writes logs and checkpoints.
 
 `rlvr sft` and `rlvr dpo` split their batches the same way. One process is `Ranks()`, rank 0
 of 1, whose collectives do nothing.

@@ -1,11 +1,15 @@
-"""AdamW and the warm-up + cosine learning-rate schedule shared by SFT and RL."""
+"""AdamW, optionally sharded over the data-parallel ranks, and the warm-up + cosine
+learning-rate schedule shared by SFT, DPO and RL."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def build_optimizer(
@@ -13,17 +17,38 @@ def build_optimizer(
     lr: float,
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
-) -> torch.optim.AdamW:
+    shard: bool = False,
+) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters: PyTorch's fused kernel when they are all on a GPU
     (one kernel for every parameter instead of its `foreach` chain of a dozen passes), its
     default elsewhere. On a CPU the fused kernel is 5× faster too, but rounds differently
     from the default, and the demo's cold-start SFT amplifies that (`docs/benchmarks.md`,
-    "Fused AdamW"), so the CPU keeps the default."""
+    "Fused AdamW"), so the CPU keeps the default.
+
+    With `shard` under several data-parallel ranks (an initialised process group), the
+    optimizer state is partitioned: each rank keeps the moments of its own part of the
+    parameters, steps that part from the summed gradient every rank holds, and broadcasts it
+    to the others (ZeRO stage 1, Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
+    Training Trillion Parameter Models"; PyTorch's `ZeroRedundancyOptimizer`). AdamW's 8 bytes
+    per fp32 parameter fall to about 8/R per rank, for one broadcast of the weights per step;
+    each parameter takes the same AdamW arithmetic, so the weights are those of the replicated
+    optimizer. In one process `shard` changes nothing."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.is_cuda for p in params)
-    return torch.optim.AdamW(
-        params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None
-    )
+    settings = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "fused": fused or None}
+    if shard and dist.is_initialized() and dist.get_world_size() > 1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **settings)
+    return torch.optim.AdamW(params, **settings)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """The whole optimizer state, for a checkpoint. A sharded optimizer's parts are gathered
+    on rank 0, which gets the state a replicated optimizer would hold (so either kind resumes
+    from it); every rank must call this, and the others get None."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if dist.get_rank() == 0 else None
+    return optimizer.state_dict()
 
 
 def lr_multiplier(

@@ -360,7 +360,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
 
     train_scorer = scorer(train_pairs)
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
-    optimizer = build_optimizer(model, d.lr, d.weight_decay)
+    optimizer = build_optimizer(model, d.lr, d.weight_decay, shard=d.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=d.warmup_steps,

@@ -40,7 +40,7 @@ from rlvr.training.distributed import Ranks, data_parallel, rank_state
 from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.metrics import step_metrics
-from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_state
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
 from rlvr.training.sampling import collect_step, config_filters, config_for_step
@@ -123,7 +123,9 @@ def _train(
     generator = torch.Generator().manual_seed(cfg.train.seed + ranks.rank)
 
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas)
+    optimizer = build_optimizer(
+        model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas, cfg.train.shard_optimizer
+    )
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=cfg.train.warmup_steps,
@@ -176,7 +178,7 @@ def _train(
             per_rank = ranks.gather({"generator": generator.get_state(), "rng": rng_state()})
         return {
             "ranks": per_rank,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state(optimizer),
             "scheduler": scheduler.state_dict(),
             "sampler": sampler.state_dict(),
             "generator": generator.get_state(),

@@ -105,7 +105,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
         for p in examples
     ]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
-    optimizer = build_optimizer(model, s.lr, s.weight_decay)
+    optimizer = build_optimizer(model, s.lr, s.weight_decay, shard=s.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=s.warmup_steps,
