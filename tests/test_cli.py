@@ -148,3 +148,41 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
     assert bad.exit_code == 2 and "data.max_digit" in bad.output and "data.max_digits" in bad.output
     bad = runner.invoke(app, ["eval", "--model", "tiny", "train.lr=1"])
     assert bad.exit_code == 2 and "takes only data.KEY=VALUE" in bad.output
+
+
+def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_path):
+    """Data settings that only loading the task can refuse: a clear error naming the keys,
+    exit code 2, no traceback, and an earlier run's files in the output folder untouched."""
+    two_rows = tmp_path / "two.jsonl"
+    two_rows.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "4"}\n')
+    out = tmp_path / "run"
+    out.mkdir()
+    earlier = {name: f"{name} of an earlier run\n" for name in ("metrics.jsonl", "config.yaml")}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    model = SMALL[:4]
+    cases = [
+        (
+            ["train", *SMALL, "data.train_size=5000"],
+            "has fewer than 5010 distinct problems; lower data.train_size/data.test_size",
+        ),
+        (["train", *SMALL, "data.task=file"], "data.task=file needs data.path"),
+        (
+            ["train", *SMALL, "data.task=file", f"data.path={two_rows}", "data.test_size=2"],
+            "two.jsonl has 2 rows, not more than data.test_size=2",
+        ),
+        (
+            ["sft", *model, "data.task=file", f"data.path={two_rows}", "data.test_size=1"],
+            "task 'file' has no worked solutions to fine-tune on (name their column with "
+            "data.solution_column)",
+        ),
+        (
+            ["dpo", *model, "data.task=file", f"data.path={tmp_path / 'no.jsonl'}"],
+            "no.jsonl: no such file",
+        ),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, [*args, f"{args[0]}.output_dir={out}"])
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert message in " ".join(result.output.split()), args
+        assert {p.name: p.read_text() for p in out.iterdir()} == earlier, args

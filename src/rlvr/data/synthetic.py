@@ -12,6 +12,7 @@ import random
 import zlib
 from collections.abc import Iterator
 
+from rlvr.config import ConfigError
 from rlvr.data.problem import Problem
 
 
@@ -122,7 +123,7 @@ def synthetic_splits(
     test = [p for _, p in zip(range(test_size), stream)]
     train = [p for _, p in zip(range(train_size), stream)]
     if len(test) < test_size or len(train) < train_size:
-        raise ValueError(
+        raise ConfigError(
             f"task {task!r} with {kwargs} has fewer than {train_size + test_size} distinct "
             "problems; lower data.train_size/data.test_size or widen the task settings"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.config import DataConfig
+from rlvr.config import ConfigError, DataConfig
 from rlvr.data.problem import Problem
 from rlvr.data.synthetic import synthetic_splits
 
@@ -27,7 +27,7 @@ class Task:
 
 def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[list, list]:
     if len(problems) <= test_size:
-        raise ValueError(
+        raise ConfigError(
             f"{source} has {len(problems)} rows, not more than data.test_size={test_size}; "
             "lower data.test_size or give data.test_path"
         )
@@ -65,7 +65,9 @@ def load_task(cfg: DataConfig) -> Task:
         return Task(cfg.task, train, test[: cfg.test_size], "math")
     if cfg.task == "file":
         if not cfg.path:
-            raise ValueError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
+            raise ConfigError(
+                "data.task=file needs data.path (a local JSONL, Parquet or JSON file)"
+            )
         columns = {
             "prompt_column": cfg.prompt_column,
             "answer_column": cfg.answer_column,
@@ -76,6 +78,6 @@ def load_task(cfg: DataConfig) -> Task:
             return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")
         train, test = _hold_out(problems, cfg.test_size, cfg.path)
         return Task("file", train, test, "math")
-    raise ValueError(
+    raise ConfigError(
         f"unknown data.task {cfg.task!r}; choose from arithmetic, countdown, gsm8k, math, file"
     )

@@ -267,9 +267,10 @@ def _means(parts: list[dict], ranks: Ranks = ONE_PROCESS) -> dict[str, float]:
 
 
 def _training_pairs(
-    cfg: DPOConfig, model: torch.nn.Module, tokenizer, out_dir: Path
-) -> tuple[PairTokens, PairTokens | None]:
-    """(training pairs, held-out pairs or None) from the file or sampled from the task."""
+    cfg: DPOConfig, model: torch.nn.Module, tokenizer
+) -> tuple[PairTokens, PairTokens | None, list[dict]]:
+    """(training pairs, held-out pairs or None, the sampled pairs' records for pairs.jsonl)
+    from the file (no records) or sampled from the task."""
     data, d = cfg.data, cfg.dpo
     if data.task == "file":
         if not data.path:
@@ -292,7 +293,7 @@ def _training_pairs(
         else:
             held_out = []
         encoded = encode_pairs(held_out, data.template, tokenizer) if held_out else None
-        return encode_pairs(train, data.template, tokenizer), encoded
+        return encode_pairs(train, data.template, tokenizer), encoded, []
     task = load_task(data)
     sampling = {
         "template": data.template,
@@ -310,14 +311,11 @@ def _training_pairs(
             f"samples that scored differently, so there is no pair; start from a model that "
             "solves some of them (`rlvr sft`) or raise dpo.samples_per_prompt"
         )
-    with JsonlWriter(out_dir / "pairs.jsonl") as handle:
-        for record in records:
-            handle.write(record)
     held_out = None
     if d.eval_pairs:
         held_out = sample_pairs(model, tokenizer, task.test, task.reward, **sampling)[0]
         held_out = held_out.head(d.eval_pairs)
-    return train, held_out if held_out else None
+    return train, held_out if held_out else None, records
 
 
 def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
@@ -335,12 +333,6 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
         PREFERENCE_LOSSES.get(d.loss)
     except KeyError as exc:
         raise ConfigError(f"dpo.loss: {exc.args[0]}") from None
-    out_dir = Path(d.output_dir)
-    if ranks.main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):  # a fresh run's logs
-            (out_dir / name).unlink(missing_ok=True)
-        save_config(cfg, out_dir / "config.yaml")
     if d.threads:
         torch.set_num_threads(d.threads)
     if d.keep_freed_memory:
@@ -349,7 +341,19 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
     ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
-    pairs = _training_pairs(cfg, model, tokenizer, out_dir) if ranks.main else None
+    out_dir = Path(d.output_dir)
+    pairs = None
+    if ranks.main:
+        *pairs, records = _training_pairs(cfg, model, tokenizer)
+        # written only once the model and the pairs have loaded: a fresh run's logs
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
+            (out_dir / name).unlink(missing_ok=True)
+        save_config(cfg, out_dir / "config.yaml")
+        if records:
+            with JsonlWriter(out_dir / "pairs.jsonl") as handle:
+                for record in records:
+                    handle.write(record)
     train_pairs, eval_pairs = ranks.broadcast(pairs)
 
     def scorer(pairs: PairTokens) -> PairScorer:

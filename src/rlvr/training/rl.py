@@ -103,12 +103,6 @@ def _train(
             fused.enable_activation_checkpointing(model)
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
-    run_dir = Path(cfg.train.output_dir)  # written only once the model is known to fit the config
-    if ranks.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-    regularization = Regularization(algo, model)
-    reference = regularization.reference
     task = load_task(cfg.data)
     every = cfg.eval.every_steps
     held_out = task.test[: cfg.eval.samples] if every else []
@@ -117,6 +111,12 @@ def _train(
             f"eval.every_steps={every}: no held-out problems to evaluate "
             f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
         )
+    run_dir = Path(cfg.train.output_dir)  # written only once the model and the task fit
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    regularization = Regularization(algo, model)
+    reference = regularization.reference
     sampler = build_sampler(
         cfg.data.sampler, len(task.train), cfg.train.seed, cfg.data.min_priority
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import SFTConfig, save_config
+from rlvr.config import ConfigError, SFTConfig, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
@@ -82,11 +82,6 @@ def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
 def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     """`run_sft` on this rank (rank 0 alone writes the output folder)."""
     s = cfg.sft
-    out_dir = Path(s.output_dir)
-    if ranks.main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
-        save_config(cfg, out_dir / "config.yaml")
     if s.threads:
         torch.set_num_threads(s.threads)
     if s.keep_freed_memory:
@@ -98,7 +93,12 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     examples = [p for p in task.train if p.solution]
     if not examples:
         hint = " (name their column with data.solution_column)" if task.name == "file" else ""
-        raise ValueError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
+        raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
+    out_dir = Path(s.output_dir)  # written only once the model and the task have loaded
+    if ranks.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
+        save_config(cfg, out_dir / "config.yaml")
     _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in examples], tokenizer)
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
