@@ -3,10 +3,10 @@
 One cold-start SFT model (the demo's task and model, built once for the module) is trained
 with each preset for 24 RL steps; pass@1 on 200 held-out problems (k = 4, same sampling seed)
 must rise by a margin well above the evaluation noise (measured gains at these settings, from
-a 0.281 cold start: 13-21 points; 11-17 after 16 steps, 17-25 after 32). Every preset uses the demo's policy learning rate (1e-4; at 3e-4 GRPO
-and Dr. GRPO collapse on this model), except GRPO with LoRA adapters (`grpo+lora`: 1e-3); the
-critic presets use a critic rate fit for the tiny model and a short value warm-up instead of
-the papers' 50 steps.
+a 0.281 cold start: 13-21 points; 11-17 after 16 steps, 17-25 after 32). Every preset uses
+the demo's policy learning rate (1e-4; at 3e-4 GRPO and Dr. GRPO collapse on this model),
+except GRPO with LoRA adapters (`grpo+lora`: 1e-3); the critic presets use a critic rate fit
+for the tiny model and a short value warm-up instead of the papers' 50 steps.
 
 The offline preference presets (`rlvr dpo`) start from the same model and train on pairs of its
 own samples, verified (a right answer chosen over a wrong one); they must raise pass@1 by the
