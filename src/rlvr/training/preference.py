@@ -344,7 +344,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     out_dir = Path(d.output_dir)
     pairs = None
     if ranks.main:
-        *pairs, records = _training_pairs(cfg, model, tokenizer)
+        train, held_out, records = _training_pairs(cfg, model, tokenizer)
+        pairs = (train, held_out)
         # written only once the model and the pairs have loaded: a fresh run's logs
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
