@@ -27,6 +27,11 @@ Its four groups go whole to 3 ranks; the two left when groups 2 and 3 carry no a
 row by row."""
 
 
+def small_model(tok):
+    """The one-layer tiny model the rank-invariance cases train (seed it first)."""
+    return build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+
 def four_group_batch():
     """Eight samples of random token ids in four groups of two, lengths and advantages
     differing from row to row."""
@@ -74,7 +79,7 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     tok = build_tiny_tokenizer()
     pad = tok.pad_token_id
     torch.manual_seed(0)
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = small_model(tok)
     out = {f"eval/{k}": torch.tensor(v) for k, v in held_out_scores(model, tok, ranks).items()}
     batch = four_group_batch()
     logprobs, entropy = batch_token_stats(model, batch, 0.7, 24, pad, True, ranks)
@@ -136,9 +141,7 @@ def sharded_adamw_steps(ranks: Ranks) -> tuple[dict[str, torch.Tensor], dict | N
     elements it keeps, and the checkpoint state `optimizer_state` gives it (None but on
     rank 0 when sharded)."""
     torch.manual_seed(0)
-    model = build_tiny_model(
-        build_tiny_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
-    )
+    model = small_model(build_tiny_tokenizer())
     optimizer = build_optimizer(model, 1e-2, weight_decay=0.1, shard=True)
     scheduler = build_scheduler(optimizer, warmup_steps=1, total_steps=3)
     for step in range(2):

@@ -16,11 +16,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dp_cases import held_out_scores, sharded_adamw_steps, update_results
+from dp_cases import held_out_scores, sharded_adamw_steps, small_model, update_results
 from rlvr.cli import app
 from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, SFTConfig, resolve_config
 from rlvr.models.loading import load_pretrained
-from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.models.tiny import build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
@@ -138,7 +138,7 @@ def test_the_update_is_the_same_on_three_ranks_as_in_one_process(three_ranks):
     # The evaluation: rank r samples its chunk of the 5 problems (2, 2, 1) with seed r.
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = small_model(tok)
     chunks = [Ranks(r, world).chunk(5) for r in range(world)]
     parts = [held_out_scores(model, tok, ONE_PROCESS, c, seed=r) for r, c in enumerate(chunks)]
     samples = [len(c) * 2 for c in chunks]
@@ -240,6 +240,14 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
         rl.train(cfg, resume=True, show_progress=False)
 
 
+ONE_LAYER = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.intermediate_size=64",
+]
+"""The model of the SFT and DPO runs below."""
+
+
 def same_run(one: Path, two: Path, logs: tuple[str, ...]) -> None:
     """The two runs logged the same values (to rounding) and saved the same weights."""
     for log in logs:
@@ -258,9 +266,7 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
     """SFT samples nothing, so two ranks, each on its share of every batch, must end with the
     weights one process ends with (up to the order of the gradient sums)."""
     settings = [
-        "model.tiny.hidden_size=32",
-        "model.tiny.num_layers=1",
-        "model.tiny.intermediate_size=64",
+        *ONE_LAYER,
         "data.train_size=40",
         "data.test_size=2",
         "data.max_digits=1",
@@ -292,9 +298,7 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = [
-        "model.tiny.hidden_size=32",
-        "model.tiny.num_layers=1",
-        "model.tiny.intermediate_size=64",
+        *ONE_LAYER,
         "data.task=file",
         f"data.path={data}",
         "dpo.eval_pairs=8",
