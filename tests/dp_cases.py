@@ -2,15 +2,24 @@
 them in one process and under torchrun (tests/dp_rank.py), and compares."""
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from batches import token_batch
+from rlvr.algorithms.controllers import ema_update_
 from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, DPOConfig, TrainConfig
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
+from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training import sharding
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
-from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_state
+from rlvr.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_optimizer_state,
+    optimizer_state,
+)
 from rlvr.training.preference import (
     PairScorer,
     PairTokens,
@@ -156,3 +165,79 @@ def sharded_adamw_steps(ranks: Ranks) -> tuple[dict[str, torch.Tensor], dict | N
         "kept_moments": torch.tensor(moments),
     }
     return results, optimizer_state(optimizer)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor whole: a sharded one (FSDP's DTensor) gathered on every rank."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (all of any other)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def two_layers(tok):
+    """The two-layer tiny model of the FSDP case (seed it first)."""
+    return build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def checkpointed(model, optimizer) -> tuple[dict | None, dict | None]:
+    """The weights and AdamW state a checkpoint holds (rank 0's; None on the others when
+    sharded)."""
+    weights = sharding.whole_state(model)
+    if not sharding.is_sharded(model):
+        weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return weights, optimizer_state(optimizer, model)
+
+
+def fsdp_results(ranks: Ranks) -> dict:
+    """The two-layer tiny model sharded with FSDP2 (`sharding.shard`; whole in one process,
+    which then runs the transformers forward the sharded update runs): held-out scores and
+    token log-probs on the whole weights, each case's update gradient, then one AdamW step
+    (weight decay), the checkpoint's weights and state, also after loading them into another
+    model, and a replicated reference reset to the stepped weights."""
+    tok = build_tiny_tokenizer()
+    pad = tok.pad_token_id
+    torch.manual_seed(0)
+    model = two_layers(tok)
+    sharding.shard(model, ranks)
+    with sharding.full_weights(model):
+        out = {f"eval/{k}": torch.tensor(v) for k, v in held_out_scores(model, tok, ranks).items()}
+        logprobs, _ = batch_token_stats(model, four_group_batch(), 0.7, 24, pad, False, ranks)
+    if ranks.world == 1:
+        setattr(model, fused.ENABLE_ATTR, False)
+    out["logprobs"] = logprobs
+    out["kept"] = torch.tensor(sum(local(p).numel() for p in model.parameters()))
+    for name, (algo, settings) in CASES.items():
+        batch = four_group_batch()
+        batch.correct = torch.tensor([True, False, True, True, False, False, True, False])
+        if name == "skip_zero_advantage":
+            batch.advantages[2:] = 0.0  # two rows to train: a rank without one runs a filler
+        else:
+            batch.ref_logprobs = logprobs - 0.05
+        batch.old_logprobs = logprobs + 0.1
+        config = AlgorithmConfig.model_validate(algo)
+        model.zero_grad(set_to_none=True)
+        stats = minibatch_backward(
+            model, batch, ROWS, LossSettings(config, 0.7, 12, 24, pad, **settings), ranks
+        )
+        out[f"{name}/grad"] = torch.cat([whole(p.grad).flatten() for p in model.parameters()])
+        out[f"{name}/loss"] = torch.tensor(stats["loss"])
+    optimizer = build_optimizer(model, 1e-2, weight_decay=0.1)
+    optimizer.step()
+    out["saved"] = checkpointed(model, optimizer)
+    torch.manual_seed(1)
+    reference = two_layers(tok)
+    with sharding.full_weights(model):
+        ema_update_(reference, model, 0.0)  # a reference reset, reading the whole weights
+    out["reference"] = {name: p.detach() for name, p in reference.named_parameters()}
+    again = two_layers(tok)
+    sharding.shard(again, ranks)
+    reloaded = build_optimizer(again, 1e-2, weight_decay=0.1)
+    weights, state = ranks.broadcast(out["saved"])
+    tied = {"lm_head.weight": weights["model.embed_tokens.weight"]}  # as from_pretrained gives
+    sharding.load_whole_state(again, {**weights, **tied})
+    load_optimizer_state(reloaded, state, again)
+    out["reloaded"] = checkpointed(again, reloaded)
+    return out

@@ -1,12 +1,12 @@
 """One rank of tests/test_distributed.py, started by torchrun: `dp_rank.py OUT` has rank 0
 save every rank's `update_results` to OUT, with the error `check_in_sync` raises on a rank
-whose replica drifted and the results of `sharded_adamw_steps`."""
+whose replica drifted and the results of `sharded_adamw_steps` and `fsdp_results`."""
 
 import sys
 
 import torch
 
-from dp_cases import sharded_adamw_steps, update_results
+from dp_cases import fsdp_results, sharded_adamw_steps, update_results
 from rlvr.training.distributed import data_parallel
 
 with data_parallel(torch.device("cpu")) as ranks:
@@ -20,6 +20,7 @@ with data_parallel(torch.device("cpu")) as ranks:
     except RuntimeError as error:
         results["check_in_sync"] = str(error)
     results["sharded"], results["sharded_state"] = sharded_adamw_steps(ranks)
+    results["fsdp"] = fsdp_results(ranks)
     everyone = ranks.gather(results)
     if ranks.main:
         torch.save(everyone, sys.argv[1])

@@ -339,6 +339,13 @@ class TrainConfig(Section):
     broadcasts that part after each step (ZeRO stage 1): the optimizer's memory per rank falls
     R-fold for one broadcast of the weights per step, and the weights are those of the
     replicated optimizer. Checkpoints hold the whole state either way. Also the critic's."""
+    fsdp: bool = False
+    """Under torchrun, shard the policy's weights, gradients and AdamW state over the ranks
+    with FSDP2, a decoder layer per group (`rlvr.training.sharding`): a rank keeps 1/R of
+    them, for a gather of each layer per forward and backward. The rollout, scoring and
+    evaluation gather the whole weights once per step; the update runs the transformers
+    forward. Implies `shard_optimizer`; the critic and the reference stay replicated; one
+    process has nothing to shard. Checkpoints hold the whole weights and state either way."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
@@ -367,6 +374,15 @@ class TrainConfig(Section):
     activations are reused instead of returned to the kernel and zero-filled again
     (`rlvr.training.memory`; a CPU update ran up to a third slower from the page faults).
     Process-wide, like `threads`; false leaves malloc alone."""
+
+    @model_validator(mode="after")
+    def _fsdp_forward(self) -> TrainConfig:
+        if self.fsdp and self.gradient_checkpointing:
+            raise ValueError(
+                "train.fsdp with train.gradient_checkpointing: the sharded update runs the "
+                "transformers forward, which rlvr's activation checkpointing does not cover"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -402,6 +418,15 @@ class RLConfig(Section):
     """Evaluation settings."""
     preset: str | None = None
     """Name of the preset this config started from (informational)."""
+
+    @model_validator(mode="after")
+    def _fsdp_trains_whole_models(self) -> RLConfig:
+        if self.train.fsdp and self.model.lora.rank:
+            raise ValueError(
+                "train.fsdp with model.lora.rank > 0: LoRA trains small adapters, which stay "
+                "replicated; use train.fsdp for full fine-tuning"
+            )
+        return self
 
 
 class ConfigError(ValueError):

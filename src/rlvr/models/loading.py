@@ -107,12 +107,24 @@ def decode_completions(
     ]
 
 
-def save_pretrained(model: PreTrainedModel, tokenizer: Tokenizer, directory: Path) -> None:
+def save_pretrained(
+    model: PreTrainedModel,
+    tokenizer: Tokenizer,
+    directory: Path,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Save model (safetensors) and tokenizer in Hugging Face format; a LoRA model as its merged
-    weights, plus the adapter alone in `directory/adapter` (`lora.save_adapter`)."""
+    weights, plus the adapter alone in `directory/adapter` (`lora.save_adapter`).
+
+    `weights`: the whole weights of a model sharded over several ranks
+    (`training.sharding.whole_state`), saved under the class the model had before sharding."""
     if lora.has_lora(model):
         model.save_pretrained(directory, state_dict=lora.merged_state_dict(model))
         lora.save_adapter(model, directory)
+    elif weights is not None:
+        model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
+        model.config.save_pretrained(directory)
     else:
         model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

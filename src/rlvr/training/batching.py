@@ -52,8 +52,12 @@ def to_device(mb: SharedPrefixBatch, device: torch.device) -> SharedPrefixBatch:
 def rows_on(
     tensor: torch.Tensor, rows: list[int], width: int, device: torch.device
 ) -> torch.Tensor:
-    """`tensor[rows, :width]` of a per-token batch tensor ([N, T], on the CPU) on `device`."""
-    return on_device(tensor[rows, :width], device)
+    """`tensor[rows, :width]` of a per-token batch tensor ([N, T], on the CPU) on `device`,
+    zero-padded to `width` when T is less (a micro-batch collated with `min_width`)."""
+    part = tensor[rows, :width]
+    if part.shape[1] < width:
+        part = torch.nn.functional.pad(part, (0, width - part.shape[1]))
+    return on_device(part, device)
 
 
 def response_mask_from_lengths(lengths: list[int], width: int | None = None) -> torch.Tensor:
@@ -143,9 +147,15 @@ class SharedPrefixBatch:
 
 
 def collate_shared_prefix(
-    prompts: list[list[int]], completions: list[list[int]], rows: list[int], pad_id: int
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    rows: list[int],
+    pad_id: int,
+    min_width: int = 1,
 ) -> SharedPrefixBatch:
-    """The micro-batch of samples `rows`, each distinct prompt once (the module docstring)."""
+    """The micro-batch of samples `rows`, each distinct prompt once (the module docstring),
+    completions padded to at least `min_width` tokens: 2 makes `shared_prefix_forward` run
+    its two passes whatever the lengths, as FSDP needs (`sharding.min_width`)."""
     distinct: dict[tuple[int, ...], int] = {}
     prompt_index = [distinct.setdefault(tuple(prompts[r]), len(distinct)) for r in rows]
     unique = [list(p) for p in distinct]
@@ -156,7 +166,7 @@ def collate_shared_prefix(
         prompt_ids[i, p_width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
         prompt_mask[i, p_width - len(prompt) :] = 1
     lengths = [len(completions[r]) for r in rows]
-    t_width = max(max(lengths), 1)
+    t_width = max(*lengths, min_width)
     completion_ids = torch.full((len(rows), t_width), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         if completions[r]:

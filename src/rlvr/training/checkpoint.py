@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models import lora
 from rlvr.models.loading import save_pretrained
+from rlvr.training import sharding
 
 STATE_FILE = "trainer_state.pt"
 
@@ -38,14 +39,20 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: torch.nn.Module, tokenizer: Any, state: dict[str, Any]
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    state: dict[str, Any],
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write `run_dir/checkpoints/step-{step}` atomically; return its path."""
+    """Write `run_dir/checkpoints/step-{step}` atomically; return its path. `weights`: the
+    whole weights of a sharded model (`sharding.whole_state`)."""
     folder = run_dir / "checkpoints"
     final, tmp = folder / f"step-{step}", folder / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_pretrained(model, tokenizer, tmp)
+    save_pretrained(model, tokenizer, tmp, weights)
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
     if final.exists():
         shutil.rmtree(final)
@@ -74,4 +81,4 @@ def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         lora.load_adapter(model, checkpoint)
         return
     weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
-    model.load_state_dict(weights.state_dict())
+    sharding.load_whole_state(model, weights.state_dict())

@@ -12,9 +12,10 @@ How one RL step splits across R ranks (`rlvr.training.rl`):
   gradients are summed across ranks, so the optimizer steps on the single-process gradient
   whatever the number of ranks (tests/test_distributed.py);
 - weights are replicated, as in DDP, and so is the optimizer state unless
-  `train.shard_optimizer` partitions it over the ranks (ZeRO stage 1, `optim.build_optimizer`;
-  FSDP2 sharding of weights and gradients is not here yet: docs/decisions.md); the held-out
-  evaluation is split by chunks of problems too; rank 0 alone writes logs and checkpoints.
+  `train.shard_optimizer` partitions it over the ranks (ZeRO stage 1, `optim.build_optimizer`),
+  or `train.fsdp` shards weights, gradients and state (FSDP2, `rlvr.training.sharding`); the
+  held-out evaluation is split by chunks of problems too; rank 0 alone writes logs and
+  checkpoints.
 
 `rlvr sft` and `rlvr dpo` split their batches the same way. One process is `Ranks()`, rank 0
 of 1, whose collectives do nothing.

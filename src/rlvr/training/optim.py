@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from rlvr.training import sharding
+
 
 def build_optimizer(
     model: nn.Module,
@@ -32,23 +34,44 @@ def build_optimizer(
     Training Trillion Parameter Models"; PyTorch's `ZeroRedundancyOptimizer`). AdamW's 8 bytes
     per fp32 parameter fall to about 8/R per rank, for one broadcast of the weights per step;
     each parameter takes the same AdamW arithmetic, so the weights are those of the replicated
-    optimizer. In one process `shard` changes nothing."""
+    optimizer. In one process, or for a model FSDP already shards (`train.fsdp`), `shard`
+    changes nothing."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.is_cuda for p in params)
     settings = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "fused": fused or None}
-    if shard and dist.is_initialized() and dist.get_world_size() > 1:
+    if (
+        shard
+        and dist.is_initialized()
+        and dist.get_world_size() > 1
+        and not sharding.is_sharded(model)
+    ):
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **settings)
     return torch.optim.AdamW(params, **settings)
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-    """The whole optimizer state, for a checkpoint. A sharded optimizer's parts are gathered
-    on rank 0, which gets the state a replicated optimizer would hold (so either kind resumes
-    from it); every rank must call this, and the others get None."""
+def optimizer_state(
+    optimizer: torch.optim.Optimizer, model: nn.Module | None = None
+) -> dict[str, Any] | None:
+    """The whole optimizer state, for a checkpoint. A sharded optimizer's parts (or those of
+    the FSDP-sharded `model`'s, `sharding.whole_optimizer_state`) are gathered on rank 0,
+    which gets the state a replicated optimizer would hold (so either kind resumes from it);
+    every rank must call this, and the others get None."""
+    if model is not None and sharding.is_sharded(model):
+        return sharding.whole_optimizer_state(model, optimizer)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if dist.get_rank() == 0 else None
     return optimizer.state_dict()
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict[str, Any], model: nn.Module | None = None
+) -> None:
+    """Inverse of `optimizer_state`, on every rank."""
+    if model is not None and sharding.is_sharded(model):
+        sharding.load_whole_optimizer_state(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
 
 
 def lr_multiplier(

@@ -64,7 +64,7 @@ class Regularization:
             ema_update_(self.reference, policy, self.kl_settings.reference_ema)
         every = self.kl_settings.reference_reset_every
         if every and step % every == 0:
-            self.reference.load_state_dict(policy.state_dict())
+            ema_update_(self.reference, policy, 0.0)  # a copy, of whole weights under FSDP
 
     def state_dict(self) -> dict[str, Any]:
         """Coefficients, controller states and (when it moves) the reference weights."""

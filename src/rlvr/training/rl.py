@@ -26,6 +26,7 @@ from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.loggers import MetricLoggers
 from rlvr.tracking.progress import StepProgress
+from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
     latest_checkpoint,
@@ -40,7 +41,12 @@ from rlvr.training.distributed import Ranks, data_parallel, rank_state
 from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.metrics import step_metrics
-from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_state
+from rlvr.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_optimizer_state,
+    optimizer_state,
+)
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
 from rlvr.training.sampling import collect_step, config_filters, config_for_step
@@ -122,6 +128,11 @@ def _train(
     )
     generator = torch.Generator().manual_seed(cfg.train.seed + ranks.rank)
 
+    critic = None
+    if algo.advantage == CRITIC_ADVANTAGE:
+        critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
+    if cfg.train.fsdp:
+        sharding.shard(model, ranks)  # after the replicated reference and critic are copied
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(
         model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas, cfg.train.shard_optimizer
@@ -133,9 +144,6 @@ def _train(
         schedule=cfg.train.schedule,
         min_lr_ratio=cfg.train.min_lr_ratio,
     )
-    critic = None
-    if algo.advantage == CRITIC_ADVANTAGE:
-        critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
     start_step, bad_steps = 0, 0
     if resume:
         checkpoint = latest_checkpoint(run_dir)
@@ -143,7 +151,7 @@ def _train(
             raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
         load_model_weights(model, checkpoint)
         state = load_trainer_state(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(optimizer, state["optimizer"], model)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         own = rank_state(state, ranks, checkpoint)
@@ -163,7 +171,7 @@ def _train(
         tokenizer.pad_token_id,
         r.batch_size,
         generator,
-        cuda_graphs=r.cuda_graphs,
+        cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed weight addresses
     )
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(
@@ -178,7 +186,7 @@ def _train(
             per_rank = ranks.gather({"generator": generator.get_state(), "rng": rng_state()})
         return {
             "ranks": per_rank,
-            "optimizer": optimizer_state(optimizer),
+            "optimizer": optimizer_state(optimizer, model),
             "scheduler": scheduler.state_dict(),
             "sampler": sampler.state_dict(),
             "generator": generator.get_state(),
@@ -191,7 +199,8 @@ def _train(
         """Held-out pass@1 / pass@k / maj@k before step 1, every `eval.every_steps` and at the
         end, into eval.jsonl (not counted in the step's time)."""
         if held_out and (step % every == 0 or step == cfg.train.steps):
-            scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg, ranks)
+            with sharding.full_weights(model):
+                scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg, ranks)
             if ranks.main:
                 with JsonlWriter(run_dir / "eval.jsonl") as log:
                     log.write({"step": step, **scores})
@@ -212,16 +221,18 @@ def _train(
             settings.temperature = step_cfg.rollout.temperature
             settings.max_len = rewarder.max_len = step_cfg.rollout.max_new_tokens
             rewarder.step = step
-            data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder, ranks)
-            full_batch, batch = data.sampled, data.kept
-            for keep in (*config_filters(cfg), *filters):
-                batch = keep(batch)
-            t2 = time.perf_counter()
+            with sharding.full_weights(model):  # FSDP: the rollout and scoring on whole weights
+                data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder, ranks)
+                full_batch, batch = data.sampled, data.kept
+                for keep in (*config_filters(cfg), *filters):
+                    batch = keep(batch)
+                t2 = time.perf_counter()
 
-            model.train()
-            settings.kl_coef = regularization.kl_coef
-            settings.entropy_coef = regularization.entropy_coef
-            prepare_update(batch, model, reference, critic, settings, updates_per_step > 1, ranks)
+                model.train()
+                settings.kl_coef = regularization.kl_coef
+                settings.entropy_coef = regularization.entropy_coef
+                several = updates_per_step > 1
+                prepare_update(batch, model, reference, critic, settings, several, ranks)
             train_policy = critic is None or step > algo.critic.warmup_steps
 
             totals: dict[str, float] = {}
@@ -283,7 +294,8 @@ def _train(
             metrics.update(sampler.stats())
             metrics_log.write(metrics)
             loggers.log(metrics, step)
-            regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
+            with sharding.full_weights(model):
+                regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
             for i in range(min(cfg.train.log_samples, len(full_batch))):
                 samples_log.write(
                     {
@@ -301,8 +313,9 @@ def _train(
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
                 step == cfg.train.steps
             ):
-                ranks.check_in_sync(model, f"step {step}")
-                state = checkpoint_state()
+                if not sharding.is_sharded(model):
+                    ranks.check_in_sync(model, f"step {step}")
+                state, weights = checkpoint_state(), sharding.whole_state(model)
                 if ranks.main:
-                    save_checkpoint(run_dir, step, model, tokenizer, state)
+                    save_checkpoint(run_dir, step, model, tokenizer, state, weights)
     return run_dir

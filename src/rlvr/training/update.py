@@ -21,6 +21,7 @@ from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weig
 from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
 from rlvr.models import fused
+from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -192,6 +193,18 @@ read back once, after the last backward: a read per micro-batch would make the h
 each backward before it prepares the next micro-batch, and leave a GPU idle meanwhile."""
 
 
+def zero_weighted_backward(
+    model: nn.Module, batch: RolloutBatch, rows: list[int], s: LossSettings, device: torch.device
+) -> None:
+    """A forward and backward of `rows` that adds nothing to the gradient: under FSDP, a rank
+    with fewer micro-batches than another runs these, since every pass gathers weights
+    (`sharding.filler_passes`)."""
+    width = sharding.min_width(model)
+    mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, s.pad_id, width)
+    logprobs, _ = completion_token_stats(model, to_device(mb, device), s.temperature, False)
+    (logprobs.sum() * 0.0).backward()
+
+
 def minibatch_backward(
     model: nn.Module,
     batch: RolloutBatch,
@@ -204,7 +217,9 @@ def minibatch_backward(
     Rows that `trainable_rows` leaves out get no forward/backward; when none is left, the
     gradient is set to zeros, so the optimizer steps as it would on the full mini-batch.
     With several ranks, each runs its share of the rows (`rank_share`) and the gradients and
-    statistics are summed over the ranks: every rank ends with those of the whole mini-batch."""
+    statistics are summed over the ranks: every rank ends with those of the whole mini-batch
+    (its shard of the gradient under FSDP, where the last pass reduce-scatters and every rank
+    runs as many passes: `sharding.filler_passes`)."""
     algo = s.algorithm
     policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
@@ -215,15 +230,18 @@ def minibatch_backward(
         positive_tokens = float((batch.response_mask[rows] * correct).sum())
     trained = trainable_rows(batch, rows, s)
     skipped = float(len(rows) - len(trained))
-    trained = rank_share(batch, trained, ranks)
-    if not trained:
+    parts = micro_batches(batch, rank_share(batch, trained, ranks), s.micro_batch_tokens, model)
+    fillers = sharding.filler_passes(model, len(parts), ranks)
+    least = sharding.min_width(model)
+    if not parts and not fillers:
         for param in model.parameters():
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
     device = model_device(model)
     sums = torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
-    for mb_rows in micro_batches(batch, trained, s.micro_batch_tokens, model):
-        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id)
+    for i, mb_rows in enumerate(parts):
+        sharding.sync_gradients(model, last=i == len(parts) + fillers - 1)
+        mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id, least)
         mb = to_device(mb, device)
         width = mb.completion_ids.shape[1]
         mask = rows_on(batch.response_mask, mb_rows, width, device)
@@ -271,6 +289,10 @@ def minibatch_backward(
             *mismatch.sums,
         )
         sums += torch.stack([x.sum().double() for x in summed])
-    ranks.sum_gradients(model.parameters())
+    for i in range(fillers):
+        sharding.sync_gradients(model, last=i == fillers - 1)
+        zero_weighted_backward(model, batch, rows[:1], s, device)
+    if not sharding.is_sharded(model):
+        ranks.sum_gradients(model.parameters())
     ranks.sum_(sums)
     return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}

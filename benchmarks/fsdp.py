@@ -1,0 +1,148 @@
+"""Memory and time of a training step under torchrun: weights replicated (AdamW state too, or
+sharded: ZeRO stage 1, `train.shard_optimizer`) or sharded with FSDP2 (`train.fsdp`).
+
+    python benchmarks/fsdp.py [--ranks 2] [--rounds 2] [--steps 4] [--rows 4] [--tokens 128]
+        [--hidden 768] [--layers 12] [--intermediate 2048]
+
+Each round launches `torchrun --standalone --nproc_per_node=RANKS` of this script once per arm,
+`replicated`, `zero1`, `fsdp`. Every rank builds the tiny Llama at the given shape (random
+initialisation, fp32; about 85M parameters at the defaults) and runs STEPS steps the way
+`rlvr train` runs one on its share: a no-gradient forward of ROWS × TOKENS random tokens on the
+whole weights (the rollout and scoring phase, `sharding.full_weights`), then a forward and
+backward of the same tokens (language-model loss) with `train.fsdp`'s gradient handling or
+the replicated gradient sum, clipping to norm 1 and `build_optimizer`'s AdamW step.
+
+Reported per arm and rank: the bytes of weights, gradients and AdamW state the rank keeps
+between steps, its peak RSS (VmHWM: the whole process, the interpreter and activations
+included; glibc's mmap threshold is fixed, so that freed tensors leave the RSS), and the
+median over steps 2.. of the no-gradient forward and of the update (forward, backward,
+gradient sum, clip, step). Results go to benchmarks/results/fsdp.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from sharded_optimizer import peak_rss_mib
+from torch.distributed.tensor import DTensor
+
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training import sharding
+from rlvr.training.distributed import data_parallel
+from rlvr.training.optim import build_optimizer
+
+RESULTS = Path(__file__).parent / "results" / "fsdp.json"
+ARMS = ("replicated", "zero1", "fsdp")
+
+
+def kept_mib(tensors: list[torch.Tensor]) -> float:
+    """The bytes this rank holds of `tensors` (its shard of a sharded one), in MiB."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    """One rank of one arm: the steps, then rank 0 prints every rank's figures as JSON."""
+    with data_parallel(torch.device("cpu")) as ranks:
+        torch.manual_seed(0)
+        model = build_tiny_model(
+            build_tiny_tokenizer(),
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=args.hidden // 64,
+            intermediate_size=args.intermediate,
+        )
+        if args.arm == "fsdp":
+            sharding.shard(model, ranks)
+        optimizer = build_optimizer(model, 1e-4, shard=args.arm == "zero1")
+        vocab = model.config.vocab_size
+        scoring_s, update_s = [], []
+        for step in range(args.steps):
+            generator = torch.Generator().manual_seed(1000 * step + ranks.rank)
+            tokens = torch.randint(vocab, (args.rows, args.tokens), generator=generator)
+            t0 = time.perf_counter()
+            with sharding.full_weights(model), torch.no_grad():
+                model(input_ids=tokens)
+            t1 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            sharding.sync_gradients(model, last=True)
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            if not sharding.is_sharded(model):
+                ranks.sum_gradients(model.parameters())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            t2 = time.perf_counter()
+            scoring_s.append(t1 - t0)
+            update_s.append(t2 - t1)
+        kept = getattr(optimizer, "optim", optimizer)  # a ZeRO-1 optimizer's own part
+        params = list(model.parameters())
+        state = [v for s in kept.state.values() for v in s.values() if v.dim()]
+        mine = {
+            "weights_mib": kept_mib(params),
+            "grads_mib": kept_mib([p.grad for p in params]),
+            "state_mib": kept_mib(state),
+            "peak_rss_mib": peak_rss_mib(),
+            "scoring_s": statistics.median(scoring_s[1:]),
+            "update_s": statistics.median(update_s[1:]),
+        }
+        everyone = ranks.gather(mine)
+        if ranks.main:
+            total = sum(p.numel() for p in params)  # a DTensor counts its whole tensor
+            print(json.dumps({"parameters": total, "ranks": everyone}))
+
+
+def launch(arm: str, args: argparse.Namespace) -> dict:
+    """One torchrun of `arm`; rank 0's JSON line."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc_per_node={args.ranks}", __file__, "--arm", arm]
+    for key in ("steps", "rows", "tokens", "hidden", "layers", "intermediate"):
+        command += [f"--{key}", str(getattr(args, key))]
+    # glibc keeps freed blocks up to a threshold it raises as large tensors are freed, so RSS
+    # would count memory no tensor holds; a fixed threshold returns every large block at once
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        rank_main(args)
+        return
+    rounds = []
+    for round_ in range(args.rounds):
+        rounds.append({arm: launch(arm, args) for arm in ARMS})
+        for arm, result in rounds[-1].items():
+            for rank, r in enumerate(result["ranks"]):
+                print(
+                    f"round {round_} {arm:10s} rank {rank}: weights {r['weights_mib']:6.1f}, "
+                    f"grads {r['grads_mib']:6.1f}, AdamW state {r['state_mib']:6.1f} MiB; "
+                    f"peak RSS {r['peak_rss_mib']:7.1f} MiB; no-grad forward "
+                    f"{r['scoring_s']:.3f} s, update {r['update_s']:.3f} s",
+                    flush=True,
+                )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

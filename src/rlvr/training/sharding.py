@@ -1,0 +1,186 @@
+"""FSDP2: the policy's weights, gradients and optimizer state sharded over the ranks
+(`train.fsdp`).
+
+PyTorch's `fully_shard` (Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded
+Data Parallel"; FSDP2 is its per-parameter DTensor rewrite) keeps 1/R of every parameter, its
+gradient and its AdamW moments on each of R ranks. Each decoder layer is one group, the rest of
+the model (embeddings, final norm, LM head) the root's; a layer's weights are gathered before
+its forward and its backward and freed after, and its gradient is reduce-scattered after its
+backward.
+
+How rlvr departs from a plain FSDP2 training loop:
+
+- the rollout, the no-gradient scoring before the update and the held-out evaluation run on
+  the whole weights (`full_weights`): every group is gathered once, and the fused forward
+  (`rlvr.models.fused`) and the KV-cache decoder run as in one process, with no collective per
+  forward, however many tokens each rank decodes;
+- the policy update runs the `transformers` forward, whose module calls gather each layer's
+  weights; the fused forward reads the weights without calling the modules, so it is off for
+  the update (`shard`);
+- gradients are summed over the ranks, not averaged (`set_gradient_divide_factor(1)`), as the
+  replicated path's are (DESIGN rule 4), and only the last micro-batch reduce-scatters; every
+  rank runs as many micro-batches as the busiest one (`filler_passes`), each in two forward
+  passes (`min_width`), since each forward and backward gathers;
+- checkpoints hold the whole weights and the whole AdamW state, in the format one process
+  writes, so a run resumes with or without FSDP.
+
+The critic and the reference model stay replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from rlvr.models import fused
+from rlvr.training.distributed import Ranks
+
+FUSED_WHEN_FULL = "rlvr_fused_when_full"
+"""Model attribute: whether the fused forward runs on the whole weights (`model.fused_forward`)."""
+WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+"""Gather the whole tensors on rank 0, in host memory (the other ranks get an empty dict)."""
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `shard` sharded `model`."""
+    return isinstance(model, FSDPModule)
+
+
+def shard(model: nn.Module, ranks: Ranks) -> None:
+    """Shard `model` over the ranks with FSDP2: each decoder layer (the model's
+    `_no_split_modules` classes) a group, then the root. One process keeps `model` whole.
+    (The config refuses LoRA and activation checkpointing with FSDP.)"""
+    if ranks.world == 1:
+        return
+    layers = set(getattr(model, "_no_split_modules", None) or [])
+    for module in list(model.modules()):
+        if type(module).__name__ in layers:
+            fully_shard(module)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
+    setattr(model, FUSED_WHEN_FULL, getattr(model, fused.ENABLE_ATTR, True))
+    setattr(model, fused.ENABLE_ATTR, False)
+
+
+def _groups(model: nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def full_weights(model: nn.Module) -> Iterator[None]:
+    """A sharded `model` with its whole weights for the block: every group gathered once and
+    kept through any forward, the fused forward on where `model.fused_forward` asks; sharded
+    again after. Every rank must enter it. Other models are left as they are.
+
+    Read the weights within, never write them: the shards are what the optimizer steps and
+    what is sharded again."""
+    if not is_sharded(model):
+        yield
+        return
+    groups = _groups(model)
+    for group in groups:
+        group.set_reshard_after_forward(False, recurse=False)
+        group.unshard()
+    setattr(model, fused.ENABLE_ATTR, getattr(model, FUSED_WHEN_FULL))
+    try:
+        yield
+    finally:
+        setattr(model, fused.ENABLE_ATTR, False)
+        for group in groups:
+            group.reshard()
+            group.set_reshard_after_forward(group is not model, recurse=False)
+
+
+def filler_passes(model: nn.Module, passes: int, ranks: Ranks) -> int:
+    """How many zero-weighted forward/backward passes this rank adds to its `passes`
+    micro-batches so that it runs as many as the busiest rank (0 unless `model` is sharded)."""
+    return max(ranks.gather(passes)) - passes if is_sharded(model) else 0
+
+
+def min_width(model: nn.Module) -> int:
+    """The fewest completion columns of an update's micro-batch (`collate_shared_prefix`): 2
+    for a sharded `model`, so that every micro-batch runs the prompt pass and the completion
+    pass of `shared_prefix_forward`, and every rank gathers the weights as often; 1 otherwise."""
+    return 2 if is_sharded(model) else 1
+
+
+def sync_gradients(model: nn.Module, last: bool) -> None:
+    """Reduce-scatter the gradients after the next backward only when it is the `last` of the
+    optimizer step (a sharded `model`); earlier ones accumulate."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(last)
+
+
+def whole_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The whole weights of a sharded `model` on rank 0, a tensor tied to another (the LM head
+    to the embeddings) once, under its first name (every rank must call; the others get
+    None); None for a model that is not sharded."""
+    if not is_sharded(model):
+        return None
+    state = get_model_state_dict(model, options=WHOLE)
+    once = {name for name, _ in [*model.named_parameters(), *model.named_buffers()]}
+    return {name: tensor for name, tensor in state.items() if name in once} or None
+
+
+def load_whole_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load the whole weights `state` (every rank holds them) into `model`, sharded or not."""
+    if is_sharded(model):
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(state)
+
+
+def _trained_names(model: nn.Module) -> list[str]:
+    """The optimizer's parameters by name, in its order (`optim.build_optimizer`)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def whole_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any] | None:
+    """The whole AdamW state of a sharded `model` on rank 0, keyed by parameter index as one
+    process's `optimizer.state_dict()` is (every rank must call; the others get None)."""
+    state = get_optimizer_state_dict(model, optimizer, options=WHOLE)
+    if not state:
+        return None
+    index = {name: i for i, name in enumerate(_trained_names(model))}
+    return {
+        "state": {index[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+
+
+def load_whole_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Inverse of `whole_optimizer_state` on every rank: one process's `state` into the
+    optimizer of a sharded `model`, each rank keeping its shards."""
+    names = _trained_names(model)
+    by_name = {
+        "state": {names[i]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[i] for i in group["params"]]}
+            for group in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(
+        model, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+    )
