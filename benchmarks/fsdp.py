@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
-from sharded_optimizer import peak_rss_mib
+from sharded_optimizer import arms_parser, peak_rss_mib, run_rounds, shaped_model
 from torch.distributed.tensor import DTensor
 
-from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import sharding
 from rlvr.training.distributed import data_parallel
 from rlvr.training.optim import build_optimizer
@@ -52,14 +48,7 @@ def kept_mib(tensors: list[torch.Tensor]) -> float:
 def rank_main(args: argparse.Namespace) -> None:
     """One rank of one arm: the steps, then rank 0 prints every rank's figures as JSON."""
     with data_parallel(torch.device("cpu")) as ranks:
-        torch.manual_seed(0)
-        model = build_tiny_model(
-            build_tiny_tokenizer(),
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_heads=args.hidden // 64,
-            intermediate_size=args.intermediate,
-        )
+        model = shaped_model(args)
         if args.arm == "fsdp":
             sharding.shard(model, ranks)
         optimizer = build_optimizer(model, 1e-4, shard=args.arm == "zero1")
@@ -99,49 +88,26 @@ def rank_main(args: argparse.Namespace) -> None:
             print(json.dumps({"parameters": total, "ranks": everyone}))
 
 
-def launch(arm: str, args: argparse.Namespace) -> dict:
-    """One torchrun of `arm`; rank 0's JSON line."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc_per_node={args.ranks}", __file__, "--arm", arm]
-    for key in ("steps", "rows", "tokens", "hidden", "layers", "intermediate"):
-        command += [f"--{key}", str(getattr(args, key))]
-    # glibc keeps freed blocks up to a threshold it raises as large tensors are freed, so RSS
-    # would count memory no tensor holds; a fixed threshold returns every large block at once
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
+    parser = arms_parser(__doc__, ARMS, steps=4)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
         rank_main(args)
         return
-    rounds = []
-    for round_ in range(args.rounds):
-        rounds.append({arm: launch(arm, args) for arm in ARMS})
-        for arm, result in rounds[-1].items():
-            for rank, r in enumerate(result["ranks"]):
-                print(
-                    f"round {round_} {arm:10s} rank {rank}: weights {r['weights_mib']:6.1f}, "
-                    f"grads {r['grads_mib']:6.1f}, AdamW state {r['state_mib']:6.1f} MiB; "
-                    f"peak RSS {r['peak_rss_mib']:7.1f} MiB; no-grad forward "
-                    f"{r['scoring_s']:.3f} s, update {r['update_s']:.3f} s",
-                    flush=True,
-                )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+
+    def line(result: dict, r: dict) -> str:
+        return (
+            f"weights {r['weights_mib']:6.1f}, grads {r['grads_mib']:6.1f}, AdamW state "
+            f"{r['state_mib']:6.1f} MiB; peak RSS {r['peak_rss_mib']:7.1f} MiB; no-grad forward "
+            f"{r['scoring_s']:.3f} s, update {r['update_s']:.3f} s"
+        )
+
+    keys = ("steps", "rows", "tokens", "hidden", "layers", "intermediate")
+    # glibc keeps freed blocks up to a threshold it raises as large tensors are freed, so RSS
+    # would count memory no tensor holds; a fixed threshold returns every large block at once
+    run_rounds(__file__, ARMS, args, keys, line, RESULTS, {"MALLOC_MMAP_THRESHOLD_": "131072"})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,17 +45,22 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def shaped_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The tiny Llama at the arguments' shape (64-wide heads), seeded 0, fp32."""
+    torch.manual_seed(0)
+    return build_tiny_model(
+        build_tiny_tokenizer(),
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.hidden // 64,
+        intermediate_size=args.intermediate,
+    )
+
+
 def rank_main(args: argparse.Namespace) -> None:
     """One rank of one arm: the steps, then rank 0 prints every rank's figures as JSON."""
     with data_parallel(torch.device("cpu")) as ranks:
-        torch.manual_seed(0)
-        model = build_tiny_model(
-            build_tiny_tokenizer(),
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            num_heads=args.hidden // 64,
-            intermediate_size=args.intermediate,
-        )
+        model = shaped_model(args)
         params = list(model.parameters())
         optimizer = build_optimizer(model, 1e-4, shard=args.arm == "sharded")
         step_s, update_s = [], []
@@ -92,45 +98,71 @@ def rank_main(args: argparse.Namespace) -> None:
             print(json.dumps(result))
 
 
-def launch(arm: str, args: argparse.Namespace) -> dict:
-    """One torchrun of `arm`; rank 0's JSON line."""
+def launch(
+    script: str, arm: str, args: argparse.Namespace, keys: tuple[str, ...], env: dict[str, str]
+) -> dict:
+    """One `torchrun --nproc_per_node=args.ranks` of `script`'s `arm`, passing on `args`'
+    `keys`, one thread a rank, `env` added to the environment; rank 0's JSON line."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc_per_node={args.ranks}", __file__, "--arm", arm]
-    for key in ("steps", "hidden", "layers", "intermediate"):
+    command += [f"--nproc_per_node={args.ranks}", script, "--arm", arm]
+    for key in keys:
         command += [f"--{key}", str(getattr(args, key))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_rounds(
+    script: str,
+    arms: tuple[str, ...],
+    args: argparse.Namespace,
+    keys: tuple[str, ...],
+    line: Callable[[dict, dict], str],
+    results: Path,
+    env: dict[str, str] | None = None,
+) -> None:
+    """`args.rounds` rounds of every arm in turn (`launch`); print `line(arm's result, rank's
+    figures)` for each rank and write every round's results to `results`."""
+    rounds = []
+    for round_ in range(args.rounds):
+        rounds.append({arm: launch(script, arm, args, keys, env or {}) for arm in arms})
+        for arm, result in rounds[-1].items():
+            for rank, r in enumerate(result["ranks"]):
+                print(f"round {round_} {arm:10s} rank {rank}: {line(result, r)}", flush=True)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1) + "\n")
+    print(f"wrote {results}")
+
+
+def arms_parser(doc: str, arms: tuple[str, ...], steps: int) -> argparse.ArgumentParser:
+    """The arguments of a benchmark of torchrun arms at a tiny-Llama shape (85M parameters
+    by default); `--arm` is the one a rank runs."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--arm", choices=arms, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    args = arms_parser(__doc__, ARMS, steps=6).parse_args()
     if args.arm:
         rank_main(args)
         return
-    rounds = []
-    for round_ in range(args.rounds):
-        rounds.append({arm: launch(arm, args) for arm in ARMS})
-        for arm, result in rounds[-1].items():
-            for rank, r in enumerate(result["ranks"]):
-                print(
-                    f"round {round_} {arm:10s} rank {rank}: state {r['state_mib']:7.1f} MiB, "
-                    f"peak RSS {r['peak_rss_mib']:7.1f} MiB, optimizer step "
-                    f"{r['step_s']:.3f} s, sum + clip + step {r['update_s']:.3f} s, "
-                    f"in sync {result['in_sync']}",
-                    flush=True,
-                )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+
+    def line(result: dict, r: dict) -> str:
+        return (
+            f"state {r['state_mib']:7.1f} MiB, peak RSS {r['peak_rss_mib']:7.1f} MiB, optimizer "
+            f"step {r['step_s']:.3f} s, sum + clip + step {r['update_s']:.3f} s, in sync "
+            f"{result['in_sync']}"
+        )
+
+    keys = ("steps", "hidden", "layers", "intermediate")
+    run_rounds(__file__, ARMS, args, keys, line, RESULTS)
 
 
 if __name__ == "__main__":
