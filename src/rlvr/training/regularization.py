@@ -30,6 +30,8 @@ class Regularization:
         self.kl_settings = kl
         self.reference = None
         moves = kl.reference_ema is not None or bool(kl.reference_reset_every)
+        self.follows_policy = kl.coef > 0 and moves
+        """Whether `after_step` reads the policy's weights (a reference that moves)."""
         if kl.coef > 0 and lora.has_lora(policy) and not moves:
             self.reference = policy  # scored with its adapters off (`prepare_update`)
         elif kl.coef > 0:
@@ -68,13 +70,12 @@ class Regularization:
 
     def state_dict(self) -> dict[str, Any]:
         """Coefficients, controller states and (when it moves) the reference weights."""
-        moves = self.kl_settings.reference_ema is not None or self.kl_settings.reference_reset_every
         return {
             "kl_coef": self.kl_coef,
             "entropy_coef": self.entropy_coef,
             "kl_control": self.kl_control.state_dict() if self.kl_control else None,
             "entropy_control": self.entropy_control.state_dict() if self.entropy_control else None,
-            "reference": self.reference.state_dict() if self.reference and moves else None,
+            "reference": self.reference.state_dict() if self.follows_policy else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

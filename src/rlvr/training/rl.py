@@ -12,6 +12,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -294,7 +295,7 @@ def _train(
             metrics.update(sampler.stats())
             metrics_log.write(metrics)
             loggers.log(metrics, step)
-            with sharding.full_weights(model):
+            with sharding.full_weights(model) if regularization.follows_policy else nullcontext():
                 regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
             for i in range(min(cfg.train.log_samples, len(full_batch))):
                 samples_log.write(
