@@ -191,6 +191,35 @@ def checkpointed(model, optimizer) -> tuple[dict | None, dict | None]:
     return weights, optimizer_state(optimizer, model)
 
 
+def fsdp_sft_and_dpo(model, ranks: Ranks) -> dict[str, torch.Tensor]:
+    """An SFT step's and a DPO step's loss and gradient on the FSDP-sharded `model`, and DPO's
+    reference and held-out pass on the whole weights. On 3 ranks, SFT's shares make 1, 2 and 1
+    micro-batches and DPO's two pairs 1, 1 and 0, so ranks run zero-weighted passes."""
+    pad, batch, out = build_tiny_tokenizer().pad_token_id, four_group_batch(), {}
+    prompts, targets = batch.prompt_ids, batch.completion_ids
+    lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    model.zero_grad(set_to_none=True)
+    out["sft/loss"] = torch.tensor(
+        sft_backward(model, prompts, targets, lengths, ROWS, 32, pad, ranks)
+    )
+    out["sft/grad"] = torch.cat([whole(p.grad).flatten() for p in model.parameters()])
+    pairs = PairTokens(prompts, targets, targets[1:] + targets[:1])
+    scorer = PairScorer(DPOConfig.model_validate({"dpo": {"micro_batch_tokens": 24}}), pairs, None)
+    with sharding.full_weights(model):
+        reference = all_pair_logps(model, pairs, 24, pad, ranks)
+    shift = torch.linspace(-0.5, 0.5, len(pairs))  # a reference the policy is not
+    scorer.reference = (reference[0] + shift, reference[1] - shift)
+    model.zero_grad(set_to_none=True)
+    parts = accumulate_gradients(model, scorer, ROWS[:2], 24, pad, ranks)
+    out["dpo/grad"] = torch.cat([whole(p.grad).flatten() for p in model.parameters()])
+    out.update({f"dpo/{key}": torch.tensor(value) for key, value in _means(parts, ranks).items()})
+    with sharding.full_weights(model):
+        held_out = scorer.evaluate(model, pad, ranks)
+    out.update({f"dpo/held_out/{key}": torch.tensor(value) for key, value in held_out.items()})
+    out["dpo/reference"] = torch.stack(reference)
+    return out
+
+
 def fsdp_results(ranks: Ranks) -> dict:
     """The two-layer tiny model sharded with FSDP2 (`sharding.shard`; whole in one process,
     which then runs the transformers forward the sharded update runs): held-out scores and
@@ -209,6 +238,7 @@ def fsdp_results(ranks: Ranks) -> dict:
         setattr(model, fused.ENABLE_ATTR, False)
     out["logprobs"] = logprobs
     out["kept"] = torch.tensor(sum(local(p).numel() for p in model.parameters()))
+    out.update(fsdp_sft_and_dpo(model, ranks))
     for name, (algo, settings) in CASES.items():
         batch = four_group_batch()
         batch.correct = torch.tensor([True, False, True, True, False, False, True, False])

@@ -7,6 +7,7 @@ one-process model."""
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,21 @@ def test_fsdp_with_lora_or_activation_checkpointing_is_a_config_error(setting, m
     with pytest.raises(ConfigError, match=message):
         resolve_config(preset="grpo", overrides=[*TINY_RUN, "train.fsdp=true", setting])
     resolve_config(preset="grpo", overrides=[*TINY_RUN, setting])  # each alone is fine
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_sft_or_dpo_fsdp_with_lora_is_a_config_error(command):
+    def resolve(*settings: str):
+        if command == "sft":
+            return resolve_config(overrides=settings, model=SFTConfig)
+        return resolve_config(
+            None, "dpo", settings, model=DPOConfig, preset_package=PREFERENCE_PRESETS
+        )
+
+    message = rf"{command}\.fsdp with model\.lora\.rank > 0: LoRA trains small adapters"
+    with pytest.raises(ConfigError, match=message):
+        resolve(f"{command}.fsdp=true", "model.lora.rank=4")
+    assert getattr(resolve(f"{command}.fsdp=true"), command).fsdp is True
 
 
 def test_a_numbered_gpu_under_torchrun_is_a_config_error(monkeypatch):
@@ -253,6 +269,21 @@ def test_fsdp_shards_the_weights_and_updates_as_one_process(three_ranks):
         same_tensors(results["reference"], weights)
 
 
+def test_fsdp_sft_and_dpo_steps_are_one_process_steps(three_ranks):
+    """`sft.fsdp` and `dpo.fsdp` on 3 ranks: an SFT step's and a DPO step's loss and gradient
+    (with ranks that run zero-weighted passes to match the busiest) are one process's to fp32
+    rounding, and so are DPO's reference and held-out scores on the whole weights."""
+    single = fsdp_results(ONE_PROCESS)
+    for results in (results["fsdp"] for results in three_ranks):
+        for name in ("sft/grad", "dpo/grad"):
+            assert single[name].abs().max() > 1e-3
+            assert torch.allclose(results[name], single[name], 1e-5, 1e-7), name
+        assert torch.allclose(results["dpo/reference"], single["dpo/reference"], 1e-6, 1e-6)
+        for key in [k for k in single if k.startswith(("sft/", "dpo/")) and single[k].dim() == 0]:
+            assert float(results[key]) == pytest.approx(float(single[key]), 1e-5, 1e-6), key
+    assert abs(float(single["dpo/rewards/margins"])) > 1e-2  # the shifted reference shows
+
+
 TIMING = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
 RUN = [
     "train",
@@ -274,12 +305,21 @@ RUN = [
 ]
 
 
-def launch(run_dir: Path, *more: str) -> None:
-    """`rlvr train` with `RUN` for 4 steps on two ranks into `run_dir`."""
+def launch(run_dir: Path, *more: str) -> str:
+    """`rlvr train` with `RUN` for 4 steps on two ranks into `run_dir`; its output."""
     command = ["-m", "rlvr", *RUN, "train.steps=4", f"train.output_dir={run_dir}"]
     done = torchrun(2, *command, *more)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
+    return done.stdout
+
+
+def sharded_in_halves(output: str) -> None:
+    """The command's output says FSDP left rank 0 of 2 about half of the parameters."""
+    found = re.search(r"FSDP: rank 0 of 2 keeps ([\d,]+) of the ([\d,]+) parameters", output)
+    assert found, output[-2000:]
+    kept, whole = (int(n.replace(",", "")) for n in found.groups())
+    assert 0.4 * whole < kept < 0.6 * whole
 
 
 def resumed_the_same(straight: Path, parted: Path, *more: str) -> None:
@@ -340,7 +380,7 @@ def test_fsdp_train_resumes_the_replicated_run_and_continues_it(tmp_path, replic
     sharded = tmp_path / "sharded"
     shutil.copytree(replicated_run, sharded)
     shutil.rmtree(sharded / "checkpoints" / "step-4")
-    launch(sharded, "--resume", "train.fsdp=true")
+    sharded_in_halves(launch(sharded, "--resume", "train.fsdp=true"))
     # 4 AdamW steps of lr 1e-2, each lr · m / (√v + ε): where a rare token's gradient is
     # tiny, rounding moves its embedding by up to 1e-4 (a few of 3424 values; the rest to 1e-5)
     same_run(replicated_run, sharded, ("metrics.jsonl",), "checkpoints/step-4", atol=2e-4)
@@ -377,9 +417,11 @@ def same_run(
         torch.testing.assert_close(q, p, atol=atol, rtol=1e-4, msg=name)
 
 
-def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
+@pytest.mark.parametrize("sharding", ["shard_optimizer", "fsdp"])
+def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding):
     """SFT samples nothing, so two ranks, each on its share of every batch, must end with the
-    weights one process ends with (up to the order of the gradient sums)."""
+    weights one process ends with (up to the order of the gradient sums), with AdamW's state
+    partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2)."""
     settings = [
         *ONE_LAYER,
         "data.train_size=40",
@@ -390,7 +432,7 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
         "sft.lr=3e-3",
         "sft.warmup_steps=0",
         "sft.micro_batch_tokens=64",
-        "sft.shard_optimizer=true",  # partitions the state on two ranks, nothing in one
+        f"sft.{sharding}=true",  # shards on two ranks, nothing in one
     ]
     one = resolve_config(
         overrides=[*settings, f"sft.output_dir={tmp_path / 'one'}"], model=SFTConfig
@@ -399,13 +441,17 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path):
     done = torchrun(2, "-m", "rlvr", "sft", *settings, f"sft.output_dir={tmp_path / 'two'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("model saved to") == 1
+    if sharding == "fsdp":
+        sharded_in_halves(done.stdout)
     losses = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
     assert len(losses) == 6 and losses[-1] < 0.9 * losses[0]  # it trained
     same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl",))
 
 
-def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
-    """Pairs from a file: two ranks end with one process's weights and held-out metrics."""
+@pytest.mark.parametrize("sharding", ["shard_optimizer", "fsdp"])
+def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding):
+    """Pairs from a file: two ranks end with one process's weights and held-out metrics, with
+    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2)."""
     rows = [
         {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
         for a in range(40)
@@ -422,7 +468,7 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
         "dpo.eval_every_steps=2",
         "dpo.lr=1e-3",
         "dpo.micro_batch_tokens=64",
-        "dpo.shard_optimizer=true",  # partitions the state on two ranks, nothing in one
+        f"dpo.{sharding}=true",  # shards on two ranks, nothing in one
     ]
     one = resolve_config(
         None,
@@ -436,6 +482,8 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path):
     done = torchrun(2, *command, f"dpo.output_dir={tmp_path / 'two'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("model and logs saved to") == 1
+    if sharding == "fsdp":
+        sharded_in_halves(done.stdout)
     metrics = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it trained
     same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl", "eval.jsonl"))

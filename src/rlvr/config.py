@@ -421,12 +421,18 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _fsdp_trains_whole_models(self) -> RLConfig:
-        if self.train.fsdp and self.model.lora.rank:
-            raise ValueError(
-                "train.fsdp with model.lora.rank > 0: LoRA trains small adapters, which stay "
-                "replicated; use train.fsdp for full fine-tuning"
-            )
+        refuse_fsdp_with_lora(self.train.fsdp, self.model, "train")
         return self
+
+
+def refuse_fsdp_with_lora(fsdp: bool, model: ModelConfig, section: str) -> None:
+    """FSDP shards the weights a full fine-tuning trains; LoRA's adapters are small and stay
+    replicated."""
+    if fsdp and model.lora.rank:
+        raise ValueError(
+            f"{section}.fsdp with model.lora.rank > 0: LoRA trains small adapters, which stay "
+            f"replicated; use {section}.fsdp for full fine-tuning"
+        )
 
 
 class ConfigError(ValueError):
@@ -610,6 +616,9 @@ class SFTTrainConfig(Section):
     """Gradient clipping by global norm (0 = off)."""
     shard_optimizer: bool = False
     """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
+    fsdp: bool = False
+    """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
+    ranks with FSDP2; the output holds the whole weights."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
@@ -632,6 +641,11 @@ class SFTConfig(Section):
     """Task whose worked solutions are the targets."""
     sft: SFTTrainConfig = Field(default_factory=SFTTrainConfig)
     """Optimisation and output."""
+
+    @model_validator(mode="after")
+    def _fsdp_trains_whole_models(self) -> SFTConfig:
+        refuse_fsdp_with_lora(self.sft.fsdp, self.model, "sft")
+        return self
 
 
 class PreferenceDataConfig(DataConfig):
@@ -671,6 +685,9 @@ class DPOTrainConfig(Section):
     """Gradient clipping by global norm (0 = off)."""
     shard_optimizer: bool = False
     """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
+    fsdp: bool = False
+    """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
+    ranks with FSDP2; the output holds the whole weights."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
     pair's two responses share one micro-batch and one prompt forward."""
@@ -719,6 +736,11 @@ class DPOConfig(Section):
     """Loss, optimisation, pair sampling and output."""
     preset: str | None = None
     """Name of the preference preset this config started from (informational)."""
+
+    @model_validator(mode="after")
+    def _fsdp_trains_whole_models(self) -> DPOConfig:
+        refuse_fsdp_with_lora(self.dpo.fsdp, self.model, "dpo")
+        return self
 
 
 class CurateSection(Section):

@@ -13,7 +13,9 @@ model's own samples, verified (`rlvr.data.preference`); sampled pairs are writte
 
 Under `torchrun` rank 0 reads or samples the pairs and hands them to the other ranks; each rank
 then scores and trains its share of every batch and the gradients are summed
-(`rlvr.training.distributed`).
+(`rlvr.training.distributed`). `dpo.fsdp` shards the weights as `train.fsdp` does
+(`rlvr.training.sharding`): the reference pass runs before sharding, the held-out scoring on
+the whole weights.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
     completion_token_stats,
@@ -163,7 +166,8 @@ def pair_logps(
     [len(rows)] each (differentiable), from one forward that computes each prompt once."""
     prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
     responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
-    sb = collate_shared_prefix(prompts, responses, list(range(len(responses))), pad_id)
+    each = list(range(len(responses)))
+    sb = collate_shared_prefix(prompts, responses, each, pad_id, sharding.min_width(model))
     logprobs, _ = completion_token_stats(
         model, to_device(sb, model_device(model)), 1.0, with_entropy=False
     )
@@ -248,13 +252,20 @@ def accumulate_gradients(
 ) -> list[dict]:
     """Backpropagate the mean loss of pairs `rows`, a token-budget micro-batch at a time: each
     adds Σ losses / len(rows), so any split gives the same gradient. Returns each micro-batch's
-    statistics. Each rank runs its share of `rows`; the gradients are summed over the ranks."""
+    statistics. Each rank runs its share of `rows`; the gradients are summed over the ranks
+    (under FSDP each rank runs as many passes, `sharding.passes`)."""
     parts = []
-    for mb_rows in scorer.pairs.micro_batches(scorer.pairs.share(rows, ranks), max_tokens):
+    mine = scorer.pairs.micro_batches(scorer.pairs.share(rows, ranks), max_tokens)
+    every = sharding.passes(model, mine, ranks)
+    for i, mb_rows in enumerate(every):
+        sharding.sync_gradients(model, last=i == len(every) - 1)
+        if mb_rows is None:  # a zero-weighted pass
+            (scorer.loss(model, rows[:1], pad_id)[0].sum() * 0.0).backward()
+            continue
         losses, stats = scorer.loss(model, mb_rows, pad_id)
         (losses.sum() / len(rows)).backward()
         parts.append(stats)
-    ranks.sum_gradients(model.parameters())
+    sharding.sum_gradients(model, ranks)
     return parts
 
 
@@ -365,6 +376,10 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
 
     train_scorer = scorer(train_pairs)
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
+    if d.fsdp:
+        kept = sharding.shard(model, ranks)
+        if kept and show_progress and ranks.main:
+            print(kept, flush=True)
     optimizer = build_optimizer(model, d.lr, d.weight_decay, shard=d.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
@@ -384,7 +399,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
         def held_out(step: int) -> None:
             if eval_scorer is not None:
                 model.eval()
-                ev.write({"step": step, **eval_scorer.evaluate(model, pad_id, ranks)})
+                with sharding.full_weights(model):
+                    ev.write({"step": step, **eval_scorer.evaluate(model, pad_id, ranks)})
                 model.train()
 
         held_out(0)
@@ -435,7 +451,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
                     flush=True,
                 )
         held_out(d.steps)
-    ranks.check_in_sync(model, f"{d.loss} step {d.steps}")
+    sharding.check_in_sync(model, ranks, f"{d.loss} step {d.steps}")
+    weights = sharding.whole_state(model)
     if ranks.main:
-        save_pretrained(model, tokenizer, out_dir)
+        save_pretrained(model, tokenizer, out_dir, weights)
     return out_dir

@@ -132,8 +132,10 @@ def _train(
     critic = None
     if algo.advantage == CRITIC_ADVANTAGE:
         critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
-    if cfg.train.fsdp:
-        sharding.shard(model, ranks)  # after the replicated reference and critic are copied
+    if cfg.train.fsdp:  # after the replicated reference and critic are copied
+        kept = sharding.shard(model, ranks)
+        if kept and show_progress and ranks.main:
+            print(kept, flush=True)
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(
         model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas, cfg.train.shard_optimizer
@@ -314,8 +316,7 @@ def _train(
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
                 step == cfg.train.steps
             ):
-                if not sharding.is_sharded(model):
-                    ranks.check_in_sync(model, f"step {step}")
+                sharding.check_in_sync(model, ranks, f"step {step}")
                 state, weights = checkpoint_state(), sharding.whole_state(model)
                 if ranks.main:
                     save_checkpoint(run_dir, step, model, tokenizer, state, weights)

@@ -4,7 +4,8 @@ The loss is the mean negative log-likelihood of the completion tokens (solution 
 whole optimizer step; prompt tokens are context only. The forward is the RL update's
 (`batching.completion_token_stats`): padding-free on the lean forward, and the LM head's
 logits are made a chunk at a time, never for the whole micro-batch. Under `torchrun` each rank
-trains its share of every batch and the gradients are summed (`rlvr.training.distributed`).
+trains its share of every batch and the gradients are summed (`rlvr.training.distributed`);
+`sft.fsdp` shards the weights as `train.fsdp` does (`rlvr.training.sharding`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
     completion_token_stats,
@@ -42,7 +44,8 @@ def summed_nll(
 ) -> torch.Tensor:
     """-Σ log π(y_t | x, y_<t) over every target token of samples `rows` (differentiable):
     the summed negative log-likelihood of each target y given its prompt x."""
-    sb = to_device(collate_shared_prefix(prompts, targets, rows, pad_id), model_device(model))
+    sb = collate_shared_prefix(prompts, targets, rows, pad_id, sharding.min_width(model))
+    sb = to_device(sb, model_device(model))
     logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
     return -logprobs.sum()
 
@@ -60,15 +63,21 @@ def sft_backward(
     """Accumulate the gradient of the mean NLL of the target tokens of `rows` (one optimizer
     step) over token-budget micro-batches; return that loss. `seq_lengths` are the prompt +
     target lengths of every example. Each rank runs its share of the rows (`Ranks.share`) and
-    the gradients and the loss are summed over the ranks."""
+    the gradients and the loss are summed over the ranks (under FSDP each rank runs as many
+    passes, `sharding.passes`)."""
     num_tokens = float(sum(len(targets[r]) for r in rows))
     mine = ranks.share(rows, range(len(prompts)), seq_lengths)
+    every = sharding.passes(model, token_budget_micro_batches(mine, seq_lengths, budget), ranks)
     total = torch.zeros(1, dtype=torch.float64)
-    for mb_rows in token_budget_micro_batches(mine, seq_lengths, budget):
+    for i, mb_rows in enumerate(every):
+        sharding.sync_gradients(model, last=i == len(every) - 1)
+        if mb_rows is None:  # a zero-weighted pass
+            (summed_nll(model, prompts, targets, rows[:1], pad_id) * 0.0).backward()
+            continue
         loss = summed_nll(model, prompts, targets, mb_rows, pad_id) / num_tokens
         loss.backward()
         total += float(loss.detach())
-    ranks.sum_gradients(model.parameters())
+    sharding.sum_gradients(model, ranks)
     return float(ranks.sum_(total))
 
 
@@ -105,6 +114,10 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
         for p in examples
     ]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    if s.fsdp:
+        kept = sharding.shard(model, ranks)
+        if kept and show_progress and ranks.main:
+            print(kept, flush=True)
     optimizer = build_optimizer(model, s.lr, s.weight_decay, shard=s.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
@@ -151,7 +164,8 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
             )
             if show_progress and ranks.main and (step % 50 == 0 or step == s.steps):
                 print(f"sft step {step}/{s.steps}  loss {total:.4f}", flush=True)
-    ranks.check_in_sync(model, f"sft step {s.steps}")
+    sharding.check_in_sync(model, ranks, f"sft step {s.steps}")
+    weights = sharding.whole_state(model)
     if ranks.main:
-        save_pretrained(model, tokenizer, out_dir)
+        save_pretrained(model, tokenizer, out_dir, weights)
     return out_dir

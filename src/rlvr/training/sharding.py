@@ -19,19 +19,20 @@ How rlvr departs from a plain FSDP2 training loop:
   the update (`shard`);
 - gradients are summed over the ranks, not averaged (`set_gradient_divide_factor(1)`), as the
   replicated path's are (DESIGN rule 4), and only the last micro-batch reduce-scatters; every
-  rank runs as many micro-batches as the busiest one (`filler_passes`), each in two forward
+  rank runs as many micro-batches as the busiest one (`passes`), each in two forward
   passes (`min_width`), since each forward and backward gathers;
 - checkpoints hold the whole weights and the whole AdamW state, in the format one process
   writes, so a run resumes with or without FSDP.
 
-The critic and the reference model stay replicated.
+The critic and the reference model stay replicated. `rlvr sft` and `rlvr dpo` (`sft.fsdp`,
+`dpo.fsdp`) use the same pieces around their own backward loops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -43,12 +44,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 from rlvr.models import fused
 from rlvr.training.distributed import Ranks
 
 FUSED_WHEN_FULL = "rlvr_fused_when_full"
 """Model attribute: whether the fused forward runs on the whole weights (`model.fused_forward`)."""
+T = TypeVar("T")
 WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather the whole tensors on rank 0, in host memory (the other ranks get an empty dict)."""
 
@@ -58,12 +61,13 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: nn.Module, ranks: Ranks) -> None:
+def shard(model: nn.Module, ranks: Ranks) -> str:
     """Shard `model` over the ranks with FSDP2: each decoder layer (the model's
-    `_no_split_modules` classes) a group, then the root. One process keeps `model` whole.
-    (The config refuses LoRA and activation checkpointing with FSDP.)"""
+    `_no_split_modules` classes) a group, then the root; return a line on the parameters this
+    rank keeps. One process keeps `model` whole (and gets ""). (The config refuses LoRA and
+    activation checkpointing with FSDP.)"""
     if ranks.world == 1:
-        return
+        return ""
     layers = set(getattr(model, "_no_split_modules", None) or [])
     for module in list(model.modules()):
         if type(module).__name__ in layers:
@@ -75,6 +79,9 @@ def shard(model: nn.Module, ranks: Ranks) -> None:
             module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
     setattr(model, FUSED_WHEN_FULL, getattr(model, fused.ENABLE_ATTR, True))
     setattr(model, fused.ENABLE_ATTR, False)
+    whole = sum(p.numel() for p in model.parameters())
+    kept = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
+    return f"FSDP: rank {ranks.rank} of {ranks.world} keeps {kept:,} of the {whole:,} parameters"
 
 
 def _groups(model: nn.Module) -> list[FSDPModule]:
@@ -106,10 +113,13 @@ def full_weights(model: nn.Module) -> Iterator[None]:
             group.set_reshard_after_forward(group is not model, recurse=False)
 
 
-def filler_passes(model: nn.Module, passes: int, ranks: Ranks) -> int:
-    """How many zero-weighted forward/backward passes this rank adds to its `passes`
-    micro-batches so that it runs as many as the busiest rank (0 unless `model` is sharded)."""
-    return max(ranks.gather(passes)) - passes if is_sharded(model) else 0
+def passes(model: nn.Module, parts: list[T], ranks: Ranks) -> list[T | None]:
+    """This rank's micro-batches `parts`, then a None for each zero-weighted forward/backward
+    pass it adds so that it runs as many passes as the busiest rank (none unless `model` is
+    sharded, where every pass gathers weights). Before each pass, `sync_gradients`; after the
+    last, `sum_gradients`."""
+    fillers = max(ranks.gather(len(parts))) - len(parts) if is_sharded(model) else 0
+    return [*parts, *[None] * fillers]
 
 
 def min_width(model: nn.Module) -> int:
@@ -124,6 +134,20 @@ def sync_gradients(model: nn.Module, last: bool) -> None:
     optimizer step (a sharded `model`); earlier ones accumulate."""
     if is_sharded(model):
         model.set_requires_gradient_sync(last)
+
+
+def sum_gradients(model: nn.Module, ranks: Ranks) -> None:
+    """Sum the gradients over the ranks after the optimizer step's last backward: an
+    all-reduce for a replicated `model`; nothing for a sharded one, whose last backward
+    reduce-scattered them."""
+    if not is_sharded(model):
+        ranks.sum_gradients(model.parameters())
+
+
+def check_in_sync(model: nn.Module, ranks: Ranks, what: str) -> None:
+    """`Ranks.check_in_sync` for a replicated `model`; a sharded one's shards differ by design."""
+    if not is_sharded(model):
+        ranks.check_in_sync(model, what)
 
 
 def whole_state(model: nn.Module) -> dict[str, torch.Tensor] | None:

@@ -198,7 +198,7 @@ def zero_weighted_backward(
 ) -> None:
     """A forward and backward of `rows` that adds nothing to the gradient: under FSDP, a rank
     with fewer micro-batches than another runs these, since every pass gathers weights
-    (`sharding.filler_passes`)."""
+    (`sharding.passes`)."""
     width = sharding.min_width(model)
     mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, rows, s.pad_id, width)
     logprobs, _ = completion_token_stats(model, to_device(mb, device), s.temperature, False)
@@ -219,7 +219,7 @@ def minibatch_backward(
     With several ranks, each runs its share of the rows (`rank_share`) and the gradients and
     statistics are summed over the ranks: every rank ends with those of the whole mini-batch
     (its shard of the gradient under FSDP, where the last pass reduce-scatters and every rank
-    runs as many passes: `sharding.filler_passes`)."""
+    runs as many passes: `sharding.passes`)."""
     algo = s.algorithm
     policy_loss: Callable = POLICY_LOSSES.get(algo.loss)
     num_tokens = float(batch.response_mask[rows].sum().clamp(min=1))
@@ -231,16 +231,19 @@ def minibatch_backward(
     trained = trainable_rows(batch, rows, s)
     skipped = float(len(rows) - len(trained))
     parts = micro_batches(batch, rank_share(batch, trained, ranks), s.micro_batch_tokens, model)
-    fillers = sharding.filler_passes(model, len(parts), ranks)
+    every = sharding.passes(model, parts, ranks)
     least = sharding.min_width(model)
-    if not parts and not fillers:
+    if not every:
         for param in model.parameters():
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
     device = model_device(model)
     sums = torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
-    for i, mb_rows in enumerate(parts):
-        sharding.sync_gradients(model, last=i == len(parts) + fillers - 1)
+    for i, mb_rows in enumerate(every):
+        sharding.sync_gradients(model, last=i == len(every) - 1)
+        if mb_rows is None:
+            zero_weighted_backward(model, batch, rows[:1], s, device)
+            continue
         mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, mb_rows, s.pad_id, least)
         mb = to_device(mb, device)
         width = mb.completion_ids.shape[1]
@@ -289,10 +292,6 @@ def minibatch_backward(
             *mismatch.sums,
         )
         sums += torch.stack([x.sum().double() for x in summed])
-    for i in range(fillers):
-        sharding.sync_gradients(model, last=i == fillers - 1)
-        zero_weighted_backward(model, batch, rows[:1], s, device)
-    if not sharding.is_sharded(model):
-        ranks.sum_gradients(model.parameters())
+    sharding.sum_gradients(model, ranks)
     ranks.sum_(sums)
     return {**dict(zip(SUMMED, sums.tolist(), strict=True)), "skipped_samples": skipped}
