@@ -199,6 +199,14 @@ def test_the_update_is_the_same_on_three_ranks_as_in_one_process(three_ranks):
     )
 
 
+def test_what_rank_0_alone_makes_or_raises_reaches_every_rank(three_ranks):
+    """`Ranks.on_main`: rank 0's result on every rank, and its error raised on every rank
+    (rlvr dpo reads or samples its pairs so: a bad file stops every rank with its message)."""
+    assert [results["on_main"] for results in three_ranks] == [7, 7, 7]
+    errors = [results["on_main_error"] for results in three_ranks]
+    assert errors == ["rank 0 could not read the file"] * 3
+
+
 def test_sharded_adamw_keeps_a_part_of_the_state_on_each_rank_and_steps_as_adamw(three_ranks):
     """`shard_optimizer` (ZeRO-1): every rank ends with the weights AdamW gives in one
     process, bit for bit, while keeping the moments of its own parameters only; rank 0

@@ -24,17 +24,18 @@ of 1, whose collectives do nothing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from rlvr.config import ConfigError
 
+T = TypeVar("T")
 BUCKET_ELEMENTS = 1 << 24
 """Gradient elements summed per collective (64 MB of fp32): few calls, bounded extra memory."""
 
@@ -106,6 +107,20 @@ class Ranks:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def on_main(self, make: Callable[[], T]) -> T:
+        """`make()` run on rank 0 and its result (picklable) given to every rank. What it
+        raises is raised on every rank, so that none waits for a result that never comes."""
+        outcome: tuple[Any, BaseException | None] = (None, None)
+        if self.main:
+            try:
+                outcome = (make(), None)
+            except Exception as error:  # re-raised below, on every rank
+                outcome = (None, error)
+        result, error = self.broadcast(outcome)
+        if error is not None:
+            raise error
+        return result
 
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sum the `.grad` of the trainable `params` over the ranks, a bucket per collective; a

@@ -337,8 +337,8 @@ def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
 
 
 def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
-    """`run_dpo` on this rank (rank 0 alone reads or samples the pairs and writes the output
-    folder)."""
+    """`run_dpo` on this rank (rank 0 alone reads or samples the pairs, `Ranks.on_main`, and
+    writes the output folder)."""
     d = cfg.dpo
     try:
         PREFERENCE_LOSSES.get(d.loss)
@@ -353,10 +353,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
     out_dir = Path(d.output_dir)
-    pairs = None
+    train_pairs, eval_pairs, records = ranks.on_main(lambda: _training_pairs(cfg, model, tokenizer))
     if ranks.main:
-        train, held_out, records = _training_pairs(cfg, model, tokenizer)
-        pairs = (train, held_out)
         # written only once the model and the pairs have loaded: a fresh run's logs
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
@@ -366,7 +364,6 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
             with JsonlWriter(out_dir / "pairs.jsonl") as handle:
                 for record in records:
                     handle.write(record)
-    train_pairs, eval_pairs = ranks.broadcast(pairs)
 
     def scorer(pairs: PairTokens) -> PairScorer:
         if d.loss in REFERENCE_FREE:
