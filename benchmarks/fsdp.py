@@ -1,16 +1,20 @@
 """Memory and time of a training step under torchrun: weights replicated (AdamW state too, or
-sharded: ZeRO stage 1, `train.shard_optimizer`) or sharded with FSDP2 (`train.fsdp`).
+sharded: ZeRO stage 1, `train.shard_optimizer`) or sharded with FSDP2 (`train.fsdp`), whose
+update runs rlvr's fused forward or, in the `fsdp_transformers` arm, the `transformers` one (as
+the sharded update did until the twenty-first session).
 
     python benchmarks/fsdp.py [--ranks 2] [--rounds 2] [--steps 4] [--rows 4] [--tokens 128]
         [--hidden 768] [--layers 12] [--intermediate 2048]
 
 Each round launches `torchrun --standalone --nproc_per_node=RANKS` of this script once per arm,
-`replicated`, `zero1`, `fsdp`. Every rank builds the tiny Llama at the given shape (random
-initialisation, fp32; about 85M parameters at the defaults) and runs STEPS steps the way
-`rlvr train` runs one on its share: a no-gradient forward of ROWS × TOKENS random tokens on the
-whole weights (the rollout and scoring phase, `sharding.full_weights`), then a forward and
-backward of the same tokens (language-model loss) with `train.fsdp`'s gradient handling or
-the replicated gradient sum, clipping to norm 1 and `build_optimizer`'s AdamW step.
+`replicated`, `zero1`, `fsdp`, `fsdp_transformers`. Every rank builds the tiny Llama at the
+given shape (random initialisation, fp32; about 85M parameters at the defaults) and runs STEPS
+steps the way `rlvr train` runs one on its share, on ROWS random samples of a 32-token prompt
+and a TOKENS - 32 token completion: their completion log-probs without gradients on the whole
+weights (the rollout and scoring phase, `sharding.full_weights`), then with gradients
+(`completion_token_stats`, the update's forward; loss: the mean NLL) and backward, with
+`train.fsdp`'s gradient handling or the replicated gradient sum, clipping to norm 1 and
+`build_optimizer`'s AdamW step.
 
 Reported per arm and rank: the bytes of weights, gradients and AdamW state the rank keeps
 between steps, its peak RSS (VmHWM: the whole process, the interpreter and activations
@@ -31,12 +35,15 @@ import torch
 from sharded_optimizer import arms_parser, peak_rss_mib, run_rounds, shaped_model
 from torch.distributed.tensor import DTensor
 
+from rlvr.models import fused
 from rlvr.training import sharding
+from rlvr.training.batching import collate_shared_prefix, completion_token_stats
 from rlvr.training.distributed import data_parallel
 from rlvr.training.optim import build_optimizer
 
 RESULTS = Path(__file__).parent / "results" / "fsdp.json"
-ARMS = ("replicated", "zero1", "fsdp")
+ARMS = ("replicated", "zero1", "fsdp", "fsdp_transformers")
+PROMPT_TOKENS = 32
 
 
 def kept_mib(tensors: list[torch.Tensor]) -> float:
@@ -49,7 +56,7 @@ def rank_main(args: argparse.Namespace) -> None:
     """One rank of one arm: the steps, then rank 0 prints every rank's figures as JSON."""
     with data_parallel(torch.device("cpu")) as ranks:
         model = shaped_model(args)
-        if args.arm == "fsdp":
+        if args.arm.startswith("fsdp"):
             sharding.shard(model, ranks)
         optimizer = build_optimizer(model, 1e-4, shard=args.arm == "zero1")
         vocab = model.config.vocab_size
@@ -57,15 +64,20 @@ def rank_main(args: argparse.Namespace) -> None:
         for step in range(args.steps):
             generator = torch.Generator().manual_seed(1000 * step + ranks.rank)
             tokens = torch.randint(vocab, (args.rows, args.tokens), generator=generator)
+            prompts = tokens[:, :PROMPT_TOKENS].tolist()
+            completions = tokens[:, PROMPT_TOKENS:].tolist()
+            batch = collate_shared_prefix(prompts, completions, list(range(args.rows)), 0)
             t0 = time.perf_counter()
             with sharding.full_weights(model), torch.no_grad():
-                model(input_ids=tokens)
+                completion_token_stats(model, batch, 1.0, with_entropy=False)
             t1 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             sharding.sync_gradients(model, last=True)
-            model(input_ids=tokens, labels=tokens).loss.backward()
-            if not sharding.is_sharded(model):
-                ranks.sum_gradients(model.parameters())
+            setattr(model, fused.ENABLE_ATTR, args.arm != "fsdp_transformers")  # as before 11-28
+            logprobs, _ = completion_token_stats(model, batch, 1.0, with_entropy=False)
+            setattr(model, fused.ENABLE_ATTR, True)
+            (-logprobs.sum() / batch.response_mask.sum()).backward()
+            sharding.sum_gradients(model, ranks)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             t2 = time.perf_counter()

@@ -234,11 +234,16 @@ def fsdp_results(ranks: Ranks) -> dict:
     with sharding.full_weights(model):
         out = {f"eval/{k}": torch.tensor(v) for k, v in held_out_scores(model, tok, ranks).items()}
         logprobs, _ = batch_token_stats(model, four_group_batch(), 0.7, 24, pad, False, ranks)
-    if ranks.world == 1:
-        setattr(model, fused.ENABLE_ATTR, False)
     out["logprobs"] = logprobs
     out["kept"] = torch.tensor(sum(local(p).numel() for p in model.parameters()))
     out.update(fsdp_sft_and_dpo(model, ranks))
+    fused.enable_activation_checkpointing(model)  # each layer recomputed in its backward
+    batch = four_group_batch()
+    batch.old_logprobs = logprobs + 0.1
+    model.zero_grad(set_to_none=True)
+    minibatch_backward(model, batch, ROWS, LossSettings(AlgorithmConfig(), 0.7, 12, 24, pad), ranks)
+    out["checkpointed/grad"] = torch.cat([whole(p.grad).flatten() for p in model.parameters()])
+    setattr(model, fused.CHECKPOINT_ATTR, False)
     for name, (algo, settings) in CASES.items():
         batch = four_group_batch()
         batch.correct = torch.tensor([True, False, True, True, False, False, True, False])

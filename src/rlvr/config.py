@@ -343,8 +343,8 @@ class TrainConfig(Section):
     """Under torchrun, shard the policy's weights, gradients and AdamW state over the ranks
     with FSDP2, a decoder layer per group (`rlvr.training.sharding`): a rank keeps 1/R of
     them, for a gather of each layer per forward and backward. The rollout, scoring and
-    evaluation gather the whole weights once per step; the update runs the transformers
-    forward. Implies `shard_optimizer`; the critic and the reference stay replicated; one
+    evaluation gather the whole weights once per step; the update gathers a layer at a time.
+    Implies `shard_optimizer`; the critic and the reference stay replicated; one
     process has nothing to shard. Checkpoints hold the whole weights and state either way."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
@@ -374,15 +374,6 @@ class TrainConfig(Section):
     activations are reused instead of returned to the kernel and zero-filled again
     (`rlvr.training.memory`; a CPU update ran up to a third slower from the page faults).
     Process-wide, like `threads`; false leaves malloc alone."""
-
-    @model_validator(mode="after")
-    def _fsdp_forward(self) -> TrainConfig:
-        if self.fsdp and self.gradient_checkpointing:
-            raise ValueError(
-                "train.fsdp with train.gradient_checkpointing: the sharded update runs the "
-                "transformers forward, which rlvr's activation checkpointing does not cover"
-            )
-        return self
 
 
 class EvalConfig(Section):

@@ -51,6 +51,18 @@ ENABLE_ATTR = "rlvr_fused_forward"
 """Attribute on the model that turns the fused forward off when False (`model.fused_forward`)."""
 CHECKPOINT_ATTR = "rlvr_activation_checkpointing"
 """Model attribute that turns activation checkpointing on (`train.gradient_checkpointing`)."""
+FSDP_CALL = "rlvr_fsdp_call"
+"""Attribute of a module that FSDP2 shards (`training.sharding.shard`): `module.rlvr_fsdp_call(
+fn, *args)` runs `fn(*args)` as a forward of the module, its weights gathered before and its
+gradient's reduce-scatter hooked on (`within`)."""
+
+
+def within(module: nn.Module, fn: Callable, *args: object) -> object:
+    """`fn(*args)` as a forward of `module` where FSDP shards it (`FSDP_CALL`), plainly
+    elsewhere: the fused forward reads weights without calling the modules, so it names the
+    module whose weights a step reads."""
+    call = getattr(module, FSDP_CALL, None)
+    return fn(*args) if call is None else call(fn, *args)
 
 
 def _plain_linear(module: object) -> bool:
@@ -547,20 +559,32 @@ class FusedForward:
 
         def rest(
             layer: nn.Module,
-            gain: torch.Tensor,
+            gain: torch.Tensor | None,
             h: torch.Tensor,
             q: torch.Tensor,
             *kv: torch.Tensor,
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
             """The layer's output from its input h, its queries and the keys and values
             `ops.cached` gave, and that output's RMSNorm by `gain` (the next layer's input
-            norm, or the final one)."""
+            norm, or the final one; None: not normed)."""
             attn, mlp = layer.self_attn, layer.mlp
             attended = ops.linear(ops.attend(q, *kv, scale=self.scale), attn.o_proj)
             h, x = ops.add_rms_norm(h, attended, layer.post_attention_layernorm.weight, self.eps)
-            inner = ops.mlp_inner(x, mlp.gate_proj, mlp.up_proj)
-            return ops.add_rms_norm(h, ops.linear(inner, mlp.down_proj), gain, self.eps)
+            out = ops.linear(ops.mlp_inner(x, mlp.gate_proj, mlp.up_proj), mlp.down_proj)
+            return (h + out, None) if gain is None else ops.add_rms_norm(h, out, gain, self.eps)
 
+        def sharded_layer(layer: nn.Module, i: int, h: torch.Tensor) -> torch.Tensor:
+            """Layer i's output from its input h, all within the layer's FSDP forward
+            (`within`), so it norms its own input and leaves the next layer's norm to it."""
+            run = _recomputed if recompute_in_backward(self.model, layer) else _direct
+            q, k, v = run(qkv, layer, h, None)
+            return run(rest, layer, None, h, q, *ops.cached(cache, i, k, v))[0]
+
+        if torch.is_grad_enabled() and hasattr(self.layers[0], FSDP_CALL):
+            for i, layer in enumerate(self.layers):
+                h = within(layer, sharded_layer, layer, i, h)
+            cache.length += t
+            return ops.rms_norm(h, self.model.model.norm.weight, self.eps)
         gains = [layer.input_layernorm.weight for layer in self.layers[1:]]
         gains.append(self.model.model.norm.weight)
         x = ops.rms_norm(h, self.layers[0].input_layernorm.weight, self.eps)

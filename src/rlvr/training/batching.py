@@ -283,6 +283,14 @@ def completion_token_stats(
         )
         mask = sb.response_mask.to(logp.dtype)
         return logp * mask, entropy * mask if with_entropy else entropy
+    return fused.within(model, _fused_token_stats, model, sb, temperature, with_entropy)
+
+
+def _fused_token_stats(
+    model: nn.Module, sb: SharedPrefixBatch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_token_stats` by the fused forward (as a forward of the FSDP root, whose
+    embeddings, final norm and LM head it reads)."""
     hidden = shared_prefix_forward(fused_hidden_step(model), sb)
     host = sb.host or sb
     host_flat = fused.real_positions(host.response_mask.bool())

@@ -14,9 +14,11 @@ How rlvr departs from a plain FSDP2 training loop:
   the whole weights (`full_weights`): every group is gathered once, and the fused forward
   (`rlvr.models.fused`) and the KV-cache decoder run as in one process, with no collective per
   forward, however many tokens each rank decodes;
-- the policy update runs the `transformers` forward, whose module calls gather each layer's
-  weights; the fused forward reads the weights without calling the modules, so it is off for
-  the update (`shard`);
+- the policy update runs the fused forward too. It reads the weights without calling the
+  modules, which is where FSDP2 hooks its gathers, so `shard` registers a forward method on
+  every group (`fused.FSDP_CALL`, `register_fsdp_forward_method`): the update's token
+  statistics run as a forward of the root (embeddings, final norm, LM head), and within it
+  each layer as a forward of its own group, which norms its own input (`fused.within`);
 - gradients are summed over the ranks, not averaged (`set_gradient_divide_factor(1)`), as the
   replicated path's are (DESIGN rule 4), and only the last micro-batch reduce-scatters; every
   rank runs as many micro-batches as the busiest one (`passes`), each in two forward
@@ -30,7 +32,7 @@ The critic and the reference model stay replicated. `rlvr sft` and `rlvr dpo` (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -43,14 +45,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
 from rlvr.models import fused
 from rlvr.training.distributed import Ranks
 
-FUSED_WHEN_FULL = "rlvr_fused_when_full"
-"""Model attribute: whether the fused forward runs on the whole weights (`model.fused_forward`)."""
 T = TypeVar("T")
 WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather the whole tensors on rank 0, in host memory (the other ranks get an empty dict)."""
@@ -63,9 +63,9 @@ def is_sharded(model: nn.Module) -> bool:
 
 def shard(model: nn.Module, ranks: Ranks) -> str:
     """Shard `model` over the ranks with FSDP2: each decoder layer (the model's
-    `_no_split_modules` classes) a group, then the root; return a line on the parameters this
-    rank keeps. One process keeps `model` whole (and gets ""). (The config refuses LoRA and
-    activation checkpointing with FSDP.)"""
+    `_no_split_modules` classes) a group, then the root, each with the forward method the
+    fused forward calls (`fused.FSDP_CALL`); return a line on the parameters this rank keeps.
+    One process keeps `model` whole (and gets ""). (The config refuses LoRA with FSDP.)"""
     if ranks.world == 1:
         return ""
     layers = set(getattr(model, "_no_split_modules", None) or [])
@@ -73,12 +73,11 @@ def shard(model: nn.Module, ranks: Ranks) -> str:
         if type(module).__name__ in layers:
             fully_shard(module)
     fully_shard(model)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
-    setattr(model, FUSED_WHEN_FULL, getattr(model, fused.ENABLE_ATTR, True))
-    setattr(model, fused.ENABLE_ATTR, False)
+    for module in _groups(model):
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
+        setattr(module, fused.FSDP_CALL, _call)
+        register_fsdp_forward_method(module, fused.FSDP_CALL)
     whole = sum(p.numel() for p in model.parameters())
     kept = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
     return f"FSDP: rank {ranks.rank} of {ranks.world} keeps {kept:,} of the {whole:,} parameters"
@@ -88,11 +87,17 @@ def _groups(model: nn.Module) -> list[FSDPModule]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def _call(fn: Callable, *args: object) -> object:
+    """`fn(*args)`: a module's `fused.FSDP_CALL`, which `shard` registers as a forward."""
+    return fn(*args)
+
+
 @contextmanager
 def full_weights(model: nn.Module) -> Iterator[None]:
     """A sharded `model` with its whole weights for the block: every group gathered once and
-    kept through any forward, the fused forward on where `model.fused_forward` asks; sharded
-    again after. Every rank must enter it. Other models are left as they are.
+    kept through any forward (without gradients, the fused forward then runs its layers as in
+    one process); sharded again after. Every rank must enter it. Other models are left as
+    they are.
 
     Read the weights within, never write them: the shards are what the optimizer steps and
     what is sharded again."""
@@ -103,11 +108,9 @@ def full_weights(model: nn.Module) -> Iterator[None]:
     for group in groups:
         group.set_reshard_after_forward(False, recurse=False)
         group.unshard()
-    setattr(model, fused.ENABLE_ATTR, getattr(model, FUSED_WHEN_FULL))
     try:
         yield
     finally:
-        setattr(model, fused.ENABLE_ATTR, False)
         for group in groups:
             group.reshard()
             group.set_reshard_after_forward(group is not model, recurse=False)
