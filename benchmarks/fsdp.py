@@ -1,20 +1,22 @@
 """Memory and time of a training step under torchrun: weights replicated (AdamW state too, or
 sharded: ZeRO stage 1, `train.shard_optimizer`) or sharded with FSDP2 (`train.fsdp`), whose
-update runs rlvr's fused forward or, in the `fsdp_transformers` arm, the `transformers` one (as
-the sharded update did until the twenty-first session).
+update runs rlvr's fused forward, with the layers' weights freed after each pass or, in the
+`fsdp_kept` arm, kept whole through the update (`train.fsdp_reshard_after_forward=false`), or,
+in the `fsdp_transformers` arm, the `transformers` forward (as the sharded update did until the
+twenty-first session).
 
     python benchmarks/fsdp.py [--ranks 2] [--rounds 2] [--steps 4] [--rows 4] [--tokens 128]
         [--hidden 768] [--layers 12] [--intermediate 2048]
 
 Each round launches `torchrun --standalone --nproc_per_node=RANKS` of this script once per arm,
-`replicated`, `zero1`, `fsdp`, `fsdp_transformers`. Every rank builds the tiny Llama at the
-given shape (random initialisation, fp32; about 85M parameters at the defaults) and runs STEPS
-steps the way `rlvr train` runs one on its share, on ROWS random samples of a 32-token prompt
-and a TOKENS - 32 token completion: their completion log-probs without gradients on the whole
-weights (the rollout and scoring phase, `sharding.full_weights`), then with gradients
-(`completion_token_stats`, the update's forward; loss: the mean NLL) and backward, with
-`train.fsdp`'s gradient handling or the replicated gradient sum, clipping to norm 1 and
-`build_optimizer`'s AdamW step.
+`replicated`, `zero1`, `fsdp`, `fsdp_kept`, `fsdp_transformers`. Every rank builds the tiny
+Llama at the given shape (random initialisation, fp32; about 85M parameters at the defaults)
+and runs STEPS steps the way `rlvr train` runs one on its share, on ROWS random samples of a
+32-token prompt and a TOKENS - 32 token completion: their completion log-probs without
+gradients on the whole weights (the rollout and scoring phase, `sharding.full_weights`), then
+with gradients (`completion_token_stats`, the update's forward; loss: the mean NLL) and
+backward, with `train.fsdp`'s gradient handling or the replicated gradient sum, clipping to
+norm 1 and `build_optimizer`'s AdamW step.
 
 Reported per arm and rank: the bytes of weights, gradients and AdamW state the rank keeps
 between steps, its peak RSS (VmHWM: the whole process, the interpreter and activations
@@ -42,7 +44,7 @@ from rlvr.training.distributed import data_parallel
 from rlvr.training.optim import build_optimizer
 
 RESULTS = Path(__file__).parent / "results" / "fsdp.json"
-ARMS = ("replicated", "zero1", "fsdp", "fsdp_transformers")
+ARMS = ("replicated", "zero1", "fsdp", "fsdp_kept", "fsdp_transformers")
 PROMPT_TOKENS = 32
 
 
@@ -57,7 +59,7 @@ def rank_main(args: argparse.Namespace) -> None:
     with data_parallel(torch.device("cpu")) as ranks:
         model = shaped_model(args)
         if args.arm.startswith("fsdp"):
-            sharding.shard(model, ranks)
+            sharding.shard(model, ranks, reshard_after_forward=args.arm != "fsdp_kept")
         optimizer = build_optimizer(model, 1e-4, shard=args.arm == "zero1")
         vocab = model.config.vocab_size
         scoring_s, update_s = [], []

@@ -275,4 +275,23 @@ def fsdp_results(ranks: Ranks) -> dict:
     sharding.load_whole_state(again, {**weights, **tied})
     load_optimizer_state(reloaded, state, again)
     out["reloaded"] = checkpointed(again, reloaded)
+    out["kept_whole"] = kept_whole_steps(ranks)
     return out
+
+
+def kept_whole_steps(ranks: Ranks) -> torch.Tensor:
+    """Two AdamW steps of the two-layer model sharded with `reshard_after_forward=False`
+    (its layers whole from the first forward of a step to its last backward, two micro-batches
+    a rank on 3 ranks), then the token log-probs on the stepped weights."""
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = two_layers(tok)
+    sharding.shard(model, ranks, reshard_after_forward=False)
+    optimizer = build_optimizer(model, 1e-2)
+    settings = LossSettings(AlgorithmConfig(), 0.7, 12, 24, tok.pad_token_id)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        minibatch_backward(model, four_group_batch(), ROWS, settings, ranks)
+        optimizer.step()
+    with sharding.full_weights(model):
+        return batch_token_stats(model, four_group_batch(), 0.7, 24, tok.pad_token_id, False)[0]

@@ -271,6 +271,12 @@ def test_fsdp_shards_the_weights_and_updates_as_one_process(three_ranks):
     same_tensors(state, single["saved"][1], atol=1e-7)
     assert len(state["state"]) == len(weights) == 20  # one tensor for the tied head
     same_tensors(everyone[0]["reloaded"], everyone[0]["saved"])
+    # weights kept whole through each update, resharded before each step: the log-probs after
+    # two steps are one process's (stale whole weights would score with the first step's)
+    start = single["logprobs"]
+    assert (single["kept_whole"] - start).abs().max() > 1e-2
+    for results in everyone:
+        assert torch.allclose(results["kept_whole"], single["kept_whole"], 1e-4, 1e-5)
     for results in everyone:
         same_tensors(results["reference"], weights)
 
@@ -386,7 +392,9 @@ def test_fsdp_train_resumes_the_replicated_run_and_continues_it(tmp_path, replic
     sharded = tmp_path / "sharded"
     shutil.copytree(replicated_run, sharded)
     shutil.rmtree(sharded / "checkpoints" / "step-4")
-    sharded_in_halves(launch(sharded, "--resume", "train.fsdp=true"))
+    # layers kept whole through each update (the SFT and DPO runs below free them per pass)
+    more = ("train.fsdp=true", "train.fsdp_reshard_after_forward=false")
+    sharded_in_halves(launch(sharded, "--resume", *more))
     # 4 AdamW steps of lr 1e-2, each lr · m / (√v + ε): where a rare token's gradient is
     # tiny, rounding moves its embedding by up to 1e-4 (a few of 3424 values; the rest to 1e-5)
     same_run(replicated_run, sharded, ("metrics.jsonl",), "checkpoints/step-4", atol=2e-4)

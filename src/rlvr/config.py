@@ -346,6 +346,12 @@ class TrainConfig(Section):
     evaluation gather the whole weights once per step; the update gathers a layer at a time.
     Implies `shard_optimizer`; the critic and the reference stay replicated; one
     process has nothing to shard. Checkpoints hold the whole weights and state either way."""
+    fsdp_reshard_after_forward: bool = True
+    """With `fsdp`, free each layer's gathered weights after every forward and backward pass
+    (FSDP's `reshard_after_forward`; verl's `fsdp_config.reshard_after_forward`). False keeps
+    them whole from the update's first forward to its last backward: one gather a layer per
+    optimizer step instead of one per pass, for the whole weights held during the update, as
+    during the rollout (`docs/benchmarks.md`, "FSDP2")."""
     skip_zero_advantage: bool = True
     """No forward/backward for samples whose advantages are all 0 when the loss then has no
     gradient on them (their gradient is exactly 0; `entropy` and `clip_frac` are measured on
@@ -610,6 +616,8 @@ class SFTTrainConfig(Section):
     fsdp: bool = False
     """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
     ranks with FSDP2; the output holds the whole weights."""
+    fsdp_reshard_after_forward: bool = True
+    """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
@@ -679,6 +687,8 @@ class DPOTrainConfig(Section):
     fsdp: bool = False
     """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
     ranks with FSDP2; the output holds the whole weights."""
+    fsdp_reshard_after_forward: bool = True
+    """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
     pair's two responses share one micro-batch and one prompt forward."""

@@ -51,6 +51,8 @@ from torch.distributed.tensor import DTensor
 from rlvr.models import fused
 from rlvr.training.distributed import Ranks
 
+RESHARD_ATTR = "rlvr_fsdp_reshard_after_forward"
+"""Model attribute: `shard`'s `reshard_after_forward`."""
 T = TypeVar("T")
 WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather the whole tensors on rank 0, in host memory (the other ranks get an empty dict)."""
@@ -61,11 +63,16 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: nn.Module, ranks: Ranks) -> str:
+def shard(model: nn.Module, ranks: Ranks, reshard_after_forward: bool = True) -> str:
     """Shard `model` over the ranks with FSDP2: each decoder layer (the model's
     `_no_split_modules` classes) a group, then the root, each with the forward method the
     fused forward calls (`fused.FSDP_CALL`); return a line on the parameters this rank keeps.
-    One process keeps `model` whole (and gets ""). (The config refuses LoRA with FSDP.)"""
+    One process keeps `model` whole (and gets ""). (The config refuses LoRA with FSDP.)
+
+    `reshard_after_forward` False (FSDP's option of that name): a layer gathered by the
+    update's first forward stays whole through every forward and backward until the
+    optimizer step's last backward has run (`sum_gradients` reshards it), one gather a layer
+    per step instead of one per pass, for the whole weights held during the update."""
     if ranks.world == 1:
         return ""
     layers = set(getattr(model, "_no_split_modules", None) or [])
@@ -78,6 +85,11 @@ def shard(model: nn.Module, ranks: Ranks) -> str:
         module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
         setattr(module, fused.FSDP_CALL, _call)
         register_fsdp_forward_method(module, fused.FSDP_CALL)
+        module.set_reshard_after_forward(
+            module is not model and reshard_after_forward, recurse=False
+        )
+        module.set_reshard_after_backward(reshard_after_forward, recurse=False)
+    setattr(model, RESHARD_ATTR, reshard_after_forward)
     whole = sum(p.numel() for p in model.parameters())
     kept = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
     return f"FSDP: rank {ranks.rank} of {ranks.world} keeps {kept:,} of the {whole:,} parameters"
@@ -113,7 +125,8 @@ def full_weights(model: nn.Module) -> Iterator[None]:
     finally:
         for group in groups:
             group.reshard()
-            group.set_reshard_after_forward(group is not model, recurse=False)
+            after = group is not model and getattr(model, RESHARD_ATTR)
+            group.set_reshard_after_forward(after, recurse=False)
 
 
 def passes(model: nn.Module, parts: list[T], ranks: Ranks) -> list[T | None]:
@@ -141,10 +154,14 @@ def sync_gradients(model: nn.Module, last: bool) -> None:
 
 def sum_gradients(model: nn.Module, ranks: Ranks) -> None:
     """Sum the gradients over the ranks after the optimizer step's last backward: an
-    all-reduce for a replicated `model`; nothing for a sharded one, whose last backward
-    reduce-scattered them."""
+    all-reduce for a replicated `model`; for a sharded one, whose last backward
+    reduce-scattered them, only the resharding of weights kept whole through the update
+    (`shard(reshard_after_forward=False)`), so that the optimizer steps the shards."""
     if not is_sharded(model):
         ranks.sum_gradients(model.parameters())
+    elif not getattr(model, RESHARD_ATTR):
+        for group in _groups(model):
+            group.reshard()
 
 
 def check_in_sync(model: nn.Module, ranks: Ranks, what: str) -> None:
