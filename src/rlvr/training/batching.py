@@ -309,6 +309,8 @@ def _fused_token_stats(
 
 def placed_at(values: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-position values [N] of the N real positions `flat` (`fused.real_positions(mask)`)
-    placed into mask's [b, T] shape, zero elsewhere (differentiable)."""
-    zeros = values.new_zeros(mask.numel())
-    return zeros.index_copy(0, flat, values).view(mask.shape)
+    placed into mask's [b, T] shape, zero elsewhere (differentiable; a tensor of its own, not a
+    view, as FSDP2 asks of a forward's outputs)."""
+    placed = values.new_zeros(mask.shape)
+    placed.view(-1).index_copy_(0, flat, values)
+    return placed
