@@ -6,7 +6,7 @@ in the `fsdp_transformers` arm, the `transformers` forward (as the sharded updat
 twenty-first session).
 
     python benchmarks/fsdp.py [--ranks 2] [--rounds 2] [--steps 4] [--rows 4] [--tokens 128]
-        [--hidden 768] [--layers 12] [--intermediate 2048]
+        [--shortest 0] [--hidden 768] [--layers 12] [--intermediate 2048]
 
 Each round launches `torchrun --standalone --nproc_per_node=RANKS` of this script once per arm,
 `replicated`, `zero1`, `fsdp`, `fsdp_kept`, `fsdp_transformers`. Every rank builds the tiny
@@ -16,7 +16,8 @@ and runs STEPS steps the way `rlvr train` runs one on its share, on ROWS random 
 gradients on the whole weights (the rollout and scoring phase, `sharding.full_weights`), then
 with gradients (`completion_token_stats`, the update's forward; loss: the mean NLL) and
 backward, with `train.fsdp`'s gradient handling or the replicated gradient sum, clipping to
-norm 1 and `build_optimizer`'s AdamW step.
+norm 1 and `build_optimizer`'s AdamW step. With `--shortest N` each completion's length is
+drawn from N to TOKENS - 32 (padding, as in RL batches; results/fsdp_shortest<N>.json).
 
 Reported per arm and rank: the bytes of weights, gradients and AdamW state the rank keeps
 between steps, its peak RSS (VmHWM: the whole process, the interpreter and activations
@@ -67,7 +68,14 @@ def rank_main(args: argparse.Namespace) -> None:
             generator = torch.Generator().manual_seed(1000 * step + ranks.rank)
             tokens = torch.randint(vocab, (args.rows, args.tokens), generator=generator)
             prompts = tokens[:, :PROMPT_TOKENS].tolist()
-            completions = tokens[:, PROMPT_TOKENS:].tolist()
+            longest = args.tokens - PROMPT_TOKENS
+            lengths = torch.randint(
+                args.shortest or longest, longest + 1, (args.rows,), generator=generator
+            )
+            completions = [
+                row[PROMPT_TOKENS : PROMPT_TOKENS + n]
+                for row, n in zip(tokens.tolist(), lengths.tolist())
+            ]
             batch = collate_shared_prefix(prompts, completions, list(range(args.rows)), 0)
             t0 = time.perf_counter()
             with sharding.full_weights(model), torch.no_grad():
@@ -106,6 +114,7 @@ def main() -> None:
     parser = arms_parser(__doc__, ARMS, steps=4)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--shortest", type=int, default=0)
     args = parser.parse_args()
     if args.arm:
         rank_main(args)
@@ -118,10 +127,11 @@ def main() -> None:
             f"{r['scoring_s']:.3f} s, update {r['update_s']:.3f} s"
         )
 
-    keys = ("steps", "rows", "tokens", "hidden", "layers", "intermediate")
+    keys = ("steps", "rows", "tokens", "shortest", "hidden", "layers", "intermediate")
+    results = RESULTS.with_stem(f"fsdp_shortest{args.shortest}") if args.shortest else RESULTS
     # glibc keeps freed blocks up to a threshold it raises as large tensors are freed, so RSS
     # would count memory no tensor holds; a fixed threshold returns every large block at once
-    run_rounds(__file__, ARMS, args, keys, line, RESULTS, {"MALLOC_MMAP_THRESHOLD_": "131072"})
+    run_rounds(__file__, ARMS, args, keys, line, results, {"MALLOC_MMAP_THRESHOLD_": "131072"})
 
 
 if __name__ == "__main__":
