@@ -374,9 +374,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     train_scorer = scorer(train_pairs)
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
     if d.fsdp:
-        kept = sharding.shard(model, ranks, d.fsdp_reshard_after_forward)
-        if kept and show_progress and ranks.main:
-            print(kept, flush=True)
+        sharding.shard(model, ranks, d.fsdp_reshard_after_forward, announce=show_progress)
     optimizer = build_optimizer(model, d.lr, d.weight_decay, shard=d.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,

@@ -133,9 +133,7 @@ def _train(
     if algo.advantage == CRITIC_ADVANTAGE:
         critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
     if cfg.train.fsdp:  # after the replicated reference and critic are copied
-        kept = sharding.shard(model, ranks, cfg.train.fsdp_reshard_after_forward)
-        if kept and show_progress and ranks.main:
-            print(kept, flush=True)
+        sharding.shard(model, ranks, cfg.train.fsdp_reshard_after_forward, announce=show_progress)
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(
         model, cfg.train.lr, cfg.train.weight_decay, cfg.train.betas, cfg.train.shard_optimizer

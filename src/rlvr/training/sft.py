@@ -115,9 +115,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     ]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     if s.fsdp:
-        kept = sharding.shard(model, ranks, s.fsdp_reshard_after_forward)
-        if kept and show_progress and ranks.main:
-            print(kept, flush=True)
+        sharding.shard(model, ranks, s.fsdp_reshard_after_forward, announce=show_progress)
     optimizer = build_optimizer(model, s.lr, s.weight_decay, shard=s.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,

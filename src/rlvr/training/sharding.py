@@ -63,18 +63,20 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: nn.Module, ranks: Ranks, reshard_after_forward: bool = True) -> str:
+def shard(
+    model: nn.Module, ranks: Ranks, reshard_after_forward: bool = True, announce: bool = False
+) -> None:
     """Shard `model` over the ranks with FSDP2: each decoder layer (the model's
     `_no_split_modules` classes) a group, then the root, each with the forward method the
-    fused forward calls (`fused.FSDP_CALL`); return a line on the parameters this rank keeps.
-    One process keeps `model` whole (and gets ""). (The config refuses LoRA with FSDP.)
+    fused forward calls (`fused.FSDP_CALL`); with `announce`, rank 0 prints the parameters it
+    keeps. One process keeps `model` whole. (The config refuses LoRA with FSDP.)
 
     `reshard_after_forward` False (FSDP's option of that name): a layer gathered by the
     update's first forward stays whole through every forward and backward until the
     optimizer step's last backward has run (`sum_gradients` reshards it), one gather a layer
     per step instead of one per pass, for the whole weights held during the update."""
     if ranks.world == 1:
-        return ""
+        return
     layers = set(getattr(model, "_no_split_modules", None) or [])
     for module in list(model.modules()):
         if type(module).__name__ in layers:
@@ -85,14 +87,23 @@ def shard(model: nn.Module, ranks: Ranks, reshard_after_forward: bool = True) ->
         module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no other)
         setattr(module, fused.FSDP_CALL, _call)
         register_fsdp_forward_method(module, fused.FSDP_CALL)
-        module.set_reshard_after_forward(
-            module is not model and reshard_after_forward, recurse=False
-        )
         module.set_reshard_after_backward(reshard_after_forward, recurse=False)
     setattr(model, RESHARD_ATTR, reshard_after_forward)
-    whole = sum(p.numel() for p in model.parameters())
-    kept = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
-    return f"FSDP: rank {ranks.rank} of {ranks.world} keeps {kept:,} of the {whole:,} parameters"
+    _reshard_after_forward_as_set(model)
+    if announce and ranks.main:
+        whole = sum(p.numel() for p in model.parameters())
+        kept = sum(p.to_local().numel() for p in model.parameters() if isinstance(p, DTensor))
+        print(
+            f"FSDP: rank 0 of {ranks.world} keeps {kept:,} of the {whole:,} parameters", flush=True
+        )
+
+
+def _reshard_after_forward_as_set(model: nn.Module) -> None:
+    """Each layer group freed after its forward as `shard` was asked (`RESHARD_ATTR`); the
+    root kept, as FSDP2 keeps it (its backward comes first)."""
+    for group in _groups(model):
+        after = group is not model and getattr(model, RESHARD_ATTR)
+        group.set_reshard_after_forward(after, recurse=False)
 
 
 def _groups(model: nn.Module) -> list[FSDPModule]:
@@ -125,8 +136,7 @@ def full_weights(model: nn.Module) -> Iterator[None]:
     finally:
         for group in groups:
             group.reshard()
-            after = group is not model and getattr(model, RESHARD_ATTR)
-            group.set_reshard_after_forward(after, recurse=False)
+        _reshard_after_forward_as_set(model)
 
 
 def passes(model: nn.Module, parts: list[T], ranks: Ranks) -> list[T | None]:
