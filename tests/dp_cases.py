@@ -12,6 +12,7 @@ from rlvr.evaluation.evaluate import evaluate
 from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import sharding
+from rlvr.training.batching import collate_shared_prefix, completion_token_stats
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
 from rlvr.training.optim import (
@@ -236,6 +237,7 @@ def fsdp_results(ranks: Ranks) -> dict:
         logprobs, _ = batch_token_stats(model, four_group_batch(), 0.7, 24, pad, False, ranks)
     out["logprobs"] = logprobs
     out["kept"] = torch.tensor(sum(local(p).numel() for p in model.parameters()))
+    out["sharded_after_forward"] = sharded_after_a_forward(model, ranks)
     out.update(fsdp_sft_and_dpo(model, ranks))
     fused.enable_activation_checkpointing(model)  # each layer recomputed in its backward
     batch = four_group_batch()
@@ -279,14 +281,31 @@ def fsdp_results(ranks: Ranks) -> dict:
     return out
 
 
-def kept_whole_steps(ranks: Ranks) -> torch.Tensor:
-    """Two AdamW steps of the two-layer model sharded with `reshard_after_forward=False`
-    (its layers whole from the first forward of a step to its last backward, two micro-batches
-    a rank on 3 ranks), then the token log-probs on the stepped weights."""
+def sharded_after_a_forward(model, ranks: Ranks) -> torch.Tensor:
+    """Whether a layer's weights are sharded again after a forward with gradients (never, in
+    one process); then a zero-weighted backward and `sum_gradients`, as an update ends."""
+    batch = four_group_batch()
+    pad = build_tiny_tokenizer().pad_token_id
+    mb = collate_shared_prefix(batch.prompt_ids, batch.completion_ids, [0, 1], pad, 2)
+    sharding.sync_gradients(model, last=True)
+    logprobs, _ = completion_token_stats(model, mb, 1.0, with_entropy=False)
+    sharded = isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor)
+    (logprobs.sum() * 0.0).backward()
+    sharding.sum_gradients(model, ranks)
+    model.zero_grad(set_to_none=True)
+    return torch.tensor(sharded)
+
+
+def kept_whole_steps(ranks: Ranks) -> dict[str, torch.Tensor]:
+    """The two-layer model sharded with `reshard_after_forward=False` (its layers whole from
+    the first forward of a step to its last backward): whether a forward leaves them sharded,
+    then two AdamW steps (two micro-batches a rank on 3 ranks) and the token log-probs on the
+    stepped weights."""
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
     model = two_layers(tok)
     sharding.shard(model, ranks, reshard_after_forward=False)
+    out = {"sharded_after_forward": sharded_after_a_forward(model, ranks)}
     optimizer = build_optimizer(model, 1e-2)
     settings = LossSettings(AlgorithmConfig(), 0.7, 12, 24, tok.pad_token_id)
     for _ in range(2):
@@ -294,4 +313,6 @@ def kept_whole_steps(ranks: Ranks) -> torch.Tensor:
         minibatch_backward(model, four_group_batch(), ROWS, settings, ranks)
         optimizer.step()
     with sharding.full_weights(model):
-        return batch_token_stats(model, four_group_batch(), 0.7, 24, tok.pad_token_id, False)[0]
+        batch = four_group_batch()
+        out["logprobs"] = batch_token_stats(model, batch, 0.7, 24, tok.pad_token_id, False)[0]
+    return out

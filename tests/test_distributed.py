@@ -273,10 +273,14 @@ def test_fsdp_shards_the_weights_and_updates_as_one_process(three_ranks):
     same_tensors(everyone[0]["reloaded"], everyone[0]["saved"])
     # weights kept whole through each update, resharded before each step: the log-probs after
     # two steps are one process's (stale whole weights would score with the first step's)
-    start = single["logprobs"]
-    assert (single["kept_whole"] - start).abs().max() > 1e-2
+    start, kept_whole = single["logprobs"], single["kept_whole"]["logprobs"]
+    assert (kept_whole - start).abs().max() > 1e-2
     for results in everyone:
-        assert torch.allclose(results["kept_whole"], single["kept_whole"], 1e-4, 1e-5)
+        assert torch.allclose(results["kept_whole"]["logprobs"], kept_whole, 1e-4, 1e-5)
+        # a forward frees a layer's gathered weights by default, and keeps them when asked
+        assert (
+            results["sharded_after_forward"] and not results["kept_whole"]["sharded_after_forward"]
+        )
     for results in everyone:
         same_tensors(results["reference"], weights)
 
