@@ -4,6 +4,7 @@ import json
 import re
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
@@ -54,6 +55,45 @@ def test_eval_on_a_device_that_is_not_there_names_it():
     result = runner.invoke(app, ["eval", "--model", "tiny", "--device", "tpu"])
     assert result.exit_code == 2
     assert "model.device 'tpu'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--k", "0"), ("--samples", "0"), ("--max-new-tokens", "0"), ("--temperature", "-1")],
+)
+def test_eval_refuses_an_out_of_range_option_before_loading_anything(flag, value):
+    result = runner.invoke(app, ["eval", "--model", "/nowhere", flag, value])
+    assert result.exit_code == 2
+    assert f"Invalid value for '{flag}'" in result.output
+    assert "/nowhere" not in result.output
+
+
+def test_train_with_an_out_of_range_value_names_the_key(tmp_path):
+    result = runner.invoke(
+        app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "rollout.temperature=0"]
+    )
+    assert result.exit_code == 2
+    assert "'rollout.temperature': Input should be greater than 0" in " ".join(
+        result.output.split()
+    )
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.loss=ppo", "algorithm.loss: unknown policy loss 'ppo'; did you mean"),
+        ("algorithm.advantage=grpoo", "algorithm.advantage: unknown advantage estimator 'grpoo'"),
+        ("reward.functions=[{name: nope}]", "reward.functions[0].name: unknown reward 'nope'"),
+        ("reward.functions=[{name: os.path:nothere}]", "module 'os.path' has no attribute"),
+    ],
+)
+def test_train_with_an_unknown_name_names_its_key_and_writes_nothing(tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", *TINY_RUN, f"train.output_dir={run_dir}", override])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not run_dir.exists()
 
 
 def test_train_then_report_then_eval(tmp_path):

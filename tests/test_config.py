@@ -2,7 +2,14 @@
 
 import pytest
 
-from rlvr.config import ConfigError, RLConfig, SFTConfig, preset_names, resolve_config
+from rlvr.config import (
+    ConfigError,
+    DPOConfig,
+    RLConfig,
+    SFTConfig,
+    preset_names,
+    resolve_config,
+)
 
 
 def test_defaults_and_overrides_are_typed():
@@ -87,3 +94,80 @@ def test_shipped_presets_validate():
     assert {"grpo", "dr_grpo"} <= set(preset_names())
     for name in preset_names():
         resolve_config(preset=name)
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("rollout.temperature=0", r"'rollout\.temperature': Input should be greater than 0"),
+        ("rollout.temperature=-1", r"'rollout\.temperature'"),
+        ("rollout.samples_per_prompt=0", r"'rollout\.samples_per_prompt'"),
+        ("rollout.top_p=0", r"'rollout\.top_p'"),
+        ("rollout.top_p=1.5", r"'rollout\.top_p'"),
+        ("rollout.top_k=-1", r"'rollout\.top_k'"),
+        ("rollout.max_new_tokens=0", r"'rollout\.max_new_tokens'"),
+        ("rollout.batch_size=0", r"'rollout\.batch_size'"),
+        ("rollout.schedule=[{from_step: 0}]", r"'rollout\.schedule\.0\.from_step'"),
+        ("rollout.schedule=[{from_step: 3, temperature: 0}]", r"'rollout\.schedule\.0\.temp"),
+        ("algorithm.clip.dual=0.5", r"'algorithm\.clip\.dual': Input should be greater than 1"),
+        ("algorithm.kl.coef=-0.1", r"'algorithm\.kl\.coef'"),
+        ("algorithm.entropy.top_frac=0", r"'algorithm\.entropy\.top_frac'"),
+        ("algorithm.critic.lam=1.5", r"'algorithm\.critic\.lam'"),
+        ("algorithm.overlong.buffer=1", r"'algorithm\.overlong\.buffer'"),
+        ("reward.timeout_s=0", r"'reward\.timeout_s'"),
+        ("train.steps=0", r"'train\.steps'"),
+        ("train.lr=-1e-6", r"'train\.lr'"),
+        ("train.epochs=0", r"'train\.epochs'"),
+        ("train.mini_batches=0", r"'train\.mini_batches'"),
+        ("train.micro_batch_tokens=0", r"'train\.micro_batch_tokens'"),
+        ("train.min_lr_ratio=2", r"'train\.min_lr_ratio'"),
+        ("eval.k=0", r"'eval\.k'"),
+        ("eval.temperature=-1", r"'eval\.temperature'"),
+        ("data.shortcut_frac=1.5", r"'data\.shortcut_frac'"),
+        ("model.tiny.num_layers=0", r"'model\.tiny\.num_layers'"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, names):
+    with pytest.raises(ConfigError, match=names):
+        resolve_config(overrides=[override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.min_new_tokens=65"], r"rollout\.min_new_tokens \(65\) is above .*\(64\)"),
+        (["data.min_terms=4", "data.max_terms=3"], r"data\.min_terms \(4\) is above"),
+        (["data.operators='*'"], r"data\.operators '\*': the arithmetic task draws from"),
+        (["model.tiny.num_heads=3"], r"hidden_size \(256\) is not a multiple of .*num_heads \(3\)"),
+    ],
+)
+def test_settings_that_contradict_each_other_name_both_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(overrides=overrides)
+
+
+def test_edges_of_the_ranges_are_accepted():
+    cfg = resolve_config(
+        overrides=[
+            "rollout.samples_per_prompt=1",
+            "rollout.top_p=1",
+            "rollout.min_new_tokens=64",
+            "algorithm.clip.low=1.0",
+            "eval.temperature=0",
+            "train.lr=0",
+            "data.operators=+",
+        ]
+    )
+    assert (cfg.rollout.min_new_tokens, cfg.eval.temperature, cfg.data.operators) == (64, 0, "+")
+
+
+def test_an_override_that_is_not_yaml_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"'data\.operators=\*': the value is not valid YAML"):
+        resolve_config(overrides=["data.operators=*"])
+
+
+def test_sft_and_dpo_sections_are_range_checked_too():
+    with pytest.raises(ConfigError, match=r"'sft\.batch_size'"):
+        resolve_config(overrides=["sft.batch_size=0"], model=SFTConfig)
+    with pytest.raises(ConfigError, match=r"'dpo\.micro_batch_tokens'"):
+        resolve_config(overrides=["dpo.micro_batch_tokens=0"], model=DPOConfig)

@@ -242,6 +242,15 @@ def test_load_task_gsm8k_from_a_local_path(tmp_path):
     assert (len(task.train), len(task.test), task.reward) == (4, 2, "math")
 
 
+@pytest.mark.parametrize(("test_size", "split"), [(0, (6, 0)), (1, (5, 1)), (5, (1, 5))])
+def test_a_file_task_holds_back_its_last_test_size_rows(tmp_path, test_size, split):
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
+    path = write_jsonl(tmp_path / "six.jsonl", rows)
+    task = load_task(DataConfig(task="file", path=str(path), test_size=test_size))
+    assert (len(task.train), len(task.test)) == split
+    assert [p.answer for p in task.train + task.test] == [str(i + 1) for i in range(6)]
+
+
 def test_unreachable_hub_tells_the_user_to_pass_a_local_file(monkeypatch):
     import datasets
 

@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 
-from rlvr.config import DataConfig
+from rlvr.config import ConfigError, DataConfig, resolve_config
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.synthetic import arithmetic_problem, countdown_problem, synthetic_splits
 from rlvr.data.tasks import load_task
@@ -64,8 +64,8 @@ def test_too_small_task_space_is_an_error():
 def test_load_task_names_its_verifier():
     task = load_task(DataConfig(task="countdown", train_size=20, test_size=5))
     assert task.reward == "countdown" and len(task.train) == 20 and len(task.test) == 5
-    with pytest.raises(ValueError, match=r"unknown data\.task 'algebra'"):
-        load_task(DataConfig(task="algebra"))
+    with pytest.raises(ConfigError, match=r"'data\.task': Input should be 'arithmetic'"):
+        resolve_config(overrides=["data.task=algebra"])
     with pytest.raises(ValueError, match=r"data\.path"):
         load_task(DataConfig(task="file"))
 

@@ -174,7 +174,9 @@ def test_resume_keeps_the_evaluations_of_the_same_trajectory(tmp_path):
 def test_held_out_evaluation_needs_held_out_problems(tmp_path):
     with pytest.raises(ConfigError, match=r"'eval\.every_steps': Input should be greater"):
         small_config(tmp_path / "negative", "eval.every_steps=-1")
-    cfg = small_config(tmp_path / "none", "eval.every_steps=1", "eval.samples=0")
+    with pytest.raises(ConfigError, match=r"'eval\.samples': Input should be greater"):
+        small_config(tmp_path / "zero", "eval.every_steps=1", "eval.samples=0")
+    cfg = small_config(tmp_path / "none", "eval.every_steps=1", "data.test_size=0")
     with pytest.raises(ConfigError, match=r"eval\.every_steps=1: no held-out problems"):
         train(cfg, show_progress=False)
 

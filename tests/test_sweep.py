@@ -56,6 +56,9 @@ def test_bad_points_fail_before_any_run(tmp_path, monkeypatch):
         run_sweep(None, "grpo,grpoo", SMALL, tmp_path)
     with pytest.raises(ConfigError, match=re.escape("train.output_dir: a sweep sets it per run")):
         run_sweep(None, "grpo", [*SMALL, "train.output_dir=x"], tmp_path)
+    point = "sweep point grpo-algorithm.loss=ppo: algorithm.loss: unknown policy loss 'ppo'"
+    with pytest.raises(ConfigError, match=re.escape(point)):
+        run_sweep(None, "grpo", [*SMALL, "algorithm.loss=ppo_clip,ppo"], tmp_path)
 
 
 def test_sweep_runs_summarizes_reports_and_skips_finished_runs(tmp_path, monkeypatch):

@@ -271,10 +271,12 @@ def eval_cmd(
     task: Annotated[
         str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")
     ] = "arithmetic",
-    k: Annotated[int, typer.Option(help="Samples per problem (pass@k, maj@k)")] = 8,
-    samples: Annotated[int, typer.Option(help="Held-out problems to evaluate")] = 500,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Generation budget")] = 64,
+    k: Annotated[int, typer.Option(help="Samples per problem (pass@k, maj@k)", min=1)] = 8,
+    samples: Annotated[int, typer.Option(help="Held-out problems to evaluate", min=1)] = 500,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature (0: greedy)", min=0.0)
+    ] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Generation budget", min=1)] = 64,
     template: Annotated[str, typer.Option(help="chat, r1, qwen_math or none")] = "chat",
     data_path: Annotated[
         str | None, typer.Option(help="Local data file (task file/gsm8k/math)")

@@ -25,14 +25,23 @@ class Section(BaseModel):
 
 
 class TinyModelConfig(Section):
-    hidden_size: int = 256
+    hidden_size: int = Field(default=256, ge=1)
     """Hidden width of the built-in tiny Llama model."""
-    num_layers: int = 4
+    num_layers: int = Field(default=4, ge=1)
     """Number of transformer blocks of the tiny model."""
-    num_heads: int = 4
+    num_heads: int = Field(default=4, ge=1)
     """Attention heads of the tiny model."""
-    intermediate_size: int = 768
+    intermediate_size: int = Field(default=768, ge=1)
     """MLP width of the tiny model."""
+
+    @model_validator(mode="after")
+    def _whole_heads(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.tiny.hidden_size ({self.hidden_size}) is not a multiple of "
+                f"model.tiny.num_heads ({self.num_heads})"
+            )
+        return self
 
 
 class LoraConfig(Section):
@@ -68,7 +77,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str = "arithmetic"
+    task: Literal["arithmetic", "countdown", "gsm8k", "math", "file"] = "arithmetic"
     """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
     path: str | None = None
     """Local JSONL/Parquet/JSON file: the data of task `file`, or a local copy for gsm8k/math."""
@@ -87,71 +96,92 @@ class DataConfig(Section):
     (Kimi k1.5: problem i drawn with probability ∝ 1 − its latest pass rate)."""
     min_priority: float = Field(default=0.0, ge=0.0, le=1.0)
     """`prioritized`: floor under 1 − pass rate, so solved problems still come back sometimes."""
-    train_size: int = 20000
+    train_size: int = Field(default=20000, ge=1)
     """Number of training problems generated for synthetic tasks."""
-    test_size: int = 500
+    test_size: int = Field(default=500, ge=0)
     """Number of held-out problems (generated, or held back from the file)."""
     seed: int = 1234
     """Seed of the synthetic task generator (independent of train.seed)."""
-    max_digits: int = 3
+    max_digits: int = Field(default=3, ge=1)
     """Arithmetic task: largest operand length in digits."""
-    min_terms: int = 2
+    min_terms: int = Field(default=2, ge=1)
     """Arithmetic task: smallest number of operands."""
-    max_terms: int = 3
+    max_terms: int = Field(default=3, ge=1)
     """Arithmetic task: largest number of operands."""
     operators: str = "+-"
     """Arithmetic task: the operators drawn between operands (from `+` and `-`)."""
-    shortcut_frac: float = 0.0
+    shortcut_frac: float = Field(default=0.0, ge=0.0, le=1.0)
     """Arithmetic task: share of SFT solutions that skip the steps (a mixed-quality cold start)."""
+
+    @model_validator(mode="after")
+    def _arithmetic_settings(self) -> DataConfig:
+        if self.min_terms > self.max_terms:
+            raise ValueError(
+                f"data.min_terms ({self.min_terms}) is above data.max_terms ({self.max_terms})"
+            )
+        if not self.operators or set(self.operators) - set("+-"):
+            raise ValueError(
+                f"data.operators {self.operators!r}: the arithmetic task draws from `+` and `-`"
+            )
+        return self
 
 
 class RolloutStage(Section):
-    from_step: int
+    from_step: int = Field(ge=1)
     """First RL step (1-based) of this stage."""
-    max_new_tokens: int | None = None
+    max_new_tokens: int | None = Field(default=None, ge=1)
     """Generation budget from `from_step` on (None = keep the previous one)."""
-    budget_scale: float | None = None
+    budget_scale: float | None = Field(default=None, gt=0)
     """Or: the budget as a multiple of rollout.max_new_tokens (multi-stage context: 2, 4)."""
-    temperature: float | None = None
+    temperature: float | None = Field(default=None, gt=0)
     """Sampling temperature from `from_step` on (None = keep the previous one)."""
 
 
 class RolloutConfig(Section):
     engine: Literal["hf"] = "hf"
     """Rollout engine: `hf` (in-process, KV cache)."""
-    prompts_per_step: int = 32
+    prompts_per_step: int = Field(default=32, ge=1)
     """Distinct prompts sampled per RL step."""
-    samples_per_prompt: int = 8
+    samples_per_prompt: int = Field(default=8, ge=1)
     """Completions per prompt: the group size G."""
-    temperature: float = 1.0
+    temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature; it also divides the logits of every log-prob the trainer computes."""
-    top_p: float = 1.0
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold (1.0 = off)."""
-    top_k: int = 0
+    top_k: int = Field(default=0, ge=0)
     """Top-k sampling (0 = off)."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = Field(default=64, ge=1)
     """Generation budget per completion; longer completions are truncated."""
-    min_new_tokens: int = 0
+    min_new_tokens: int = Field(default=0, ge=0)
     """EOS is not sampled before this many tokens (0 = off; benchmarks force equal lengths)."""
-    batch_size: int = 512
+    batch_size: int = Field(default=512, ge=1)
     """Most sequences decoded at once by the in-process engine."""
     cuda_graphs: bool = True
     """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
 
+    @model_validator(mode="after")
+    def _budget_holds_the_minimum(self) -> RolloutConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"rollout.min_new_tokens ({self.min_new_tokens}) is above "
+                f"rollout.max_new_tokens ({self.max_new_tokens})"
+            )
+        return self
+
 
 class ClipConfig(Section):
-    low: float = 0.2
+    low: float = Field(default=0.2, ge=0.0)
     """Lower PPO clip range: the ratio is clipped at 1 - low."""
-    high: float = 0.2
+    high: float = Field(default=0.2, ge=0.0)
     """Upper PPO clip range: the ratio is clipped at 1 + high (DAPO clip-higher raises it)."""
-    dual: float | None = None
+    dual: float | None = Field(default=None, gt=1.0)
     """Dual-clip constant c > 1 capping the loss of negative-advantage tokens (None = off)."""
 
 
 class KLConfig(Section):
-    coef: float = 0.0
+    coef: float = Field(default=0.0, ge=0.0)
     """KL coefficient beta to the frozen reference (0 = no reference model is loaded)."""
     estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman 2020): k1 in the reward or k2 in the loss are unbiased."""
@@ -159,35 +189,35 @@ class KLConfig(Section):
     """Subtract beta * KL from the reward instead of adding it to the loss."""
     clamp_in_reward: bool = False
     """In the reward, clamp each token's KL estimate at 0 (AlpacaFarm)."""
-    adaptive_target: float | None = None
+    adaptive_target: float | None = Field(default=None, gt=0.0)
     """Adaptive KL coefficient (Ziegler et al. 2019) steering the KL to this value; None = fixed."""
-    horizon: int = 10000
+    horizon: int = Field(default=10000, ge=1)
     """Horizon, in steps, of the adaptive KL coefficient."""
-    reference_ema: float | None = None
+    reference_ema: float | None = Field(default=None, ge=0.0, le=1.0)
     """EMA decay of the reference towards the policy after every step (T1); None = frozen."""
-    reference_reset_every: int = 0
+    reference_reset_every: int = Field(default=0, ge=0)
     """Reset the reference to the current policy every N steps (0 = never)."""
 
 
 class EntropyConfig(Section):
-    coef: float = 0.0
+    coef: float = Field(default=0.0, ge=0.0)
     """Entropy bonus coefficient (the loss subtracts coef * entropy); start value if adaptive."""
-    target: float | None = None
+    target: float | None = Field(default=None, gt=0.0)
     """Adaptive entropy control (Skywork-OR1): the token entropy to hold; None = fixed coef."""
-    delta: float = 0.005
+    delta: float = Field(default=0.005, ge=0.0)
     """Adaptive entropy control: change of the coefficient per step."""
-    max_coef: float = 0.05
+    max_coef: float = Field(default=0.05, ge=0.0)
     """Adaptive entropy control: the largest coefficient."""
-    top_frac: float = 1.0
+    top_frac: float = Field(default=1.0, gt=0.0, le=1.0)
     """Train the policy loss only on this fraction of highest-entropy tokens (80/20 rule: 0.2)."""
 
 
 class OverlongConfig(Section):
     filter: bool = False
     """Mask truncated responses out of the loss (DAPO overlong filtering)."""
-    buffer: float = 0.0
+    buffer: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Soft overlong punishment zone as a fraction of rollout.max_new_tokens (DAPO: 0.2)."""
-    penalty: float = 1.0
+    penalty: float = Field(default=1.0, ge=0.0)
     """Largest soft overlong punishment, reached at rollout.max_new_tokens."""
     truncation_reward: float | None = None
     """Replace the reward of truncated responses with this value (e.g. -1); None = off."""
@@ -196,28 +226,28 @@ class OverlongConfig(Section):
 class ShapingConfig(Section):
     length_coef: float = 0.0
     """Weight of Kimi k1.5's per-group length reward (0 = off)."""
-    length_start_step: int = 0
+    length_start_step: int = Field(default=0, ge=0)
     """Step from which the length reward is added (Kimi warms it up)."""
     repetition_coef: float = 0.0
     """Weight of the n-gram repetition penalty (T1); 0 = off."""
-    repetition_ngram: int = 3
+    repetition_ngram: int = Field(default=3, ge=1)
     """n of the repetition penalty's n-grams."""
 
 
 class CriticConfig(Section):
-    gamma: float = 1.0
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
     """GAE discount."""
-    lam: float = 0.95
+    lam: float = Field(default=0.95, ge=0.0, le=1.0)
     """GAE lambda of the policy's advantages."""
-    critic_lam: float | None = None
+    critic_lam: float | None = Field(default=None, ge=0.0, le=1.0)
     """GAE lambda of the critic's return targets (VAPO decoupled GAE: 1.0); None = lam."""
-    length_adaptive_alpha: float | None = None
+    length_adaptive_alpha: float | None = Field(default=None, gt=0.0)
     """VAPO length-adaptive policy lambda = 1 - 1/(alpha * length) (paper: 0.05); None = lam."""
-    value_clip: float | None = 0.2
+    value_clip: float | None = Field(default=0.2, gt=0.0)
     """Clip range of the value loss around the old values (None = unclipped)."""
-    lr: float = 1e-5
+    lr: float = Field(default=1e-5, gt=0.0)
     """Critic learning rate."""
-    warmup_steps: int = 0
+    warmup_steps: int = Field(default=0, ge=0)
     """First steps train only the critic (ORZ critic warm-up, VAPO value pretraining)."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the batch's response tokens."""
@@ -253,7 +283,7 @@ class AlgorithmConfig(Section):
     """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
     std_normalization: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
-    epsilon: float = 1e-6
+    epsilon: float = Field(default=1e-6, ge=0.0)
     """Added to the std before dividing."""
     loss: str = "ppo_clip"
     """Policy loss (see `rlvr.algorithms.POLICY_LOSSES`)."""
@@ -267,7 +297,7 @@ class AlgorithmConfig(Section):
     """Entropy regularisation."""
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal and sample more prompts until the batch is full."""
-    max_sampling_rounds: int = 4
+    max_sampling_rounds: int = Field(default=4, ge=1)
     """Most rollout rounds per step under dynamic sampling (then train on what was kept)."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """Treatment of responses that reach the generation budget."""
@@ -275,9 +305,9 @@ class AlgorithmConfig(Section):
     """Length and repetition reward shaping."""
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """Value model and GAE, used when `advantage` is `gae`."""
-    positive_lm_coef: float = 0.0
+    positive_lm_coef: float = Field(default=0.0, ge=0.0)
     """Weight of VAPO's NLL loss on correct samples (paper: 0.1); 0 = off."""
-    omd_tau: float = 0.1
+    omd_tau: float = Field(default=0.1, gt=0.0)
     """Kimi k1.5 mirror-descent tau of the `kimi_omd` loss."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
     """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
@@ -297,32 +327,32 @@ class RewardSpec(Section):
 class RewardConfig(Section):
     functions: list[RewardSpec] | None = None
     """Weighted rewards; default: the task's verifier with weight 1."""
-    timeout_s: float = 5.0
+    timeout_s: float = Field(default=5.0, gt=0.0)
     """Hard timeout of one verifier call; a timeout scores 0 and is counted."""
 
 
 class TrainConfig(Section):
-    steps: int = 100
+    steps: int = Field(default=100, ge=1)
     """Number of RL steps (one rollout batch each)."""
-    lr: float = 1e-6
+    lr: float = Field(default=1e-6, ge=0.0)
     """Peak AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
-    warmup_steps: int = 0
+    warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     """Cosine floor as a fraction of the peak learning rate."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(default=1.0, ge=0.0)
     """Gradient clipping by global norm (0 = off)."""
-    epochs: int = 1
+    epochs: int = Field(default=1, ge=1)
     """Passes over each rollout batch (PPO epochs); above 1, old log-probs are computed."""
-    mini_batches: int = 1
+    mini_batches: int = Field(default=1, ge=1)
     """Optimizer steps per pass over a rollout batch; above 1, old log-probs are computed."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = Field(default=4096, ge=1)
     """Tokens one forward/backward micro-batch computes: with rlvr's padding-free forward, each
     distinct prompt once plus the completions; otherwise rows × longest sequence, padding
     included. Larger is not
@@ -361,9 +391,9 @@ class TrainConfig(Section):
     """Seed of sampling, initialisation and prompt order."""
     output_dir: str = "runs/rl"
     """Run directory."""
-    save_every: int = 0
+    save_every: int = Field(default=0, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
-    log_samples: int = 4
+    log_samples: int = Field(default=4, ge=0)
     """Prompt/completion examples written to samples.jsonl per step."""
     log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Also send each step's metrics and each evaluation to these, e.g. train.log_to=[wandb]:
@@ -371,9 +401,9 @@ class TrainConfig(Section):
     the extra of its name). metrics.jsonl is written either way."""
     wandb_project: str = "rlvr"
     """W&B project for train.log_to=[wandb]; the run is named after the run directory."""
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: int = Field(default=3, ge=1)
     """Stop the run after this many consecutive steps with a non-finite loss or gradient."""
-    threads: int = 0
+    threads: int = Field(default=0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     keep_freed_memory: bool = True
     """Under glibc, raise malloc's mmap and trim thresholds for this process so that freed
@@ -383,13 +413,13 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
-    samples: int = 500
+    samples: int = Field(default=500, ge=1)
     """Held-out problems to evaluate."""
-    k: int = 8
+    k: int = Field(default=8, ge=1)
     """Samples per problem for pass@k and maj@k."""
-    temperature: float = 1.0
+    temperature: float = Field(default=1.0, ge=0.0)
     """Sampling temperature during evaluation."""
-    max_new_tokens: int | None = None
+    max_new_tokens: int | None = Field(default=None, ge=1)
     """Generation budget (default: rollout.max_new_tokens)."""
     every_steps: int = Field(default=0, ge=0)
     """`rlvr train` evaluates the policy on the held-out problems before the first step, every
@@ -455,6 +485,8 @@ def _explain(error: ValidationError, root: type[BaseModel], source: str) -> Conf
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             lines.append(f"unknown config key {key!r}{hint}")
+        elif item["type"] == "value_error":
+            lines.append(f"config key {key!r}: {item['ctx']['error']}")
         else:
             lines.append(f"config key {key!r}: {item['msg']}")
     return ConfigError(f"{source}: " + "; ".join(lines))
@@ -465,7 +497,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"override {text!r}: the value is not valid YAML ({first}); a string that YAML "
+            f"cannot read as it is goes in quotes: {key}='\"{raw}\"'"
+        ) from None
+    return key.strip().split("."), value
 
 
 def _set_nested(tree: dict, path: list[str], value: Any) -> None:
@@ -595,21 +635,21 @@ def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
 
 
 class SFTTrainConfig(Section):
-    steps: int = 300
+    steps: int = Field(default=300, ge=1)
     """Optimizer steps of supervised fine-tuning."""
-    batch_size: int = 64
+    batch_size: int = Field(default=64, ge=1)
     """Worked solutions per optimizer step."""
-    lr: float = 1e-3
+    lr: float = Field(default=1e-3, ge=0.0)
     """Peak AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay."""
-    warmup_steps: int = 20
+    warmup_steps: int = Field(default=20, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "cosine"
     """Learning-rate schedule after warm-up."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
     """Cosine floor as a fraction of the peak learning rate."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(default=1.0, ge=0.0)
     """Gradient clipping by global norm (0 = off)."""
     shard_optimizer: bool = False
     """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
@@ -618,14 +658,14 @@ class SFTTrainConfig(Section):
     ranks with FSDP2; the output holds the whole weights."""
     fsdp_reshard_after_forward: bool = True
     """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
     seed: int = 0
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"
     """Where the fine-tuned model (Hugging Face format) is written."""
-    threads: int = 0
+    threads: int = Field(default=0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     keep_freed_memory: bool = True
     """As `train.keep_freed_memory`: glibc malloc keeps freed activations for reuse."""
@@ -670,17 +710,17 @@ class DPOTrainConfig(Section):
     """Optimizer steps."""
     batch_size: int = Field(default=32, ge=1)
     """Preference pairs per optimizer step; the loss is their mean."""
-    lr: float = 1e-6
+    lr: float = Field(default=1e-6, ge=0.0)
     """Peak AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay."""
-    warmup_steps: int = 0
+    warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     """Cosine floor as a fraction of the peak learning rate."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(default=1.0, ge=0.0)
     """Gradient clipping by global norm (0 = off)."""
     shard_optimizer: bool = False
     """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
@@ -689,7 +729,7 @@ class DPOTrainConfig(Section):
     ranks with FSDP2; the output holds the whole weights."""
     fsdp_reshard_after_forward: bool = True
     """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
     pair's two responses share one micro-batch and one prompt forward."""
     eval_every_steps: int = Field(default=0, ge=0)
@@ -712,7 +752,7 @@ class DPOTrainConfig(Section):
     output_dir: str = "runs/dpo"
     """Run directory: config.yaml, pairs.jsonl (sampled pairs), metrics.jsonl, eval.jsonl and
     the final model (Hugging Face format)."""
-    threads: int = 0
+    threads: int = Field(default=0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     keep_freed_memory: bool = True
     """As `train.keep_freed_memory`: glibc malloc keeps freed activations for reuse."""

@@ -58,7 +58,7 @@ class Registry(Generic[F]):
         close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise KeyError(
-            f"unknown {self.kind} {name!r}{hint} valid choices: {', '.join(valid) or '(none)'}"
+            f"unknown {self.kind} {name!r}{hint} (valid choices: {', '.join(valid) or 'none'})"
         ) from None
 
     def names(self) -> list[str]:

@@ -31,11 +31,12 @@ def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[lis
             f"{source} has {len(problems)} rows, not more than data.test_size={test_size}; "
             "lower data.test_size or give data.test_path"
         )
-    return problems[:-test_size], problems[-test_size:]
+    split = len(problems) - test_size
+    return problems[:split], problems[split:]
 
 
 def load_task(cfg: DataConfig) -> Task:
-    """Build the task named by `cfg.task`."""
+    """Build the task named by `cfg.task` (the config allows only the five below)."""
     if cfg.task == "arithmetic":
         train, test = synthetic_splits(
             "arithmetic",
@@ -63,21 +64,15 @@ def load_task(cfg: DataConfig) -> Task:
         if test is None:
             train, test = _hold_out(train, cfg.test_size, cfg.path or cfg.task)
         return Task(cfg.task, train, test[: cfg.test_size], "math")
-    if cfg.task == "file":
-        if not cfg.path:
-            raise ConfigError(
-                "data.task=file needs data.path (a local JSONL, Parquet or JSON file)"
-            )
-        columns = {
-            "prompt_column": cfg.prompt_column,
-            "answer_column": cfg.answer_column,
-            "solution_column": cfg.solution_column,
-        }
-        problems = loaders.load_file(cfg.path, **columns)
-        if cfg.test_path:
-            return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")
-        train, test = _hold_out(problems, cfg.test_size, cfg.path)
-        return Task("file", train, test, "math")
-    raise ConfigError(
-        f"unknown data.task {cfg.task!r}; choose from arithmetic, countdown, gsm8k, math, file"
-    )
+    if not cfg.path:
+        raise ConfigError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
+    columns = {
+        "prompt_column": cfg.prompt_column,
+        "answer_column": cfg.answer_column,
+        "solution_column": cfg.solution_column,
+    }
+    problems = loaders.load_file(cfg.path, **columns)
+    if cfg.test_path:
+        return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")
+    train, test = _hold_out(problems, cfg.test_size, cfg.path)
+    return Task("file", train, test, "math")

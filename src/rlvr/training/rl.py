@@ -17,12 +17,15 @@ from pathlib import Path
 
 import torch
 
+from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
 from rlvr.config import ConfigError, RLConfig, save_config
 from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
+from rlvr.rewards.model_based import MODEL_REWARDS
+from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.loggers import MetricLoggers
@@ -60,6 +63,23 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
 
+def check_choices(cfg: RLConfig) -> None:
+    """Look up every registered name the config chooses (advantage estimator, policy loss,
+    rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads."""
+    critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
+    chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
+    if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
+        chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
+    for i, spec in enumerate(cfg.reward.functions or []):
+        if spec.name not in MODEL_REWARDS:
+            chosen.append((f"reward.functions[{i}].name", spec.name, get_reward, ""))
+    for key, name, look_up, alternative in chosen:
+        try:
+            look_up(name)
+        except KeyError as error:
+            raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+
+
 def keep_until_step(path: Path, step: int) -> None:
     """Drop the records of `path` logged after `step` (all of them for a fresh run)."""
     if not path.exists():
@@ -91,6 +111,7 @@ def _train(
     show_progress: bool,
 ) -> Path:
     """`train` on this rank (rank 0 alone writes the run directory)."""
+    check_choices(cfg)
     if ranks.world > cfg.rollout.prompts_per_step:
         raise ConfigError(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is less than the "

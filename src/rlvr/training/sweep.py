@@ -24,7 +24,7 @@ from rlvr.config import ConfigError, RLConfig, resolve_config
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import load_run_metrics, plot_runs
 from rlvr.training.checkpoint import latest_checkpoint
-from rlvr.training.rl import train
+from rlvr.training.rl import check_choices, train
 
 LAST_STEPS = 10
 """The summary averages accuracy and reward over the last this many steps of each run."""
@@ -88,6 +88,7 @@ def sweep_points(
         point_overrides.append(f"train.output_dir={output_dir / name}")
         try:
             cfg = resolve_config(config_path, preset, point_overrides)
+            check_choices(cfg)
         except ConfigError as exc:
             raise ConfigError(f"sweep point {name}: {exc}") from None
         points.append(SweepPoint(name, settings, cfg))
