@@ -7,6 +7,7 @@ from rlvr.config import (
     DPOConfig,
     RLConfig,
     SFTConfig,
+    changed_settings,
     preset_names,
     resolve_config,
 )
@@ -171,3 +172,17 @@ def test_sft_and_dpo_sections_are_range_checked_too():
         resolve_config(overrides=["sft.batch_size=0"], model=SFTConfig)
     with pytest.raises(ConfigError, match=r"'dpo\.micro_batch_tokens'"):
         resolve_config(overrides=["dpo.micro_batch_tokens=0"], model=DPOConfig)
+
+
+def test_changed_settings_lists_each_differing_leaf_but_the_ignored_ones():
+    saved = resolve_config(overrides=["train.steps=5"]).model_dump(mode="json")
+    saved["rollout"].pop("top_k")  # a key the saved file lacks reads as None
+    now = resolve_config(
+        overrides=["train.steps=9", "rollout.temperature=0.7", "train.log_to=[tensorboard]"]
+    )
+    assert changed_settings(saved, now, ignore=("train.steps",)) == [
+        "rollout.temperature: 1.0 -> 0.7",
+        "rollout.top_k: None -> 0",
+        "train.log_to: [] -> ['tensorboard']",
+    ]
+    assert changed_settings(saved, now)[-2] == "train.steps: 5 -> 9"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -179,6 +180,18 @@ def test_held_out_evaluation_needs_held_out_problems(tmp_path):
     cfg = small_config(tmp_path / "none", "eval.every_steps=1", "data.test_size=0")
     with pytest.raises(ConfigError, match=r"eval\.every_steps=1: no held-out problems"):
         train(cfg, show_progress=False)
+
+
+def test_resume_names_the_settings_that_differ_from_the_run(tmp_path):
+    train(small_config(tmp_path, "train.steps=1"), show_progress=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train(small_config(tmp_path, "train.steps=2"), resume=True, show_progress=False)
+    assert not [w for w in seen if "--resume" in str(w.message)]  # more steps is the usual case
+    changed = small_config(tmp_path, "train.steps=3", "algorithm.clip.high=0.28")
+    with pytest.warns(UserWarning, match=r"differ .*: algorithm\.clip\.high: 0\.2 -> 0\.28$"):
+        train(changed, resume=True, show_progress=False)
+    assert "high: 0.28" in (tmp_path / "config.yaml").read_text()
 
 
 def test_resume_without_checkpoint_is_an_error(tmp_path):

@@ -621,6 +621,26 @@ def save_config(config: BaseModel, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    leaves: dict[str, Any] = {}
+    for key, value in tree.items():
+        leaves.update(_leaves(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}"))
+    return leaves
+
+
+def changed_settings(saved: dict, config: BaseModel, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key: old -> new`` for each setting of `config` that differs from the `saved` tree (a
+    run's config.yaml), leaving out the keys in `ignore`."""
+    before, after = _leaves(saved), _leaves(config.model_dump(mode="json"))
+    return [
+        f"{key}: {before.get(key)!r} -> {value!r}"
+        for key, value in after.items()
+        if key not in ignore and before.get(key) != value
+    ]
+
+
 def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, docstring) for every leaf field, for `--help-config`."""
     rows = []

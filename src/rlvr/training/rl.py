@@ -16,9 +16,10 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
-from rlvr.config import ConfigError, RLConfig, save_config
+from rlvr.config import ConfigError, RLConfig, changed_settings, save_config
 from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
@@ -78,6 +79,18 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+
+
+def warn_of_changes(saved: dict, cfg: RLConfig) -> None:
+    """A resumed run continues its trajectory only with the settings it started with (more
+    `train.steps` aside): name every other setting that differs from the run's config.yaml."""
+    changed = changed_settings(saved, cfg, ignore=("train.steps",))
+    if changed:
+        warnings.warn(
+            "--resume with settings that differ from the run's config.yaml (now overwritten): "
+            + "; ".join(changed),
+            stacklevel=1,
+        )
 
 
 def keep_until_step(path: Path, step: int) -> None:
@@ -142,6 +155,8 @@ def _train(
     run_dir = Path(cfg.train.output_dir)  # written only once the model and the task fit
     if ranks.main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and (run_dir / "config.yaml").is_file():
+            warn_of_changes(yaml.safe_load((run_dir / "config.yaml").read_text()) or {}, cfg)
         save_config(cfg, run_dir / "config.yaml")
     regularization = Regularization(algo, model)
     reference = regularization.reference
