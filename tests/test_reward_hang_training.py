@@ -106,8 +106,10 @@ def test_training_with_a_hanging_reward_completes_and_counts_the_timeouts(
         ],
     )
     start = time.monotonic()
-    run_dir = train(cfg, show_progress=False)
+    with pytest.warns(UserWarning, match=r"^step 1: rewards failed \(0 error\(s\), [1-9]") as seen:
+        run_dir = train(cfg, show_progress=False)
     elapsed = time.monotonic() - start
+    assert len([w for w in seen if "rewards failed" in str(w.message)]) == 1  # once a run
 
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]

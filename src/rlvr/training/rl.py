@@ -182,6 +182,7 @@ def _train(
         min_lr_ratio=cfg.train.min_lr_ratio,
     )
     start_step, bad_steps = 0, 0
+    reward_errors_shown = False
     if resume:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
@@ -345,6 +346,15 @@ def _train(
                 )
             for message in data.error_examples[:2]:
                 samples_log.write({"step": step, "reward_error": message})
+            if data.error_examples and ranks.main and not reward_errors_shown:
+                reward_errors_shown = True
+                warnings.warn(
+                    f"step {step}: rewards failed ({data.errors} error(s), {data.timeouts} "
+                    f"timeout(s), each scored 0; the first: {data.error_examples[0]}); later "
+                    "ones are counted in reward/errors and reward/timeouts and shown in "
+                    "samples.jsonl only",
+                    stacklevel=1,
+                )
             progress.update(step, metrics)
             evaluate_after(step)
             if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
