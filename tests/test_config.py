@@ -8,6 +8,7 @@ from rlvr.config import (
     RLConfig,
     SFTConfig,
     changed_settings,
+    describe_fields,
     preset_names,
     resolve_config,
 )
@@ -186,3 +187,12 @@ def test_changed_settings_lists_each_differing_leaf_but_the_ignored_ones():
         "train.log_to: [] -> ['tensorboard']",
     ]
     assert changed_settings(saved, now)[-2] == "train.steps: 5 -> 9"
+
+
+def test_help_config_rows_show_each_default_with_its_range():
+    rows = {key: (default, doc) for key, default, doc in describe_fields(RLConfig)}
+    assert rows["rollout.temperature"][0] == "1.0 (> 0)"
+    assert rows["rollout.top_p"][0] == "1.0 (> 0.0, <= 1.0)"
+    assert rows["algorithm.clip.dual"][0] == "None (> 1.0)"
+    assert rows["train.seed"][0] == "0"  # no range
+    assert rows["train.steps"] == ("100 (>= 1)", "Number of RL steps (one rollout batch each).")

@@ -641,8 +641,12 @@ def changed_settings(saved: dict, config: BaseModel, ignore: tuple[str, ...] = (
     ]
 
 
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
 def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, docstring) for every leaf field, for `--help-config`."""
+    """(dotted key, default with its allowed range, docstring) for every leaf field, for
+    `--help-config`: ``1.0 (> 0)``."""
     rows = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
@@ -650,7 +654,14 @@ def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str,
             rows.extend(describe_fields(annotation, prefix + name + "."))
         else:
             default = field.default if field.default_factory is None else field.default_factory()
-            rows.append((prefix + name, repr(default), field.description or ""))
+            bounds = [
+                f"{sign} {getattr(limit, attribute)}"
+                for limit in field.metadata
+                for attribute, sign in _BOUNDS.items()
+                if hasattr(limit, attribute)
+            ]
+            shown = repr(default) + (f" ({', '.join(bounds)})" if bounds else "")
+            rows.append((prefix + name, shown, field.description or ""))
     return rows
 
 
