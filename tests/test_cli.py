@@ -13,6 +13,8 @@ from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.loading import load_pretrained, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training import rl as rl_module
+from rlvr.training import sft as sft_module
 from tiny_run import TINY_RUN
 
 runner = CliRunner()
@@ -190,7 +192,11 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
     assert bad.exit_code == 2 and "takes only data.KEY=VALUE" in bad.output
 
 
-def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_path):
+def no_model_before_the_data(*args, **kwargs):
+    raise AssertionError("the model loaded before the data was checked")
+
+
+def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_path, monkeypatch):
     """Data settings that only loading the task can refuse: a clear error naming the keys,
     exit code 2, no traceback, and an earlier run's files in the output folder untouched."""
     two_rows = tmp_path / "two.jsonl"
@@ -222,7 +228,11 @@ def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_pa
         ),
     ]
     for args, message in cases:
-        result = runner.invoke(app, [*args, f"{args[0]}.output_dir={out}"])
+        with monkeypatch.context() as patch:
+            if args[0] in ("train", "sft"):  # their task loads before the model
+                module = rl_module if args[0] == "train" else sft_module
+                patch.setattr(module, "load_model_and_tokenizer", no_model_before_the_data)
+            result = runner.invoke(app, [*args, f"{args[0]}.output_dir={out}"])
         assert result.exit_code == 2, (args, result.output, result.exception)
         assert message in " ".join(result.output.split()), args
         assert {p.name: p.read_text() for p in out.iterdir()} == earlier, args

@@ -137,14 +137,7 @@ def _train(
     torch.manual_seed(cfg.train.seed)
     algo, r = cfg.algorithm, cfg.rollout
 
-    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
-    ranks.copy_from_main(model)
-    if cfg.train.gradient_checkpointing:
-        try:
-            fused.enable_activation_checkpointing(model)
-        except ValueError as error:
-            raise ConfigError(f"train.gradient_checkpointing: {error}") from None
-    task = load_task(cfg.data)
+    task = load_task(cfg.data)  # before the model: a bad file fails in a second
     every = cfg.eval.every_steps
     held_out = task.test[: cfg.eval.samples] if every else []
     if every and not held_out:
@@ -152,6 +145,13 @@ def _train(
             f"eval.every_steps={every}: no held-out problems to evaluate "
             f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
         )
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
+    ranks.copy_from_main(model)
+    if cfg.train.gradient_checkpointing:
+        try:
+            fused.enable_activation_checkpointing(model)
+        except ValueError as error:
+            raise ConfigError(f"train.gradient_checkpointing: {error}") from None
     run_dir = Path(cfg.train.output_dir)  # written only once the model and the task fit
     if ranks.main:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -96,13 +96,13 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     if s.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(s.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
-    ranks.copy_from_main(model)
-    task = load_task(cfg.data)
+    task = load_task(cfg.data)  # before the model: a bad file fails in a second
     examples = [p for p in task.train if p.solution]
     if not examples:
         hint = " (name their column with data.solution_column)" if task.name == "file" else ""
         raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
+    ranks.copy_from_main(model)
     out_dir = Path(s.output_dir)  # written only once the model and the task have loaded
     if ranks.main:
         out_dir.mkdir(parents=True, exist_ok=True)
