@@ -236,3 +236,26 @@ def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_pa
         assert result.exit_code == 2, (args, result.output, result.exception)
         assert message in " ".join(result.output.split()), args
         assert {p.name: p.read_text() for p in out.iterdir()} == earlier, args
+
+
+def test_an_output_directory_that_cannot_be_made_names_its_key(tmp_path):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("not a directory\n")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1", "chosen": "2", "rejected": "3"}\n' * 2)
+    model = SMALL[:4]
+    cases = [
+        ["train", *SMALL, f"train.output_dir={in_the_way}"],
+        ["sft", *model, "sft.steps=1", f"sft.output_dir={in_the_way / 'sub'}"],
+        ["dpo", *model, "data.task=file", f"data.path={pairs}", "dpo.eval_pairs=0",
+         f"dpo.output_dir={in_the_way}"],
+        ["demo", "--output-dir", str(in_the_way)],
+    ]  # fmt: skip
+    for args in cases:
+        result = runner.invoke(app, args)
+        key = "--output-dir" if args[0] == "demo" else f"{args[0]}.output_dir"
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        unwrapped = "".join(result.output.split())  # the path has no spaces
+        assert unwrapped.startswith(f"error:{key}='{in_the_way}"), args
+        assert "':cannotmakethedirectory:" in unwrapped, args
+        assert in_the_way.read_text() == "not a directory\n"

@@ -328,7 +328,10 @@ def demo(
     """The embedded default: tiny model, cold-start SFT, eval, GRPO, eval again, report."""
     from rlvr.demo import run_demo
 
-    run_demo(output_dir)
+    try:
+        run_demo(output_dir)
+    except _user_errors() as exc:
+        _fail(str(exc))
 
 
 @app.command()

@@ -616,6 +616,15 @@ def data_config(base: dict, overrides: list[str] | tuple[str, ...] = ()) -> Data
     return resolve_config(None, None, overrides, model=_DataOnly, base={"data": base}).data
 
 
+def make_output_dir(path: Path, key: str) -> None:
+    """``mkdir -p`` the directory `key` names, or a `ConfigError` naming the key and the reason
+    (a file in the way, a parent that is a file, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{key}={str(path)!r}: cannot make the directory: {error}") from None
+
+
 def save_config(config: BaseModel, path: Path) -> None:
     """Write the fully resolved config as YAML."""
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

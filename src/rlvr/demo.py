@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rlvr.config import RLConfig, SFTConfig, resolve_config
+from rlvr.config import RLConfig, SFTConfig, make_output_dir, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_pretrained
@@ -92,7 +92,7 @@ def run_demo(
     """Run the whole demo; write `summary.json`, `eval.jsonl` and `report.png` under output_dir."""
     console = console or Console()
     start = time.perf_counter()
-    output_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(output_dir, "--output-dir")
     sft_cfg, rl_cfg = demo_configs(output_dir, sft_steps, rl_steps)
     task = load_task(rl_cfg.data)
     held_out = task.test[:eval_problems]

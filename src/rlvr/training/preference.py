@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rlvr.algorithms.preference import REFERENCE_FREE, preference_loss
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
-from rlvr.config import ConfigError, DPOConfig, save_config
+from rlvr.config import ConfigError, DPOConfig, make_output_dir, save_config
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
@@ -354,9 +354,9 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     pad_id = tokenizer.pad_token_id
     out_dir = Path(d.output_dir)
     train_pairs, eval_pairs, records = ranks.on_main(lambda: _training_pairs(cfg, model, tokenizer))
-    if ranks.main:
-        # written only once the model and the pairs have loaded: a fresh run's logs
-        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def start() -> None:  # only once the model and the pairs have loaded: a fresh run's logs
+        make_output_dir(out_dir, "dpo.output_dir")
         for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
             (out_dir / name).unlink(missing_ok=True)
         save_config(cfg, out_dir / "config.yaml")
@@ -364,6 +364,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
             with JsonlWriter(out_dir / "pairs.jsonl") as handle:
                 for record in records:
                     handle.write(record)
+
+    ranks.on_main(start)
 
     def scorer(pairs: PairTokens) -> PairScorer:
         if d.loss in REFERENCE_FREE:

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
-from rlvr.config import ConfigError, RLConfig, changed_settings, save_config
+from rlvr.config import ConfigError, RLConfig, changed_settings, make_output_dir, save_config
 from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
@@ -79,6 +79,14 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+
+
+def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
+    """Make the run directory and write its config.yaml (on rank 0)."""
+    make_output_dir(run_dir, "train.output_dir")
+    if resume and (run_dir / "config.yaml").is_file():
+        warn_of_changes(yaml.safe_load((run_dir / "config.yaml").read_text()) or {}, cfg)
+    save_config(cfg, run_dir / "config.yaml")
 
 
 def warn_of_changes(saved: dict, cfg: RLConfig) -> None:
@@ -153,11 +161,7 @@ def _train(
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
     run_dir = Path(cfg.train.output_dir)  # written only once the model and the task fit
-    if ranks.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if resume and (run_dir / "config.yaml").is_file():
-            warn_of_changes(yaml.safe_load((run_dir / "config.yaml").read_text()) or {}, cfg)
-        save_config(cfg, run_dir / "config.yaml")
+    ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))
     regularization = Regularization(algo, model)
     reference = regularization.reference
     sampler = build_sampler(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import ConfigError, SFTConfig, save_config
+from rlvr.config import ConfigError, SFTConfig, make_output_dir, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
@@ -104,10 +104,13 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     ranks.copy_from_main(model)
     out_dir = Path(s.output_dir)  # written only once the model and the task have loaded
-    if ranks.main:
-        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def start() -> None:
+        make_output_dir(out_dir, "sft.output_dir")
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
         save_config(cfg, out_dir / "config.yaml")
+
+    ranks.on_main(start)
     _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in examples], tokenizer)
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
