@@ -259,3 +259,17 @@ def test_an_output_directory_that_cannot_be_made_names_its_key(tmp_path):
         assert unwrapped.startswith(f"error:{key}='{in_the_way}"), args
         assert "':cannotmakethedirectory:" in unwrapped, args
         assert in_the_way.read_text() == "not a directory\n"
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("kept\n")
+    target = in_the_way / "results.jsonl"
+    for args in (
+        ["eval", "--model", "/nowhere", "--output", str(target)],
+        ["bench", *SMALL, "model.name_or_path=/nowhere", "--output", str(target)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert "".join(result.output.split()).startswith(f"error:--output'{target}':"), args
+        assert in_the_way.read_text() == "kept\n"

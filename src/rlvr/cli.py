@@ -49,6 +49,17 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return ConfigError, DatasetError, ModelLoadError, FileNotFoundError
 
 
+def _appendable(output: Path | None) -> None:
+    """Make sure `--output` can take the result before the work that makes it begins."""
+    if output is None:
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.open("a").close()
+    except OSError as error:
+        _fail(f"--output {str(output)!r}: {error}")
+
+
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code=2)
@@ -174,6 +185,7 @@ def bench(
     """Median seconds per RL step (rollout / reward / train) and tokens per second of a config
     on this machine, after warm-up steps; nothing is kept on disk."""
     cfg = _config(args, RLConfig, preset)
+    _appendable(output)
     from rlvr.training.bench import run_bench
 
     try:
@@ -293,6 +305,7 @@ def eval_cmd(
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
 
+    _appendable(output)
     try:
         base = {"task": task, "path": data_path, "template": template, "test_size": samples}
         data = data_config(base, data_overrides or [])
