@@ -115,7 +115,8 @@ def test_nothing_in_the_band_is_an_error_and_writes_nothing(tmp_path, monkeypatc
 
 def test_band_upside_down_names_both_keys():
     with pytest.raises(
-        ConfigError, match=re.escape("curate.min_pass_rate=0.8 is above curate.max_pass_rate=0.2")
+        ConfigError,
+        match=re.escape("curate.min_pass_rate (0.8) is above curate.max_pass_rate (0.2)"),
     ):
         resolve_config(
             None, None, ["curate.min_pass_rate=0.8", "curate.max_pass_rate=0.2"], model=CurateConfig

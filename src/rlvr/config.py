@@ -24,6 +24,12 @@ class Section(BaseModel):
     )
 
 
+def _at_most(low_key: str, low: float, high_key: str, high: float) -> None:
+    """A ValueError naming both keys unless `low` <= `high`."""
+    if low > high:
+        raise ValueError(f"{low_key} ({low}) is above {high_key} ({high})")
+
+
 class TinyModelConfig(Section):
     hidden_size: int = Field(default=256, ge=1)
     """Hidden width of the built-in tiny Llama model."""
@@ -115,10 +121,7 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _arithmetic_settings(self) -> DataConfig:
-        if self.min_terms > self.max_terms:
-            raise ValueError(
-                f"data.min_terms ({self.min_terms}) is above data.max_terms ({self.max_terms})"
-            )
+        _at_most("data.min_terms", self.min_terms, "data.max_terms", self.max_terms)
         if not self.operators or set(self.operators) - set("+-"):
             raise ValueError(
                 f"data.operators {self.operators!r}: the arithmetic task draws from `+` and `-`"
@@ -163,11 +166,12 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _budget_holds_the_minimum(self) -> RolloutConfig:
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"rollout.min_new_tokens ({self.min_new_tokens}) is above "
-                f"rollout.max_new_tokens ({self.max_new_tokens})"
-            )
+        _at_most(
+            "rollout.min_new_tokens",
+            self.min_new_tokens,
+            "rollout.max_new_tokens",
+            self.max_new_tokens,
+        )
         return self
 
 
@@ -846,11 +850,9 @@ class CurateSection(Section):
 
     @model_validator(mode="after")
     def _band(self) -> CurateSection:
-        if self.min_pass_rate > self.max_pass_rate:
-            raise ValueError(
-                f"curate.min_pass_rate={self.min_pass_rate} is above "
-                f"curate.max_pass_rate={self.max_pass_rate}"
-            )
+        _at_most(
+            "curate.min_pass_rate", self.min_pass_rate, "curate.max_pass_rate", self.max_pass_rate
+        )
         return self
 
 
