@@ -113,6 +113,20 @@ def test_nothing_in_the_band_is_an_error_and_writes_nothing(tmp_path, monkeypatc
     assert not (tmp_path / "curated.jsonl").exists()
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, monkeypatch):
+    monkeypatch.setattr(curation, "load_task", lambda data: pytest.fail("the task loaded"))
+    (tmp_path / "a_file").write_text("kept\n")
+    under_a_file = tmp_path / "a_file" / "out.jsonl"
+    cfg = resolve_config(None, None, [f"curate.output={under_a_file}"], model=CurateConfig)
+    with pytest.raises(ConfigError, match=re.escape(f"'{under_a_file}': cannot make its folder")):
+        run_curate(cfg)
+    assert (tmp_path / "a_file").read_text() == "kept\n"
+    (tmp_path / "a_dir").mkdir()
+    cfg = resolve_config(None, None, [f"curate.output={tmp_path / 'a_dir'}"], model=CurateConfig)
+    with pytest.raises(ConfigError, match="is a directory; name a JSONL file"):
+        run_curate(cfg)
+
+
 def test_band_upside_down_names_both_keys():
     with pytest.raises(
         ConfigError,

@@ -69,10 +69,23 @@ def curate_row(problem: Problem, pass_rate: float) -> dict:
     return {**row, **problem.columns, "pass_rate": pass_rate}
 
 
+def _check_output(path: Path) -> None:
+    """Make the folder of `curate.output` now, so that a path that cannot take the file is
+    refused before the sampling, not after it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"curate.output={str(path)!r}: cannot make its folder: {error}") from None
+    if path.is_dir():
+        raise ConfigError(f"curate.output={str(path)!r} is a directory; name a JSONL file")
+
+
 def run_curate(cfg: CurateConfig) -> CurationSummary:
     """Deduplicate the task's training problems, measure their pass rates with the model, and
     write the problems within the band to `curate.output`."""
     c = cfg.curate
+    output = Path(c.output)
+    _check_output(output)
     task = load_task(cfg.data)
     problems = task.train[: c.max_problems] if c.max_problems else task.train
     unique = drop_duplicates(problems) if c.dedup else problems
@@ -105,7 +118,6 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
             f"({summary.too_hard} below, {summary.too_easy} above, {summary.duplicates} "
             "duplicates); widen curate.min_pass_rate / curate.max_pass_rate"
         )
-    output = Path(c.output)
     output.unlink(missing_ok=True)
     with JsonlWriter(output) as writer:
         for problem, rate, kept in zip(unique, rates, keep):
