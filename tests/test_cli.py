@@ -13,6 +13,7 @@ from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.loading import load_pretrained, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.training import preference as preference_module
 from rlvr.training import rl as rl_module
 from rlvr.training import sft as sft_module
 from tiny_run import TINY_RUN
@@ -229,9 +230,8 @@ def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_pa
     ]
     for args, message in cases:
         with monkeypatch.context() as patch:
-            if args[0] in ("train", "sft"):  # their task loads before the model
-                module = rl_module if args[0] == "train" else sft_module
-                patch.setattr(module, "load_model_and_tokenizer", no_model_before_the_data)
+            module = {"train": rl_module, "sft": sft_module, "dpo": preference_module}[args[0]]
+            patch.setattr(module, "load_model_and_tokenizer", no_model_before_the_data)
             result = runner.invoke(app, [*args, f"{args[0]}.output_dir={out}"])
         assert result.exit_code == 2, (args, result.output, result.exception)
         assert message in " ".join(result.output.split()), args

@@ -37,7 +37,7 @@ from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, DPOConfig, make_output_dir, save_config
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import load_task
+from rlvr.data.tasks import Task, load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
@@ -277,35 +277,47 @@ def _means(parts: list[dict], ranks: Ranks = ONE_PROCESS) -> dict[str, float]:
     return {key: float(torch.cat([p[key].float() for p in parts]).mean()) for key in parts[0]}
 
 
+FilePairs = tuple[list[PreferencePair], list[PreferencePair]]
+"""A pair file's training and held-out pairs, as read."""
+
+
+def _pair_source(cfg: DPOConfig) -> FilePairs | Task:
+    """The pairs of a pair file (training, held-out), or the task whose samples give them:
+    what can be read before the model loads."""
+    data, d = cfg.data, cfg.dpo
+    if data.task != "file":
+        return load_task(data)
+    if not data.path:
+        raise ConfigError("data.task=file needs data.path (a JSONL/Parquet/JSON of pairs)")
+    columns = {
+        "prompt_column": data.prompt_column,
+        "chosen_column": data.chosen_column,
+        "rejected_column": data.rejected_column,
+    }
+    train = load_preference_file(data.path, **columns)
+    if data.test_path:
+        return train, load_preference_file(data.test_path, **columns)[: d.eval_pairs]
+    if not d.eval_pairs:
+        return train, []
+    if len(train) <= d.eval_pairs:
+        raise ConfigError(
+            f"{data.path} has {len(train)} pairs, not more than dpo.eval_pairs="
+            f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
+        )
+    return train[: -d.eval_pairs], train[-d.eval_pairs :]
+
+
 def _training_pairs(
-    cfg: DPOConfig, model: torch.nn.Module, tokenizer
+    cfg: DPOConfig, source: FilePairs | Task, model: torch.nn.Module, tokenizer
 ) -> tuple[PairTokens, PairTokens | None, list[dict]]:
     """(training pairs, held-out pairs or None, the sampled pairs' records for pairs.jsonl)
-    from the file (no records) or sampled from the task."""
+    from a file's pairs (no records) or sampled from the task."""
     data, d = cfg.data, cfg.dpo
-    if data.task == "file":
-        if not data.path:
-            raise ConfigError("data.task=file needs data.path (a JSONL/Parquet/JSON of pairs)")
-        columns = {
-            "prompt_column": data.prompt_column,
-            "chosen_column": data.chosen_column,
-            "rejected_column": data.rejected_column,
-        }
-        train = load_preference_file(data.path, **columns)
-        if data.test_path:
-            held_out = load_preference_file(data.test_path, **columns)[: d.eval_pairs]
-        elif d.eval_pairs:
-            if len(train) <= d.eval_pairs:
-                raise ConfigError(
-                    f"{data.path} has {len(train)} pairs, not more than dpo.eval_pairs="
-                    f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
-                )
-            train, held_out = train[: -d.eval_pairs], train[-d.eval_pairs :]
-        else:
-            held_out = []
+    if not isinstance(source, Task):
+        train, held_out = source
         encoded = encode_pairs(held_out, data.template, tokenizer) if held_out else None
         return encode_pairs(train, data.template, tokenizer), encoded, []
-    task = load_task(data)
+    task = source
     sampling = {
         "template": data.template,
         "samples_per_prompt": d.samples_per_prompt,
@@ -349,11 +361,20 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     if d.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(d.seed)
+    source: FilePairs | Task | None = None
+
+    def read_source() -> None:  # rank 0, before the model: a bad file fails in a second
+        nonlocal source
+        source = _pair_source(cfg)
+
+    ranks.on_main(read_source)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
     ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
     out_dir = Path(d.output_dir)
-    train_pairs, eval_pairs, records = ranks.on_main(lambda: _training_pairs(cfg, model, tokenizer))
+    train_pairs, eval_pairs, records = ranks.on_main(
+        lambda: _training_pairs(cfg, source, model, tokenizer)
+    )
 
     def start() -> None:  # only once the model and the pairs have loaded: a fresh run's logs
         make_output_dir(out_dir, "dpo.output_dir")
