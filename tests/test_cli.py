@@ -273,3 +273,17 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_pa
         assert result.exit_code == 2, (args, result.output, result.exception)
         assert "".join(result.output.split()).startswith(f"error:--output'{target}':"), args
         assert in_the_way.read_text() == "kept\n"
+
+
+def test_report_to_a_path_that_cannot_be_written_is_an_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/mean": s / 4}) + "\n" for s in (1, 2))
+    )
+    (tmp_path / "a_file").write_text("kept\n")
+    result = runner.invoke(app, ["report", str(run), "--output", str(tmp_path / "a_file/r.png")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "File exists" in result.output or "Not a directory" in result.output
+    assert (tmp_path / "a_file").read_text() == "kept\n"
+    assert runner.invoke(app, ["report", str(run)]).exit_code == 0  # the run itself plots

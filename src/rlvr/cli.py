@@ -379,6 +379,6 @@ def report(
     out = output or run_dirs[0] / "report.png"
     try:
         plot_runs(run_dirs, out, metric or None, smoothing=smoothing)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a missing run, or an --output it cannot write
         _fail(str(exc))
     console.print(f"wrote {out}")
