@@ -12,7 +12,7 @@ from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
-from rlvr.training.rl import NonFiniteError, train
+from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 
 CONTRACT_METRICS = [
@@ -237,3 +237,13 @@ def test_gradient_checkpointing_without_the_fused_forward_is_a_config_error(tmp_
     with pytest.raises(ConfigError, match=r"train\.gradient_checkpointing: .*fused forward"):
         train(cfg, show_progress=False)
     assert not (tmp_path / "hf").exists()  # nothing written, no earlier run's config replaced
+
+
+@pytest.mark.parametrize("preset", ["grpo", "rloo", "reinforce_pp"])
+def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset):
+    overrides = [f"train.output_dir={tmp_path}", "rollout.samples_per_prompt=1"]
+    with pytest.raises(ConfigError, match=r"rollout\.samples_per_prompt=1 would train nothing"):
+        train(resolve_config(preset=preset, overrides=overrides), show_progress=False)
+    assert not tmp_path.joinpath("config.yaml").exists()
+    for alone in ("algorithm.advantage=reinforce_pp", "algorithm.advantage=gae"):
+        check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))

@@ -30,6 +30,10 @@ from rlvr.algorithms.registry import ADVANTAGES
 
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
+GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline"})
+"""The estimators that compare each sample with the others of its prompt: with one sample per
+prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
+
 
 def _check_inputs(rewards: Tensor, group_ids: Tensor, std_normalization: str) -> None:
     check_grouped(rewards, group_ids)

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
+from rlvr.algorithms.advantages import GROUP_BASELINES
 from rlvr.config import ConfigError, RLConfig, changed_settings, make_output_dir, save_config
 from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
@@ -66,7 +67,8 @@ class NonFiniteError(RuntimeError):
 
 def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
-    rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads."""
+    rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads;
+    refuse a group baseline with one sample per prompt."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
@@ -79,6 +81,12 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+    if cfg.algorithm.advantage in GROUP_BASELINES and cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError(
+            f"algorithm.advantage={cfg.algorithm.advantage!r} compares each sample with the "
+            "others of its prompt, so rollout.samples_per_prompt=1 would train nothing; "
+            "sample at least 2, or set algorithm.advantage=reinforce_pp (or gae)"
+        )
 
 
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
