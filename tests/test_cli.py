@@ -13,9 +13,7 @@ from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.loading import load_pretrained, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training import preference as preference_module
-from rlvr.training import rl as rl_module
-from rlvr.training import sft as sft_module
+from rlvr.training import preference as preference_module, rl as rl_module, sft as sft_module
 from tiny_run import TINY_RUN
 
 runner = CliRunner()

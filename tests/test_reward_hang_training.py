@@ -17,8 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from rlvr.config import resolve_config
-from rlvr.rewards import compose_rewards, math_reward, register_reward
-from rlvr.rewards import registry as registry_module
+from rlvr.rewards import compose_rewards, math_reward, register_reward, registry as registry_module
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
 from tiny_run import TINY_RUN

@@ -17,8 +17,8 @@ from rlvr.rewards import (
     list_rewards,
     math_reward,
     register_reward,
+    registry as registry_module,
 )
-from rlvr.rewards import registry as registry_module
 
 
 @pytest.fixture

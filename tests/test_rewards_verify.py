@@ -22,8 +22,8 @@ from rlvr.rewards import (
     math_score,
     normalize_answer,
     parse_number,
+    verify as verify_module,
 )
-from rlvr.rewards import verify as verify_module
 from rlvr.rewards.verify import _run_with_timeout
 
 MATCH_CASES = [

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers import PreTrainedTokenizerBase as Tokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase as Tokenizer,
+)
 
 from rlvr.config import ModelConfig
 from rlvr.models import fused, lora

@@ -62,8 +62,7 @@ def add_lora(model: nn.Module, cfg: LoraConfig, base_name: str | None = None) ->
     """Inject trainable rank-`cfg.rank` adapters into `model` (in place) and freeze the rest.
 
     `base_name` is recorded in the adapter's config as the model it adapts."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import inject_adapter_in_model
+    from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
 
     config = PeftLoraConfig(
         r=cfg.rank,

@@ -33,8 +33,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 

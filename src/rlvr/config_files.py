@@ -1,0 +1,212 @@
+"""Reading and writing the configuration tree: YAML presets and files, dotted command-line
+overrides, errors that name the source and the key, the saved `config.yaml`, and the rows of
+`--help-config`. The tree's sections themselves are in `rlvr.config`, which re-exports these.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file, preset or override that does not fit the config tree."""
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(_valid_keys(annotation, prefix + name + "."))
+    return keys
+
+
+def _explain(error: ValidationError, root: type[BaseModel], source: str) -> ConfigError:
+    valid = _valid_keys(root)
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            lines.append(f"unknown config key {key!r}{hint}")
+        elif item["type"] == "value_error":
+            lines.append(f"config key {key!r}: {item['ctx']['error']}")
+        else:
+            lines.append(f"config key {key!r}: {item['msg']}")
+    return ConfigError(f"{source}: " + "; ".join(lines))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``algorithm.clip.high=0.28`` -> (["algorithm", "clip", "high"], 0.28) with YAML typing."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"override {text!r}: the value is not valid YAML ({first}); a string that YAML "
+            f"cannot read as it is goes in quotes: {key}='\"{raw}\"'"
+        ) from None
+    return key.strip().split("."), value
+
+
+def _set_nested(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """Recursive dict merge; values of `update` win."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+RL_PRESETS = "rlvr.presets"
+"""Package of the online-RL presets (`rlvr train --preset`)."""
+PREFERENCE_PRESETS = "rlvr.presets.preference"
+"""Package of the offline preference presets (`rlvr dpo --preset`)."""
+
+
+def preset_names(package: str = RL_PRESETS) -> list[str]:
+    """Names of the YAML presets shipped in `package` (the RL presets by default)."""
+    folder = resources.files(package)
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str, package: str = RL_PRESETS) -> dict:
+    """The raw dict of a shipped preset (its `paper` and `description` keys removed)."""
+    names = preset_names(package)
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint} (available: {', '.join(names)})")
+    text = resources.files(package).joinpath(f"{name}.yaml").read_text()
+    tree = yaml.safe_load(text) or {}
+    tree.pop("paper", None)
+    tree.pop("description", None)
+    tree["preset"] = name
+    return tree
+
+
+def preset_info(name: str, package: str = RL_PRESETS) -> tuple[str, str]:
+    """(description, paper) of a shipped preset, for `rlvr presets`."""
+    text = resources.files(package).joinpath(f"{name}.yaml").read_text()
+    tree = yaml.safe_load(text) or {}
+    return str(tree.get("description", "")), str(tree.get("paper", ""))
+
+
+def build_config(
+    model: type[BaseModel],
+    config_path: str | Path | None = None,
+    preset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict | None = None,
+    preset_package: str = RL_PRESETS,
+) -> Any:
+    """A `model` from, merged in order: `base`, the preset (of `preset_package`), the YAML file,
+    then the dotted overrides; validated, or a `ConfigError` naming the source and the key."""
+    tree: dict = dict(base or {})
+    if preset:
+        tree = deep_merge(tree, load_preset(preset, preset_package))
+    source = "config"
+    if config_path is not None:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config sections")
+        if "preset" in loaded and isinstance(loaded["preset"], str) and not preset:
+            tree = deep_merge(tree, load_preset(loaded["preset"], preset_package))
+        tree = deep_merge(tree, loaded)
+        source = str(path)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_nested(tree, key, value)
+        source = f"{source} + overrides" if "overrides" not in source else source
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        raise _explain(exc, model, source) from None
+
+
+def make_output_dir(path: Path, key: str) -> None:
+    """``mkdir -p`` the directory `key` names, or a `ConfigError` naming the key and the reason
+    (a file in the way, a parent that is a file, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{key}={str(path)!r}: cannot make the directory: {error}") from None
+
+
+def save_config(config: BaseModel, path: Path) -> None:
+    """Write the fully resolved config as YAML."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    leaves: dict[str, Any] = {}
+    for key, value in tree.items():
+        leaves.update(_leaves(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}"))
+    return leaves
+
+
+def changed_settings(saved: dict, config: BaseModel, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key: old -> new`` for each setting of `config` that differs from the `saved` tree (a
+    run's config.yaml), leaving out the keys in `ignore`."""
+    before, after = _leaves(saved), _leaves(config.model_dump(mode="json"))
+    return [
+        f"{key}: {before.get(key)!r} -> {value!r}"
+        for key, value in after.items()
+        if key not in ignore and before.get(key) != value
+    ]
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default with its allowed range, docstring) for every leaf field, for
+    `--help-config`: ``1.0 (> 0)``."""
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe_fields(annotation, prefix + name + "."))
+        else:
+            default = field.default if field.default_factory is None else field.default_factory()
+            bounds = [
+                f"{sign} {getattr(limit, attribute)}"
+                for limit in field.metadata
+                for attribute, sign in _BOUNDS.items()
+                if hasattr(limit, attribute)
+            ]
+            shown = repr(default) + (f" ({', '.join(bounds)})" if bounds else "")
+            rows.append((prefix + name, shown, field.description or ""))
+    return rows
