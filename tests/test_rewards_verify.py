@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -147,6 +148,20 @@ def test_a_crashed_worker_raises_verifier_error_and_the_pool_recovers() -> None:
         _run_with_timeout(os._exit, (3,), 10.0)
     assert not isinstance(info.value, VerifierTimeout)
     assert _run_with_timeout(divmod, (5, 5), 10.0) == (1, 0)
+
+
+def test_the_workers_outlive_a_ctrl_c_at_the_terminal() -> None:
+    """Ctrl-C reaches the whole process group; a run that stops after its step still needs the
+    workers for that step's rewards (`rlvr.training.stopping`)."""
+    assert _run_with_timeout(divmod, (7, 2), 10.0) == (3, 1)
+    pool, generation = verify_module._get_pool()
+    workers = list(pool._processes.values())
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert all(worker.is_alive() for worker in workers)
+    assert _run_with_timeout(divmod, (9, 4), 10.0) == (2, 1)
+    assert verify_module._get_pool() == (pool, generation)  # the same pool served it
 
 
 def test_answers_match_times_out_on_a_hanging_verifier(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from rlvr.config import (
     preset_names,
     resolve_config,
 )
+
+if TYPE_CHECKING:
+    from rlvr.training.stopping import RunStopped
 
 app = typer.Typer(
     add_completion=False,
@@ -128,14 +131,28 @@ def train(
     cfg = _config(args, RLConfig, preset)
     from rlvr.tracking.report import plot_runs
     from rlvr.training.rl import train as run_train
+    from rlvr.training.stopping import RunStopped
 
+    stopped = None
     try:
         run_dir = run_train(cfg, resume=resume)
+    except RunStopped as exc:
+        run_dir, stopped = Path(cfg.train.output_dir), exc
     except _user_errors() as exc:
         _fail(str(exc))
     if _main_process():
         plot_runs([run_dir], run_dir / "report.png")
         console.print(f"run directory: {run_dir} (curves in report.png)")
+    if stopped is not None:
+        _stop(stopped, "rlvr train with the same arguments and --resume continues it")
+
+
+def _stop(stopped: RunStopped, how_to_continue: str) -> None:
+    """Report a run that stopped on a signal (`rlvr.training.stopping`) and exit as the shell
+    expects of a process that signal ended."""
+    if _main_process():
+        console.print(f"[bold yellow]{escape(str(stopped))}[/]; {escape(how_to_continue)}")
+    raise typer.Exit(code=stopped.exit_code)
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -151,10 +168,13 @@ def sweep(
     """One RL run per point of a grid (key=v1,v2 and --preset a,b are axes), then an overlaid
     report.png and a summary table; finished runs are not run again."""
     config_path, overrides = _split_args(args or [])
+    from rlvr.training.stopping import RunStopped
     from rlvr.training.sweep import run_sweep
 
     try:
         rows = run_sweep(config_path, preset, overrides, output_dir)
+    except RunStopped as exc:
+        _stop(exc, "the same rlvr sweep command continues the sweep from it")
     except _user_errors() as exc:
         _fail(str(exc))
     table = Table("run", "steps", "accuracy", "reward/mean", "eval/pass@1", "seconds")
@@ -340,9 +360,12 @@ def demo(
 ) -> None:
     """The embedded default: tiny model, cold-start SFT, eval, GRPO, eval again, report."""
     from rlvr.demo import run_demo
+    from rlvr.training.stopping import RunStopped
 
     try:
         run_demo(output_dir)
+    except RunStopped as exc:
+        _stop(exc, "rlvr demo starts over when run again")
     except _user_errors() as exc:
         _fail(str(exc))
 

@@ -410,7 +410,7 @@ class TrainConfig(Section):
     output_dir: str = "runs/rl"
     """Run directory."""
     save_every: int = Field(default=0, ge=0)
-    """Checkpoint every N steps (0 = only at the end)."""
+    """Checkpoint every N steps (0 = only at the end, or when SIGINT/SIGTERM stops the run)."""
     log_samples: int = Field(default=4, ge=0)
     """Prompt/completion examples written to samples.jsonl per step."""
     log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)

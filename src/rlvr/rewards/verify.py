@@ -35,7 +35,9 @@ timeout the pool's workers are killed, the pool is recreated on the next call, a
 *concurrent* call timed out is retried once with a fresh timeout, so one hang costs only its own
 score. A worker that dies on its own (e.g. out of memory) raises `VerifierError` (the parent
 of `VerifierTimeout`); a pool that cannot start at all raises a plain `RuntimeError`. Verdicts
-(not timeouts) are cached, since the samples of one group often share an answer.
+(not timeouts) are cached, since the samples of one group often share an answer. The workers
+ignore SIGINT: a Ctrl-C at the terminal reaches the whole process group, and the parent decides
+what it means (`rlvr.training.stopping` finishes the step, whose rewards need the workers).
 
 So with ``forkserver`` a script that calls the verifier needs no ``if __name__ ==
 "__main__":`` guard; with ``spawn`` (no fork server: macOS, Windows) it needs one, as with
@@ -51,6 +53,7 @@ import multiprocessing
 import multiprocessing.spawn
 import os
 import re
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
@@ -374,7 +377,12 @@ def _get_pool() -> tuple[ProcessPoolExecutor, int]:
     global _pool
     with _pool_lock:
         if _pool is None:
-            pool = ProcessPoolExecutor(max_workers=_WORKERS, mp_context=_context())
+            pool = ProcessPoolExecutor(
+                max_workers=_WORKERS,
+                mp_context=_context(),
+                initializer=signal.signal,
+                initargs=(signal.SIGINT, signal.SIG_IGN),
+            )
             try:  # start the workers now, so start-up time never counts against a timeout
                 with _main_path_for_fork_server():  # the fork server starts with the first one
                     pool.submit(_ping).result(timeout=_STARTUP_TIMEOUT_S)

@@ -56,6 +56,7 @@ from rlvr.training.optim import (
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
 from rlvr.training.sampling import collect_step, config_filters, config_for_step
+from rlvr.training.stopping import RunStopped, StopOnSignal
 from rlvr.training.update import LossSettings, minibatch_backward
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
@@ -262,7 +263,8 @@ def _train(
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl" if ranks.main else os.devnull)
     samples_log = JsonlWriter(run_dir / "samples.jsonl" if ranks.main else os.devnull)
     progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress and ranks.main)
-    with metrics_log, samples_log, progress, loggers:
+    stop = StopOnSignal(announce=ranks.main)  # SIGINT/SIGTERM: end this step with a checkpoint
+    with metrics_log, samples_log, progress, loggers, stop:
         if start_step == 0:
             evaluate_after(0)
         for step in range(start_step + 1, cfg.train.steps + 1):
@@ -369,11 +371,16 @@ def _train(
                 )
             progress.update(step, metrics)
             evaluate_after(step)
-            if (cfg.train.save_every and step % cfg.train.save_every == 0) or (
-                step == cfg.train.steps
+            received = stop.agreed(ranks) if step < cfg.train.steps else None
+            if (
+                (cfg.train.save_every and step % cfg.train.save_every == 0)
+                or step == cfg.train.steps
+                or received is not None
             ):
                 sharding.check_in_sync(model, ranks, f"step {step}")
                 state, weights = checkpoint_state(), sharding.whole_state(model)
                 if ranks.main:
                     save_checkpoint(run_dir, step, model, tokenizer, state, weights)
+            if received is not None:
+                raise RunStopped(received, step, run_dir / "checkpoints" / f"step-{step}")
     return run_dir

@@ -6,9 +6,10 @@ An override whose value has commas outside brackets and quotes is an axis
 (``algorithm.clip.high=0.2,0.28``, Hydra's multirun syntax); ``train.log_to=[tensorboard,wandb]``
 stays one value. ``--preset grpo,dr_grpo`` is an axis of presets. Every point's config is
 resolved before the first run starts, so a typo fails at once. The runs go one after another
-into ``OUTPUT_DIR/<name>``, the name made of the point's values; a run whose directory already
-holds its final checkpoint under the same resolved config is not run again, so an interrupted
-sweep continues where it stopped.
+into ``OUTPUT_DIR/<name>``, the name made of the point's values. A run whose directory already
+holds its final checkpoint under the same resolved config is not run again, and one stopped
+part-way (Ctrl-C or SIGTERM save a checkpoint, `rlvr.training.stopping`) is resumed from its
+latest checkpoint, so an interrupted sweep continues where it stopped.
 """
 
 from __future__ import annotations
@@ -98,14 +99,17 @@ def sweep_points(
     return points
 
 
-def is_complete(point: SweepPoint) -> bool:
-    """The run directory holds the final checkpoint of this very config."""
+def saved_step(point: SweepPoint) -> int:
+    """The step of the latest checkpoint in the point's run directory when that run has this
+    very config, else 0 (a run to start afresh)."""
     run_dir = Path(point.config.train.output_dir)
     checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None or checkpoint.name != f"step-{point.config.train.steps}":
-        return False
+    if checkpoint is None or not (run_dir / "config.yaml").is_file():
+        return 0
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return saved == point.config.model_dump(mode="json")
+    if saved != point.config.model_dump(mode="json"):
+        return 0
+    return int(checkpoint.name.split("-")[1])
 
 
 def summarize(point: SweepPoint) -> dict:
@@ -137,11 +141,13 @@ def run_sweep(
     `output_dir`; return the summary rows."""
     points = sweep_points(config_path, presets, overrides, output_dir)
     for index, point in enumerate(points, start=1):
-        if is_complete(point):
+        step = saved_step(point)
+        if step >= point.config.train.steps:
             continue
         if show_progress:
-            print(f"sweep run {index}/{len(points)}: {point.name}", flush=True)
-        train(point.config, show_progress=show_progress)
+            after = f" (resumed after step {step})" if step else ""
+            print(f"sweep run {index}/{len(points)}: {point.name}{after}", flush=True)
+        train(point.config, resume=step > 0, show_progress=show_progress)
     rows = [summarize(point) for point in points]
     (output_dir / "summary.jsonl").unlink(missing_ok=True)
     with JsonlWriter(output_dir / "summary.jsonl") as writer:
