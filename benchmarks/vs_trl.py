@@ -34,6 +34,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -429,7 +430,9 @@ def worker(spec_path: Path) -> None:
 
 
 def launch(spec: RunSpec, workdir: Path) -> dict:
-    """Run `spec` in a fresh Python process; return its result."""
+    """Run `spec` in a fresh Python process into an empty output directory (a rerun into the
+    same --workdir starts over); return its result."""
+    shutil.rmtree(spec.output_dir, ignore_errors=True)
     spec_path = workdir / f"spec-{Path(spec.output_dir).name}.json"
     spec_path.write_text(json.dumps(asdict(spec)))
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}

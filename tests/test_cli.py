@@ -106,6 +106,9 @@ def test_train_then_report_then_eval(tmp_path):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run_dir / "report.png").read_bytes()[:4] == b"\x89PNG"  # `train` plots its curves
     (run_dir / "report.png").unlink()
+    again = runner.invoke(app, ["train", *SMALL, f"train.output_dir={run_dir}"])
+    assert again.exit_code == 2 and "holds an earlier run" in " ".join(again.output.split())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
     result = runner.invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output

@@ -8,15 +8,21 @@ import json
 
 from rlvr.demo import run_demo
 from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.checkpoint import STATE_FILE
 
 
 def test_demo_pipeline_writes_summary_eval_and_report(tmp_path):
+    earlier = tmp_path / "rl" / "checkpoints" / "step-5"  # an earlier, longer demo's last one
+    earlier.mkdir(parents=True)
+    (earlier / STATE_FILE).write_bytes(b"")
     summary = run_demo(tmp_path, sft_steps=20, rl_steps=2, eval_problems=10)
     assert set(summary["before"]) == set(summary["after"])
     assert {"pass@1", "pass@8", "maj@8"} <= set(summary["after"])
     assert 0.0 <= summary["after"]["pass@1"] <= 1.0
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    stages = [row["stage"] for row in read_jsonl(tmp_path / "eval.jsonl")]
-    assert stages == ["before_rl", "after_rl"]
+    rows = read_jsonl(tmp_path / "eval.jsonl")
+    assert [row["stage"] for row in rows] == ["before_rl", "after_rl"]
+    assert rows[1]["model"] == str(tmp_path / "rl" / "checkpoints" / "step-2")  # this run's
+    assert not earlier.exists()  # a rerun starts over
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
     assert [m["step"] for m in read_jsonl(tmp_path / "rl" / "metrics.jsonl")] == [1, 2]

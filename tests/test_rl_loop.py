@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
+from rlvr.training import rl
 from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 
@@ -194,8 +196,15 @@ def test_resume_names_the_settings_that_differ_from_the_run(tmp_path):
     assert "high: 0.28" in (tmp_path / "config.yaml").read_text()
 
 
-def test_resume_without_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+def test_a_run_directory_never_mixes_two_runs(tmp_path, monkeypatch):
+    run_dir = train(small_config(tmp_path, "train.steps=1"), show_progress=False)
+    logged = (run_dir / "metrics.jsonl").read_text()
+    monkeypatch.setattr(rl, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded"))
+    earlier = re.escape(f"train.output_dir='{tmp_path}' holds an earlier run (checkpoint step-1)")
+    with pytest.raises(ConfigError, match=earlier + ".*--resume"):
+        train(small_config(tmp_path, "train.steps=2", "train.lr=0.1"), show_progress=False)
+    assert (run_dir / "metrics.jsonl").read_text() == logged  # the earlier run keeps its logs
+    with pytest.raises(FileNotFoundError, match="--resume: no complete checkpoint"):
         train(small_config(tmp_path / "none", "train.steps=1"), resume=True, show_progress=False)
 
 

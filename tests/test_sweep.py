@@ -87,10 +87,22 @@ def test_sweep_runs_summarizes_reports_and_skips_finished_runs(tmp_path, monkeyp
     run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
     assert ran == []
     shutil.rmtree(tmp_path / "dr_grpo-train.seed=1" / "checkpoints" / "step-2")
+    run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    assert ran == [1]  # no checkpoint left: run from the start
+    # checkpoints written under other settings: refused before any run, naming what differs
     saved = tmp_path / "dr_grpo-train.seed=0" / "config.yaml"
     saved.write_text(saved.read_text().replace("lr: 0.001", "lr: 0.002"))
-    run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
-    assert ran == [0, 1]
+    other = (
+        re.escape("dr_grpo-train.seed=0: ")
+        + ".* holds checkpoints of another run "
+        + (re.escape("(train.lr: 0.002 -> 0.001)"))
+    )
+    with pytest.raises(ConfigError, match=other):
+        run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    saved.unlink()
+    with pytest.raises(ConfigError, match=re.escape("(its config.yaml is missing)")):
+        run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
+    assert ran == [1]
 
 
 def test_cli_sweep(tmp_path):

@@ -8,6 +8,7 @@ and RL has something to sharpen; the held-out pass@1 before and after RL is the 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def run_demo(
     console.rule(f"2/4 evaluate the SFT model on {len(held_out)} held-out problems")
     before = evaluate_model_dir(sft_dir, rl_cfg, held_out, task.reward)
     console.rule("3/4 GRPO")
+    shutil.rmtree(output_dir / "rl" / "checkpoints", ignore_errors=True)  # a rerun starts over
     run_dir = train(rl_cfg)
     console.rule("4/4 evaluate the RL model")
     after = evaluate_model_dir(latest_checkpoint(run_dir), rl_cfg, held_out, task.reward)

@@ -90,6 +90,23 @@ def check_choices(cfg: RLConfig) -> None:
         )
 
 
+def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint `--resume` continues (None for a fresh run). Refuses to mix two runs in
+    one directory: a fresh run where an earlier one saved checkpoints (its logs would be
+    replaced and a later `--resume` would continue the earlier weights), or `--resume` where
+    no checkpoint was saved."""
+    checkpoint = latest_checkpoint(run_dir)
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+    if not resume and checkpoint is not None:
+        raise ConfigError(
+            f"train.output_dir={str(run_dir)!r} holds an earlier run (checkpoint "
+            f"{checkpoint.name}); continue it with --resume, or choose another "
+            "train.output_dir, or delete that folder"
+        )
+    return checkpoint
+
+
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
     """Make the run directory and write its config.yaml (on rank 0)."""
     make_output_dir(run_dir, "train.output_dir")
@@ -155,6 +172,8 @@ def _train(
     algo, r = cfg.algorithm, cfg.rollout
 
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
+    run_dir = Path(cfg.train.output_dir)
+    checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume))
     every = cfg.eval.every_steps
     held_out = task.test[: cfg.eval.samples] if every else []
     if every and not held_out:
@@ -169,8 +188,7 @@ def _train(
             fused.enable_activation_checkpointing(model)
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
-    run_dir = Path(cfg.train.output_dir)  # written only once the model and the task fit
-    ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))
+    ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))  # once the model and task fit
     regularization = Regularization(algo, model)
     reference = regularization.reference
     sampler = build_sampler(
@@ -196,10 +214,7 @@ def _train(
     )
     start_step, bad_steps = 0, 0
     reward_errors_shown = False
-    if resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+    if checkpoint is not None:
         load_model_weights(model, checkpoint)
         state = load_trainer_state(checkpoint)
         load_optimizer_state(optimizer, state["optimizer"], model)

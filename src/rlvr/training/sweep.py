@@ -8,8 +8,10 @@ stays one value. ``--preset grpo,dr_grpo`` is an axis of presets. Every point's 
 resolved before the first run starts, so a typo fails at once. The runs go one after another
 into ``OUTPUT_DIR/<name>``, the name made of the point's values. A run whose directory already
 holds its final checkpoint under the same resolved config is not run again, and one stopped
-part-way (Ctrl-C or SIGTERM save a checkpoint, `rlvr.training.stopping`) is resumed from its
-latest checkpoint, so an interrupted sweep continues where it stopped.
+part-way (Ctrl-C or SIGTERM save a checkpoint, `rlvr.training.stopping`) or given more
+``train.steps`` is resumed from its latest checkpoint, so an interrupted sweep continues where
+it stopped. A directory with checkpoints of another config stops the sweep before its first
+run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from rlvr.config import ConfigError, RLConfig, resolve_config
+from rlvr.config import ConfigError, RLConfig, changed_settings, resolve_config
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import load_run_metrics, plot_runs
 from rlvr.training.checkpoint import latest_checkpoint
@@ -100,15 +102,26 @@ def sweep_points(
 
 
 def saved_step(point: SweepPoint) -> int:
-    """The step of the latest checkpoint in the point's run directory when that run has this
-    very config, else 0 (a run to start afresh)."""
+    """The step of the latest checkpoint in the point's run directory (0: none, a run to
+    start). Its config may differ in `train.steps` alone, as for `rlvr train --resume`; a
+    directory whose checkpoints another config wrote is a `ConfigError` naming what differs,
+    since running the point would mix two runs in it."""
     run_dir = Path(point.config.train.output_dir)
     checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None or not (run_dir / "config.yaml").is_file():
+    if checkpoint is None:
         return 0
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    if saved != point.config.model_dump(mode="json"):
-        return 0
+    saved_path = run_dir / "config.yaml"
+    saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
+    if not saved:
+        changed = ["its config.yaml is missing"]
+    else:
+        changed = changed_settings(saved, point.config, ignore=("train.steps",))
+    if changed:
+        shown = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+        raise ConfigError(
+            f"sweep point {point.name}: {run_dir} holds checkpoints of another run ({shown}); "
+            "choose another --output-dir, or delete that folder"
+        )
     return int(checkpoint.name.split("-")[1])
 
 
@@ -140,8 +153,8 @@ def run_sweep(
     """Run every point not already complete, then write `summary.jsonl` and `report.png` in
     `output_dir`; return the summary rows."""
     points = sweep_points(config_path, presets, overrides, output_dir)
-    for index, point in enumerate(points, start=1):
-        step = saved_step(point)
+    saved = [saved_step(point) for point in points]  # every directory checked before a run
+    for index, (point, step) in enumerate(zip(points, saved, strict=True), start=1):
         if step >= point.config.train.steps:
             continue
         if show_progress:
