@@ -1,6 +1,7 @@
 """Tiny model, HF-format round trip, the rollout engine and the training-side log-probs."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -52,6 +53,15 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match=r"missing config\.json"):
         load_pretrained(str(tmp_path / "empty"))
+
+
+def test_a_damaged_weights_file_is_a_clear_error(tiny, tmp_path):
+    save_pretrained(*tiny, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short
+    cut = re.escape(f"model.name_or_path '{tmp_path / 'm'}': a weights file cannot be read")
+    with pytest.raises(ModelLoadError, match=cut + ".*damaged or cut short"):
+        load_pretrained(str(tmp_path / "m"))
 
 
 def test_model_device_resolves_or_names_the_key():

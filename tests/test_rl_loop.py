@@ -14,6 +14,7 @@ from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import rl
+from rlvr.training.checkpoint import STATE_FILE, CheckpointError
 from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 
@@ -206,6 +207,28 @@ def test_a_run_directory_never_mixes_two_runs(tmp_path, monkeypatch):
     assert (run_dir / "metrics.jsonl").read_text() == logged  # the earlier run keeps its logs
     with pytest.raises(FileNotFoundError, match="--resume: no complete checkpoint"):
         train(small_config(tmp_path / "none", "train.steps=1"), resume=True, show_progress=False)
+
+
+def test_a_checkpoint_that_cannot_be_loaded_is_named(tmp_path):
+    step = train(small_config(tmp_path, "train.steps=1"), show_progress=False) / "checkpoints"
+    step = step / "step-1"
+    weights, state = step / "model.safetensors", step / STATE_FILE
+    good = weights.read_bytes()
+    weights.write_bytes(good[:1000])  # cut short, as by a full disk outside rlvr's atomic save
+    damaged = ".*delete that folder and --resume continues from the checkpoint before it"
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"{step}: the weights cannot be read") + damaged
+    ):
+        train(small_config(tmp_path, "train.steps=2"), resume=True, show_progress=False)
+    weights.write_bytes(good)
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=re.escape(f"{state} cannot be read") + damaged):
+        train(small_config(tmp_path, "train.steps=2"), resume=True, show_progress=False)
+    other_shape = small_config(tmp_path, "train.steps=2", "model.tiny.hidden_size=16")
+    misfit = re.escape(f"{step}: the weights do not fit this run's model (size mismatch")
+    changed = pytest.warns(UserWarning, match="model.tiny.hidden_size: 32 -> 16")
+    with changed, pytest.raises(CheckpointError, match=misfit + ".*the model settings the run"):
+        train(other_shape, resume=True, show_progress=False)
 
 
 def test_non_finite_rewards_skip_steps_then_stop(tmp_path):

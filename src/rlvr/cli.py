@@ -48,8 +48,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors caused by bad input: shown as one clear line, not a traceback."""
     from rlvr.data.loaders import DatasetError
     from rlvr.models.loading import ModelLoadError
+    from rlvr.training.checkpoint import CheckpointError
 
-    return ConfigError, DatasetError, ModelLoadError, FileNotFoundError
+    return ConfigError, DatasetError, ModelLoadError, CheckpointError, FileNotFoundError
 
 
 def _appendable(output: Path | None) -> None:

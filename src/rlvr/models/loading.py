@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -86,6 +87,11 @@ def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrain
             f"model.name_or_path {name_or_path!r} could not be loaded ({exc}); give a local "
             "model directory, or `tiny` for the built-in model, when the hub is unreachable"
         ) from exc
+    except SafetensorError as exc:
+        raise ModelLoadError(
+            f"model.name_or_path {name_or_path!r}: a weights file cannot be read ({exc}); it "
+            "is damaged or cut short"
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

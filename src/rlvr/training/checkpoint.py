@@ -6,6 +6,7 @@ when complete, so resume never sees a half-written folder (a stale `.tmp` is ign
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM
 
 from rlvr.models import lora
@@ -69,16 +71,41 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint whose files cannot be read, or whose weights do not fit the run's model."""
+
+
+DAMAGED = "damaged; delete that folder and --resume continues from the checkpoint before it"
+
+
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """The trainer state saved next to the model weights."""
-    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    path = checkpoint / STATE_FILE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise CheckpointError(f"{path} cannot be read ({error}): {DAMAGED}") from None
 
 
 def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     """Load a checkpoint's weights into `model`: its adapter for a LoRA model (whose base
     weights are those it was loaded with), else the saved model's weights."""
-    if lora.has_lora(model):
-        lora.load_adapter(model, checkpoint)
-        return
-    weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
-    sharding.load_whole_state(model, weights.state_dict())
+    try:
+        if lora.has_lora(model):
+            lora.load_adapter(model, checkpoint)
+            return
+        weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(
+            f"{checkpoint}: the weights cannot be read ({error}): {DAMAGED}"
+        ) from None
+    except ValueError as error:  # an adapter of another rank or target modules
+        raise CheckpointError(str(error)) from None
+    try:
+        sharding.load_whole_state(model, weights.state_dict())
+    except RuntimeError as error:  # another shape: the model settings changed since
+        first = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), "")
+        raise CheckpointError(
+            f"{checkpoint}: the weights do not fit this run's model ({first}); resume with "
+            "the model settings the run was saved with"
+        ) from None
