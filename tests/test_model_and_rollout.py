@@ -16,6 +16,7 @@ from rlvr.training.batching import (
     forward_logits_shared_prefix,
     token_budget_micro_batches,
 )
+from rlvr.training.checkpoint import STATE_FILE
 from rlvr.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
@@ -53,6 +54,14 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match=r"missing config\.json"):
         load_pretrained(str(tmp_path / "empty"))
+    run_checkpoint = tmp_path / "run" / "checkpoints" / "step-3"
+    run_checkpoint.mkdir(parents=True)
+    (run_checkpoint / STATE_FILE).write_bytes(b"")
+    hint = re.escape(
+        f"config.json); a run directory: give one of its checkpoints, e.g. {run_checkpoint}"
+    )
+    with pytest.raises(ModelLoadError, match=hint):
+        load_pretrained(str(tmp_path / "run"))
 
 
 def test_a_damaged_weights_file_is_a_clear_error(tiny, tmp_path):

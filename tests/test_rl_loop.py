@@ -14,7 +14,7 @@ from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import rl
-from rlvr.training.checkpoint import STATE_FILE, CheckpointError
+from rlvr.training.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint
 from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 
@@ -207,6 +207,23 @@ def test_a_run_directory_never_mixes_two_runs(tmp_path, monkeypatch):
     assert (run_dir / "metrics.jsonl").read_text() == logged  # the earlier run keeps its logs
     with pytest.raises(FileNotFoundError, match="--resume: no complete checkpoint"):
         train(small_config(tmp_path / "none", "train.steps=1"), resume=True, show_progress=False)
+
+
+def test_the_latest_checkpoint_is_the_complete_one_with_the_highest_step(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    folder = tmp_path / "checkpoints"
+    for name, complete in [
+        ("step-2", True),
+        ("step-10", True),
+        ("step-11", False),  # no trainer state: not a checkpoint
+        ("step-best", True),  # a user's copy
+        ("step-²", True),
+        (".step-12.tmp", True),  # a save in progress
+    ]:
+        (folder / name).mkdir(parents=True)
+        if complete:
+            (folder / name / STATE_FILE).write_bytes(b"")
+    assert latest_checkpoint(tmp_path) == folder / "step-10"
 
 
 def test_a_checkpoint_that_cannot_be_loaded_is_named(tmp_path):

@@ -75,9 +75,13 @@ def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrain
     path = Path(name_or_path)
     looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
+        from rlvr.training.checkpoint import latest_checkpoint  # which imports this module
+
+        latest = latest_checkpoint(path)
+        hint = f"; a run directory: give one of its checkpoints, e.g. {latest}" if latest else ""
         raise ModelLoadError(
             f"model.name_or_path {name_or_path!r}: no Hugging Face model there "
-            f"({'missing config.json' if path.is_dir() else 'path does not exist'})"
+            f"({'missing config.json' if path.is_dir() else 'path does not exist'}){hint}"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)

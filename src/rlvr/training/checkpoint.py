@@ -63,12 +63,14 @@ def save_checkpoint(
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The complete checkpoint with the highest step, or None."""
+    """The complete checkpoint (`step-N` with its trainer state) with the highest step, or
+    None; other folders (a copy named `step-best`, say) are not checkpoints."""
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return None
-    done = [p for p in folder.glob("step-*") if (p / STATE_FILE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+    steps = {p: p.name.removeprefix("step-") for p in folder.glob("step-*")}
+    done = {int(n): p for p, n in steps.items() if n.isdecimal() and (p / STATE_FILE).is_file()}
+    return done[max(done)] if done else None
 
 
 class CheckpointError(ValueError):
