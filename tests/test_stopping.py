@@ -104,15 +104,22 @@ def test_a_signal_in_the_last_step_ends_the_run_as_usual(tmp_path):
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
 
 
-PRESSED: list[None] = []
+def sends_once(sig: signal.Signals, rank: str | None = None):
+    """A reward function (all 0) that sends `sig` to its process at its first call: on torchrun
+    rank `rank` alone when given."""
+    sent = []
+
+    def reward(prompts: list, completions: list, **_: object) -> list[float]:
+        if not sent and rank in (None, os.environ.get("RANK")):
+            sent.append(None)
+            os.kill(os.getpid(), sig)
+        return [0.0] * len(completions)
+
+    return reward
 
 
-def interrupting_reward(prompts: list, completions: list, **_: object) -> list[float]:
-    """A reward function that presses Ctrl-C once, at its first call (the CLI run below)."""
-    if not PRESSED:
-        PRESSED.append(None)
-        os.kill(os.getpid(), signal.SIGINT)
-    return [0.0] * len(completions)
+interrupting_reward = sends_once(signal.SIGINT)
+rank_one_is_terminated = sends_once(signal.SIGTERM, rank="1")
 
 
 def test_rlvr_train_reports_the_stop_and_exits_with_130(tmp_path):
@@ -155,14 +162,6 @@ def test_a_sweep_resumes_a_run_given_more_steps(tmp_path):
     (longer,) = sweep_points(None, "grpo", [*TINY_RUN, "train.steps=2"], tmp_path)
     train(short.config, show_progress=False)
     assert saved_step(longer) == 1  # train.steps alone may differ, as for rlvr train --resume
-
-
-def rank_one_is_terminated(prompts: list, completions: list, **_: object) -> list[float]:
-    """A reward function that sends SIGTERM to rank 1 alone, at its first call."""
-    if os.environ.get("RANK") == "1" and not PRESSED:
-        PRESSED.append(None)
-        os.kill(os.getpid(), signal.SIGTERM)
-    return [0.0] * len(completions)
 
 
 def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
