@@ -6,8 +6,8 @@ Inside `StopOnSignal` the first signal only sets a flag: the step in progress fi
 loop saves a checkpoint and raises `RunStopped`, and ``rlvr train --resume`` continues from
 that step as if the run had not stopped. A second Ctrl-C stops at once (`KeyboardInterrupt`),
 losing the steps since the last checkpoint, as before. A SIGINT within `REPEAT_S` seconds of the
-first counts as the same one: ``timeout -s INT`` and ``kill -INT -PGID`` style tools deliver
-one signal twice, to the process and to its group.
+first counts as the same one: GNU ``timeout -s INT`` delivers one signal twice, to the process
+and to its process group.
 """
 
 from __future__ import annotations
