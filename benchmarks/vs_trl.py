@@ -192,6 +192,7 @@ def run_rlvr(spec: RunSpec) -> dict:
     from rlvr.models import fused
     from rlvr.models.loading import eos_token_ids
     from rlvr.tracking.jsonl import read_jsonl
+    from rlvr.training.checkpoint import checkpoint_step
 
     torch.set_num_threads(THREADS)
     counter: ForwardCounter | None = None
@@ -255,7 +256,7 @@ def run_rlvr(spec: RunSpec) -> dict:
     checkpoints = {}
     if spec.eval_every:
         for path in (run_dir / "checkpoints").iterdir():
-            checkpoints[int(path.name.removeprefix("step-"))] = path
+            checkpoints[checkpoint_step(path)] = path
     return {"steps": steps, "counter": counter, "peak_rss_mb": rss, "checkpoints": checkpoints}
 
 

@@ -48,10 +48,10 @@ def save_checkpoint(
     state: dict[str, Any],
     weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write `run_dir/checkpoints/step-{step}` atomically; return its path. `weights`: the
-    whole weights of a sharded model (`sharding.whole_state`)."""
-    folder = run_dir / "checkpoints"
-    final, tmp = folder / f"step-{step}", folder / f".step-{step}.tmp"
+    """Write `checkpoint_path(run_dir, step)` atomically; return it. `weights`: the whole
+    weights of a sharded model (`sharding.whole_state`)."""
+    final = checkpoint_path(run_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_pretrained(model, tokenizer, tmp, weights)
@@ -62,15 +62,26 @@ def save_checkpoint(
     return final
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    """The folder of step `step`'s checkpoint: `run_dir/checkpoints/step-{step}`."""
+    return run_dir / "checkpoints" / f"step-{step}"
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The step of a `step-N` checkpoint folder; None for any other name (`step-best`)."""
+    number = checkpoint.name.removeprefix("step-")
+    return int(number) if number != checkpoint.name and number.isdecimal() else None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The complete checkpoint (`step-N` with its trainer state) with the highest step, or
     None; other folders (a copy named `step-best`, say) are not checkpoints."""
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return None
-    steps = {p: p.name.removeprefix("step-") for p in folder.glob("step-*")}
-    done = {int(n): p for p, n in steps.items() if n.isdecimal() and (p / STATE_FILE).is_file()}
-    return done[max(done)] if done else None
+    steps = {checkpoint_step(p): p for p in folder.iterdir() if (p / STATE_FILE).is_file()}
+    steps.pop(None, None)
+    return steps[max(steps)] if steps else None
 
 
 class CheckpointError(ValueError):

@@ -35,6 +35,7 @@ from rlvr.tracking.progress import StepProgress
 from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
+    checkpoint_path,
     latest_checkpoint,
     load_model_weights,
     load_trainer_state,
@@ -397,5 +398,5 @@ def _train(
                 if ranks.main:
                     save_checkpoint(run_dir, step, model, tokenizer, state, weights)
             if received is not None:
-                raise RunStopped(received, step, run_dir / "checkpoints" / f"step-{step}")
+                raise RunStopped(received, step, checkpoint_path(run_dir, step))
     return run_dir

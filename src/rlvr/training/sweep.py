@@ -26,7 +26,7 @@ import yaml
 from rlvr.config import ConfigError, RLConfig, changed_settings, resolve_config
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import load_run_metrics, plot_runs
-from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.checkpoint import checkpoint_step, latest_checkpoint
 from rlvr.training.rl import check_choices, train
 
 LAST_STEPS = 10
@@ -122,7 +122,7 @@ def saved_step(point: SweepPoint) -> int:
             f"sweep point {point.name}: {run_dir} holds checkpoints of another run ({shown}); "
             "choose another --output-dir, or delete that folder"
         )
-    return int(checkpoint.name.split("-")[1])
+    return checkpoint_step(checkpoint) or 0
 
 
 def summarize(point: SweepPoint) -> dict:
