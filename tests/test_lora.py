@@ -21,6 +21,7 @@ TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size":
 
 def tiny(rank: int = 0, **lora_settings) -> torch.nn.Module:
     cfg = ModelConfig(tiny=TINY, lora=LoraConfig(rank=rank, **lora_settings))
+    torch.manual_seed(0)  # peft draws A from the global generator: the same A in any test order
     return load_model_and_tokenizer(cfg, seed=0)
 
 
