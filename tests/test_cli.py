@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import DataConfig, preset_names
+from rlvr.config import DataConfig, RLConfig, describe_fields, preset_names
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.loading import load_pretrained, save_pretrained
@@ -49,7 +49,32 @@ def test_an_error_with_brackets_is_printed_as_it_is(tmp_path, monkeypatch):
         app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "train.log_to=[wandb]"]
     )
     assert result.exit_code == 2
-    assert '".[wandb]"' in result.output  # not '"."'
+    assert '".[wandb]"' in result.stderr  # not '"."'
+    assert "error:" not in result.stdout  # `rlvr ... > out.txt` still shows the error
+
+
+def test_a_long_path_is_printed_on_one_line(tmp_path):
+    """Rich wraps at 80 columns when output is not a terminal; a path cut in two cannot be
+    copied or grepped from a log."""
+    model = tmp_path / ("a-long-folder-name-" * 4) / "[exp1]" / "step-1"
+    result = runner.invoke(app, ["eval", "--model", str(model)])
+    assert result.exit_code == 2
+    assert f"model.name_or_path {str(model)!r}: no Hugging Face model there" in result.stderr
+
+
+def test_help_config_shows_every_key_in_full_and_brackets_as_written():
+    result = runner.invoke(app, ["train", "--help-config"])
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    for key, default, _ in describe_fields(RLConfig):
+        assert f"{key} = {default}" in lines  # a table cut the longest keys short
+    text = " ".join(result.output.split())
+    assert "ratio is outside [min_ratio, max_ratio];" in text  # Rich markup dropped these
+    assert "e.g. train.log_to=[wandb]:" in text
+    curate = runner.invoke(app, ["curate", "--help"])
+    assert "lies in [curate.min_pass_rate, curate.max_pass_rate];" in " ".join(
+        curate.output.replace("│", " ").split()
+    )
 
 
 def test_eval_on_a_device_that_is_not_there_names_it():

@@ -170,6 +170,6 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(t
     command = ["-m", "rlvr", "train", *TINY_RUN, "train.steps=4", f"train.output_dir={run_dir}"]
     done = torchrun(2, *command, reward)
     assert done.returncode != 0
-    assert done.stdout.count("stopped by SIGTERM after step 1") == 1, done.stderr[-3000:]
+    assert done.stderr.count("stopped by SIGTERM after step 1") == 1, done.stderr[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1"]
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rlvr.config import (
     PREFERENCE_PRESETS,
@@ -32,9 +34,13 @@ if TYPE_CHECKING:
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",
     help="Train language models to reason with verifiable rewards.",
 )
-console = Console()
+console = Console(markup=False, soft_wrap=True)
+"""Results. Markup is off: paths, keys and messages such as `[lo, hi]` print as written."""
+diagnostics = Console(markup=False, soft_wrap=True, stderr=True)
+"""Errors and stop notices, on stderr, so that `rlvr eval ... > out.txt` still shows them."""
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -65,7 +71,7 @@ def _appendable(output: Path | None) -> None:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    diagnostics.print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code=2)
 
 
@@ -108,10 +114,17 @@ def _config(
 
 
 def _print_fields(model: type) -> None:
-    table = Table("key", "default", "meaning")
+    """Each key in full (a table would cut long ones), its default, then its meaning indented,
+    so that `--help-config | grep -A3 lora` finds what it asks for."""
+    width = min(shutil.get_terminal_size().columns, 100)
+    section = None
     for key, default, doc in describe_fields(model):
-        table.add_row(key, default, doc)
-    console.print(table)
+        if section is not None and key.split(".")[0] != section:
+            typer.echo()
+        section = key.split(".")[0]
+        typer.echo(f"{key} = {default}")
+        meaning = " ".join(doc.split())
+        typer.echo(textwrap.fill(meaning, width, initial_indent="    ", subsequent_indent="    "))
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -152,7 +165,7 @@ def _stop(stopped: RunStopped, how_to_continue: str) -> None:
     """Report a run that stopped on a signal (`rlvr.training.stopping`) and exit as the shell
     expects of a process that signal ended."""
     if _main_process():
-        console.print(f"[bold yellow]{escape(str(stopped))}[/]; {escape(how_to_continue)}")
+        diagnostics.print(Text.assemble((str(stopped), "bold yellow"), f"; {how_to_continue}"))
     raise typer.Exit(code=stopped.exit_code)
 
 

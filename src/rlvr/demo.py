@@ -91,7 +91,7 @@ def run_demo(
     console: Console | None = None,
 ) -> dict:
     """Run the whole demo; write `summary.json`, `eval.jsonl` and `report.png` under output_dir."""
-    console = console or Console()
+    console = console or Console(markup=False, soft_wrap=True)
     start = time.perf_counter()
     make_output_dir(output_dir, "--output-dir")
     sft_cfg, rl_cfg = demo_configs(output_dir, sft_steps, rl_steps)
