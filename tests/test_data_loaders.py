@@ -125,6 +125,7 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
     assert str(path) in message and "row 2 (line 2)" in message
     assert "missing column 'answer'" in message
     assert "['prompt', 'solution', 'level']" in message  # the columns the row does have
+    assert message.endswith("set data.answer_column to the one that holds it")
 
 
 def test_missing_column_in_parquet_names_row(tmp_path):
@@ -202,8 +203,9 @@ def test_gsm8k_mapping_on_real_rows():
 def test_gsm8k_mapping_without_marker_is_an_error():
     with pytest.raises(DatasetError, match="no '####'"):
         gsm8k_problem({"question": "q", "answer": "just 5"})
-    with pytest.raises(DatasetError, match="missing column 'question'"):
+    with pytest.raises(DatasetError, match="missing column 'question'") as info:
         gsm8k_problem({"answer": "#### 5"})
+    assert "set data." not in str(info.value)  # GSM8K's columns are fixed, no key chooses them
 
 
 def test_math_mapping_keeps_nested_braces_and_metadata():

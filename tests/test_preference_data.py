@@ -69,7 +69,11 @@ def test_custom_column_names(tmp_path):
 @pytest.mark.parametrize(
     ("bad_row", "message"),
     [
-        ({"prompt": "q", "chosen": "a"}, "missing column 'rejected'"),
+        (
+            {"prompt": "q", "chosen": "a"},
+            "missing column 'rejected'; this row has columns ['prompt', 'chosen']; "
+            "set data.rejected_column to the one that holds it",
+        ),
         ({"prompt": "q", "chosen": "", "rejected": "b"}, "column 'chosen' is '', expected"),
         ({"prompt": None, "chosen": "a", "rejected": "b"}, "column 'prompt' is null"),
         ({"prompt": "q", "chosen": 3, "rejected": "b"}, "column 'chosen' is 3"),

@@ -146,10 +146,17 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__} ({str(value)[:40]!r})"
 
 
-def _required_text(row: Row, column: str) -> str:
+def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
+    """The error for a row without `column`: it lists the row's columns and, when a config
+    key chose the name (`data.prompt_column`), says to point that key at one of them."""
+    hint = f"; set {setting} to the one that holds it" if setting else ""
+    return DatasetError(f"missing column {column!r}; this row has columns {list(row)}{hint}")
+
+
+def _required_text(row: Row, column: str, setting: str | None = None) -> str:
     """The value of `column` as text, or a `DatasetError` that lists the row's columns."""
     if column not in row:
-        raise DatasetError(f"missing column {column!r}; this row has columns {list(row)}")
+        raise missing_column(row, column, setting)
     text = _as_text(row[column])
     if text is None:
         raise DatasetError(
@@ -220,11 +227,12 @@ def load_file(
             messages = parse_messages(row[prompt_column], prompt_column)
             question = messages[-1]["content"]
         else:
-            question = _required_text(row, prompt_column)
-        answer = _required_text(row, answer_column).strip()
+            question = _required_text(row, prompt_column, "data.prompt_column")
+        answer = _required_text(row, answer_column, "data.answer_column").strip()
         solution = None
         if solution_column is not None and row.get(solution_column, "") is not None:
-            solution = _required_text(row, solution_column)  # raises when missing or empty
+            # raises when missing or empty
+            solution = _required_text(row, solution_column, "data.solution_column")
         columns = {key: value for key, value in row.items() if key not in used}
         return Problem(question, answer, solution, columns, messages)
 

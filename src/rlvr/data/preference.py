@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.data.loaders import DatasetError, parse_messages, read_rows
+from rlvr.data.loaders import DatasetError, missing_column, parse_messages, read_rows
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class PreferencePair:
     """The dispreferred response text."""
 
 
-def _text(row: dict, column: str) -> str:
+def _text(row: dict, column: str, setting: str) -> str:
     if column not in row:
-        raise DatasetError(f"missing column {column!r}; this row has columns {list(row)}")
+        raise missing_column(row, column, setting)
     value = row[column]
     if isinstance(value, list):  # TRL's conversational response: one assistant message
         if not (
@@ -77,9 +77,9 @@ def load_preference_file(
             pair = PreferencePair(
                 parse_messages(prompt, prompt_column)
                 if isinstance(prompt, list)
-                else _text(row, prompt_column),
-                _text(row, chosen_column),
-                _text(row, rejected_column),
+                else _text(row, prompt_column, "data.prompt_column"),
+                _text(row, chosen_column, "data.chosen_column"),
+                _text(row, rejected_column, "data.rejected_column"),
             )
         except DatasetError as e:
             raise DatasetError(f"{path}, {where}: {e}") from None
