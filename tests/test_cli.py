@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.config import DataConfig, RLConfig, describe_fields, preset_names
+from rlvr.data.loaders import load_file
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models.loading import load_pretrained, save_pretrained
@@ -221,6 +222,45 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
 
 def no_model_before_the_data(*args, **kwargs):
     raise AssertionError("the model loaded before the data was checked")
+
+
+def test_eval_scores_every_row_of_a_data_file(tmp_path, monkeypatch):
+    """`--data-path` is the file to evaluate, not a training file to hold rows back from:
+    three rows under the default --samples=500 are three problems, as `evaluate` scores them."""
+    tok = build_tiny_tokenizer()
+    save_pretrained(build_tiny_model(tok, hidden_size=32, num_layers=1, seed=3), tok, tmp_path)
+    rows = [("What is 2+2?", "4"), ("What is 3+5?", "8"), ("What is 9-7?", "2")]
+    plain = tmp_path / "test.jsonl"
+    plain.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    gsm8k = tmp_path / "gsm8k_test.jsonl"
+    gsm8k.write_text(
+        "".join(json.dumps({"question": q, "answer": f"#### {a}"}) + "\n" for q, a in rows)
+    )
+    model, tokenizer = load_pretrained(str(tmp_path))
+    want = evaluate(
+        model, tokenizer, load_file(plain, prompt_column="question"), reward="math", k=2,
+        max_new_tokens=6,
+    )  # fmt: skip
+    common = ["eval", "--model", str(tmp_path), "--k", "2", "--max-new-tokens", "6"]
+    for args in (
+        ["--task", "file", "--data-path", str(plain), "data.prompt_column=question"],
+        ["--task", "gsm8k", "--data-path", str(gsm8k)],
+    ):
+        out = tmp_path / "scores.jsonl"
+        out.unlink(missing_ok=True)
+        result = runner.invoke(app, [*common, *args, "--output", str(out)])
+        assert result.exit_code == 0, result.output
+        got = json.loads(out.read_text())
+        assert got["problems"] == 3, args
+        for key in ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac"):
+            assert got[key] == want[key], (args, key)
+
+    monkeypatch.setattr("rlvr.models.loading.load_model_and_tokenizer", no_model_before_the_data)
+    generated = runner.invoke(app, ["eval", "--model", "tiny", "--data-path", str(plain)])
+    assert generated.exit_code == 2
+    assert "data.task=arithmetic is generated, it reads no file" in generated.stderr
+    broken = runner.invoke(app, [*common, "--task", "file", "--data-path", str(plain)])
+    assert broken.exit_code == 2 and "set data.prompt_column" in broken.stderr
 
 
 def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_path, monkeypatch):

@@ -325,7 +325,11 @@ def eval_cmd(
     max_new_tokens: Annotated[int, typer.Option(help="Generation budget", min=1)] = 64,
     template: Annotated[str, typer.Option(help="chat, r1, qwen_math or none")] = "chat",
     data_path: Annotated[
-        str | None, typer.Option(help="Local data file (task file/gsm8k/math)")
+        str | None,
+        typer.Option(
+            help="Local file of problems to evaluate, all its rows up to --samples (task file, "
+            "gsm8k or math); without it, the task's held-out split"
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
@@ -335,16 +339,16 @@ def eval_cmd(
 ) -> None:
     """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
     from rlvr.config import ModelConfig, data_config
-    from rlvr.data.tasks import load_task
+    from rlvr.data.tasks import load_eval_task
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
 
     _appendable(output)
     try:
-        base = {"task": task, "path": data_path, "template": template, "test_size": samples}
+        base = {"task": task, "test_path": data_path, "template": template, "test_size": samples}
         data = data_config(base, data_overrides or [])
+        problems = load_eval_task(data)  # before the model: a bad file fails in a second
         policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model, device=device))
-        problems = load_task(data)
     except (ValueError, *_user_errors()) as exc:
         _fail(str(exc))
     result = evaluate(

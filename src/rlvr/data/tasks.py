@@ -66,13 +66,37 @@ def load_task(cfg: DataConfig) -> Task:
         return Task(cfg.task, train, test[: cfg.test_size], "math")
     if not cfg.path:
         raise ConfigError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
-    columns = {
+    problems = loaders.load_file(cfg.path, **_columns(cfg))
+    if cfg.test_path:
+        return Task("file", problems, loaders.load_file(cfg.test_path, **_columns(cfg)), "math")
+    train, test = _hold_out(problems, cfg.test_size, cfg.path)
+    return Task("file", train, test, "math")
+
+
+def _columns(cfg: DataConfig) -> dict[str, str | None]:
+    return {
         "prompt_column": cfg.prompt_column,
         "answer_column": cfg.answer_column,
         "solution_column": cfg.solution_column,
     }
-    problems = loaders.load_file(cfg.path, **columns)
-    if cfg.test_path:
-        return Task("file", problems, loaders.load_file(cfg.test_path, **columns), "math")
-    train, test = _hold_out(problems, cfg.test_size, cfg.path)
-    return Task("file", train, test, "math")
+
+
+def load_eval_task(cfg: DataConfig) -> Task:
+    """The problems `rlvr eval` scores (in `Task.test`; `Task.train` is empty): every row of
+    `data.test_path` when it is given, read as the task's rows, else `load_task`'s held-out
+    split, the one a training run on the same `data` settings evaluates."""
+    if cfg.test_path is None:
+        return load_task(cfg)
+    from rlvr.data import loaders
+
+    if cfg.task == "file":
+        test = loaders.load_file(cfg.test_path, **_columns(cfg))
+    elif cfg.task in ("gsm8k", "math"):
+        load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
+        test = load(split="test", path=cfg.test_path)
+    else:
+        raise ConfigError(
+            f"data.task={cfg.task} is generated, it reads no file; a file of problems to "
+            "evaluate is for data.task=file, gsm8k or math"
+        )
+    return Task(cfg.task, [], test, "math")
