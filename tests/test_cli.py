@@ -5,6 +5,7 @@ import re
 import sys
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from rlvr.cli import app
@@ -181,6 +182,27 @@ def test_train_then_report_then_eval(tmp_path):
     record = json.loads(out.read_text())
     assert record["problems"] == 3 and record["k"] == 2
     assert 0.0 <= record["pass@1"] <= record["pass@2"] <= 1.0
+
+    # without --task, a checkpoint is evaluated on its run's task: its settings (one-digit
+    # sums), its held-out problems, its template and its evaluation budget
+    checkpoint = run_dir / "checkpoints" / "step-2"
+    out.unlink()
+    args = ["eval", "--model", str(checkpoint), "--k", "2", "--samples", "3"]
+    result = runner.invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"3 problems of data.task=arithmetic with the data settings of {run_dir}" in (
+        result.stderr
+    )
+    run = RLConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    assert run.data.max_digits == 1 and run.rollout.max_new_tokens == 10  # not the defaults
+    model, tokenizer = load_pretrained(str(checkpoint))
+    want = evaluate(
+        model, tokenizer, load_task(run.data).test[:3], reward="math",
+        template=run.data.template, k=2, max_new_tokens=run.rollout.max_new_tokens,
+    )  # fmt: skip
+    got = json.loads(out.read_text())
+    for key in ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac"):
+        assert got[key] == want[key], key
 
 
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr.config import DataConfig
+from rlvr.config import ConfigError, DataConfig, DPOConfig, RLConfig, SFTConfig, save_config
 from rlvr.data import loaders
 from rlvr.data.loaders import (
     DatasetError,
@@ -20,7 +20,7 @@ from rlvr.data.loaders import (
     load_math,
     math_problem,
 )
-from rlvr.data.tasks import load_task
+from rlvr.data.tasks import eval_settings, load_task, trained_on
 
 ROWS = [
     {"q": "What is 2+3?", "gold": "5", "source": "toy", "difficulty": 1},
@@ -291,3 +291,53 @@ def test_load_hub_with_local_data_files_through_datasets(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS)  # the packaged `json` builder: offline
     problems = load_hub("json", "train", mapping=gsm8k_problem, data_files=str(path))
     assert [p.answer for p in problems] == ["72", "1000"]
+
+
+def test_trained_on_reads_the_task_of_the_run_that_saved_a_model(tmp_path):
+    rl = tmp_path / "rl"
+    (rl / "checkpoints" / "step-3").mkdir(parents=True)
+    save_config(
+        RLConfig.model_validate(
+            {"data": {"max_digits": 1, "test_size": 40}, "eval": {"max_new_tokens": 12}}
+        ),
+        rl / "config.yaml",
+    )
+    run = trained_on(rl / "checkpoints" / "step-3")  # two folders up
+    assert run.config == rl / "config.yaml" and run.max_new_tokens == 12
+    assert run.data["max_digits"] == 1 and run.data["test_size"] == 40
+    save_config(RLConfig(), rl / "config.yaml")
+    assert trained_on(rl / "checkpoints" / "step-3").max_new_tokens == 64  # rollout's budget
+
+    sft, dpo = tmp_path / "sft", tmp_path / "dpo"
+    sft.mkdir(), dpo.mkdir()
+    save_config(SFTConfig.model_validate({"data": {"task": "countdown"}}), sft / "config.yaml")
+    assert trained_on(sft).data["task"] == "countdown" and trained_on(sft).max_new_tokens is None
+    save_config(DPOConfig.model_validate({"data": {"task": "countdown"}}), dpo / "config.yaml")
+    assert "chosen_column" not in trained_on(dpo).data  # DataConfig has no such key
+    save_config(DPOConfig.model_validate({"data": {"task": "file"}}), dpo / "config.yaml")
+    assert trained_on(dpo) is None  # a pair file holds no problems to evaluate
+    assert trained_on(tmp_path / "elsewhere") is None and trained_on("tiny") is None
+
+    (sft / "config.yaml").write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"sft/config\.yaml: invalid YAML"):
+        trained_on(sft)
+    (sft / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(ConfigError, match=r"sft/config\.yaml: no `data` section"):
+        trained_on(sft)
+
+
+def test_eval_settings_take_the_runs_task_unless_told_otherwise(tmp_path):
+    save_config(
+        RLConfig.model_validate({"data": {"max_digits": 1, "template": "r1"}}),
+        tmp_path / "config.yaml",
+    )
+    same = {"template": None, "data_path": None, "samples": 7, "overrides": []}
+    data, run = eval_settings(str(tmp_path), task=None, **same)
+    assert run is not None and (data.max_digits, data.template, data.test_size) == (1, "r1", 500)
+    data, run = eval_settings(str(tmp_path), task="countdown", **same)
+    assert run is None and (data.task, data.max_digits, data.test_size) == ("countdown", 3, 7)
+    data, _ = eval_settings(
+        str(tmp_path), task="arithmetic", template="none", data_path=None, samples=7,
+        overrides=["data.max_digits=2"],
+    )  # fmt: skip
+    assert (data.max_digits, data.template) == (2, "none")

@@ -315,15 +315,26 @@ def eval_cmd(
         typer.Argument(help="data.KEY=VALUE settings of the task (e.g. data.max_digits=1)"),
     ] = None,
     task: Annotated[
-        str, typer.Option(help="arithmetic, countdown, gsm8k, math or file")
-    ] = "arithmetic",
+        str | None,
+        typer.Option(
+            help="arithmetic, countdown, gsm8k, math or file (default: the task of the run "
+            "that saved --model, with its settings; else arithmetic)"
+        ),
+    ] = None,
     k: Annotated[int, typer.Option(help="Samples per problem (pass@k, maj@k)", min=1)] = 8,
     samples: Annotated[int, typer.Option(help="Held-out problems to evaluate", min=1)] = 500,
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature (0: greedy)", min=0.0)
     ] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Generation budget", min=1)] = 64,
-    template: Annotated[str, typer.Option(help="chat, r1, qwen_math or none")] = "chat",
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Generation budget (default: the RL run's evaluation budget, else 64)", min=1
+        ),
+    ] = None,
+    template: Annotated[
+        str | None, typer.Option(help="chat, r1, qwen_math or none (default: the run's, else chat)")
+    ] = None,
     data_path: Annotated[
         str | None,
         typer.Option(
@@ -338,28 +349,40 @@ def eval_cmd(
     ] = None,
 ) -> None:
     """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
-    from rlvr.config import ModelConfig, data_config
-    from rlvr.data.tasks import load_eval_task
+    from rlvr.config import ModelConfig
+    from rlvr.data.tasks import eval_settings, load_eval_task
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
 
     _appendable(output)
     try:
-        base = {"task": task, "test_path": data_path, "template": template, "test_size": samples}
-        data = data_config(base, data_overrides or [])
+        data, run = eval_settings(
+            model,
+            task=task,
+            template=template,
+            data_path=data_path,
+            samples=samples,
+            overrides=data_overrides or [],
+        )
         problems = load_eval_task(data)  # before the model: a bad file fails in a second
         policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model, device=device))
     except (ValueError, *_user_errors()) as exc:
         _fail(str(exc))
+    held_out = problems.test[:samples]
+    if run is not None:
+        diagnostics.print(
+            f"{len(held_out)} problems of data.task={data.task} with the data settings of "
+            f"{run.config} (--task or data.KEY=VALUE choose others)"
+        )
     result = evaluate(
         policy,
         tokenizer,
-        problems.test[:samples],
+        held_out,
         reward=problems.reward,
         template=data.template,
         k=k,
         temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max_new_tokens or (run and run.max_new_tokens) or 64,
         seed=seed,
     )
     result = {"model": model, "task": data.task, **result}

@@ -8,8 +8,11 @@ synthetic tasks are generated offline; `gsm8k` and `math` come from the hub (or 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from rlvr.config import ConfigError, DataConfig
+import yaml
+
+from rlvr.config import ConfigError, DataConfig, data_config
 from rlvr.data.problem import Problem
 from rlvr.data.synthetic import synthetic_splits
 
@@ -100,3 +103,70 @@ def load_eval_task(cfg: DataConfig) -> Task:
             "evaluate is for data.task=file, gsm8k or math"
         )
     return Task(cfg.task, [], test, "math")
+
+
+@dataclass
+class TrainedOn:
+    """The task of the run that saved a model: what `rlvr eval` evaluates it on by default."""
+
+    config: Path
+    """The run's config.yaml."""
+    data: dict
+    """Its `data` settings (task, file, template, synthetic settings, held-out size)."""
+    max_new_tokens: int | None
+    """An RL run's evaluation budget (`eval.max_new_tokens`, else `rollout.max_new_tokens`)."""
+
+
+def trained_on(model: str | Path) -> TrainedOn | None:
+    """The task settings of the rlvr run that saved `model`, from the config.yaml that `rlvr
+    sft` and `rlvr dpo` write beside the weights and `rlvr train` two folders up
+    (RUN_DIR/checkpoints/step-N). None for a model no rlvr run saved, and for a DPO run on a
+    pair file (pairs are not problems with answers)."""
+    path = Path(model)
+    candidates = [path / "config.yaml"]
+    if path.parent.name == "checkpoints":
+        candidates.append(path.parent.parent / "config.yaml")
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return None
+    try:
+        saved = yaml.safe_load(found.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{found}: invalid YAML: {exc}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
+        raise ConfigError(f"{found}: no `data` section, so not the config of an rlvr run")
+    data = dict(saved["data"])
+    if "dpo" in saved:
+        if data.get("task") == "file":
+            return None
+        data.pop("chosen_column", None)
+        data.pop("rejected_column", None)
+    budget = None
+    if isinstance(saved.get("rollout"), dict):
+        budget = (saved.get("eval") or {}).get("max_new_tokens") or saved["rollout"].get(
+            "max_new_tokens"
+        )
+    return TrainedOn(found, data, budget)
+
+
+def eval_settings(
+    model: str,
+    *,
+    task: str | None,
+    template: str | None,
+    data_path: str | None,
+    samples: int,
+    overrides: list[str],
+) -> tuple[DataConfig, TrainedOn | None]:
+    """`rlvr eval`'s task: the settings of the run that saved `model` (`trained_on`) unless
+    `task` names another, else the defaults with `samples` held-out problems; then the given
+    template, file of problems to evaluate (`data.test_path`) and data.KEY=VALUE overrides."""
+    run = trained_on(model)
+    if run is not None and task not in (None, run.data.get("task")):
+        run = None
+    base = dict(run.data) if run else {"task": task or "arithmetic", "test_size": samples}
+    if template is not None:
+        base["template"] = template
+    if data_path is not None:
+        base["test_path"] = data_path
+    return data_config(base, overrides), run
