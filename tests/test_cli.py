@@ -203,6 +203,12 @@ def test_train_then_report_then_eval(tmp_path):
     got = json.loads(out.read_text())
     for key in ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac"):
         assert got[key] == want[key], key
+    assert (got["template"], got["max_new_tokens"], got["temperature"], got["seed"]) == (
+        "chat",
+        10,
+        1.0,
+        0,
+    )  # the record says how it was sampled
 
 
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):

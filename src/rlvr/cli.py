@@ -374,18 +374,14 @@ def eval_cmd(
             f"{len(held_out)} problems of data.task={data.task} with the data settings of "
             f"{run.config} (--task or data.KEY=VALUE choose others)"
         )
-    result = evaluate(
-        policy,
-        tokenizer,
-        held_out,
-        reward=problems.reward,
-        template=data.template,
-        k=k,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens or (run and run.max_new_tokens) or 64,
-        seed=seed,
-    )
-    result = {"model": model, "task": data.task, **result}
+    sampling = {
+        "template": data.template,
+        "temperature": temperature,
+        "max_new_tokens": max_new_tokens or (run and run.max_new_tokens) or 64,
+        "seed": seed,
+    }
+    result = evaluate(policy, tokenizer, held_out, reward=problems.reward, k=k, **sampling)
+    result = {"model": model, "task": data.task, **sampling, **result}  # what to reproduce it
     table = Table("metric", "value")
     for key, value in result.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
