@@ -1,7 +1,10 @@
 """Config tree: presets, dotted overrides, and errors that name the key."""
 
+from pathlib import Path
+
 import pytest
 
+from rlvr import foreign_keys
 from rlvr.config import (
     ConfigError,
     DPOConfig,
@@ -196,3 +199,38 @@ def test_help_config_rows_show_each_default_with_its_range():
     assert rows["algorithm.clip.dual"][0] == "None (> 1.0)"
     assert rows["train.seed"][0] == "0"  # no range
     assert rows["train.steps"] == ("100 (>= 1)", "Number of RL steps (one rollout batch each).")
+
+
+@pytest.mark.parametrize(
+    ("model", "override", "message"),
+    [
+        (RLConfig, "num_generations=16", "TRL's name for rlvr's 'rollout.samples_per_prompt'"),
+        (RLConfig, "beta=0.04", "TRL's name for rlvr's 'algorithm.kl.coef'"),
+        (DPOConfig, "beta=0.5", "TRL's name for rlvr's 'dpo.beta'"),  # the command decides
+        (SFTConfig, "learning_rate=1e-5", "TRL's name for rlvr's 'sft.lr'"),
+        (
+            RLConfig,  # a whole unknown section: the leaf under it is named
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "'actor_rollout_ref.actor.clip_ratio_high' is verl's name for rlvr's "
+            "'algorithm.clip.high'",
+        ),
+        (RLConfig, "data.train_batch_size=64", "verl's name for rlvr's 'rollout.prompts_per_step'"),
+        (RLConfig, "algorithm.clip.hihg=0.3", "did you mean 'algorithm.clip.high'?"),
+        (DPOConfig, "num_generations=4", "unknown config key 'num_generations'"),
+    ],
+)
+def test_a_trl_or_verl_name_is_answered_with_rlvrs_key(model, override, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_config(overrides=[override], model=model)
+    assert message in str(info.value)
+    if model is DPOConfig and "num_generations" in override:
+        assert "name for" not in str(info.value)  # dpo has no group size to point at
+
+
+def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():
+    valid = {key for m in (RLConfig, SFTConfig, DPOConfig) for key, _, _ in describe_fields(m)}
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
+    for table in (foreign_keys.TRL, foreign_keys.VERL):
+        for name, ours in table.items():
+            assert ours and set(ours) <= valid, name
+            assert f"| `{name}` | {', '.join(f'`{k}`' for k in ours)} |" in docs, name

@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rlvr.foreign_keys import foreign_key_hint
+
 
 class ConfigError(ValueError):
     """A config file, preset or override that does not fit the config tree."""
@@ -36,7 +38,8 @@ def _explain(error: ValidationError, root: type[BaseModel], source: str) -> Conf
         if item["type"] == "extra_forbidden":
             close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            lines.append(f"unknown config key {key!r}{hint}")
+            foreign = foreign_key_hint(key, item["input"], valid)
+            lines.append(f"unknown config key {key!r}" + (f": {foreign}" if foreign else hint))
         elif item["type"] == "value_error":
             lines.append(f"config key {key!r}: {item['ctx']['error']}")
         else:

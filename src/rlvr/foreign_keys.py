@@ -1,0 +1,105 @@
+"""The names TRL's `GRPOConfig` and verl's trainer config give to rlvr's settings.
+
+A key rlvr does not know is an error (`config_files._explain`); when it is one of these, the
+error names the command's own key for it instead of a spelling neighbour. `docs/migrating.md`
+is the same table for readers. Values keep rlvr's spelling: `algorithm.aggregation=
+seq_mean_token_mean`, not verl's `seq-mean-token-mean`; `--help-config` lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _each_command(name: str) -> tuple[str, ...]:
+    """`train.NAME`, `sft.NAME`, `dpo.NAME`: a training argument every command has."""
+    return tuple(f"{section}.{name}" for section in ("train", "sft", "dpo"))
+
+
+TRL: dict[str, tuple[str, ...]] = {
+    "model_name_or_path": ("model.name_or_path",),
+    "num_generations": ("rollout.samples_per_prompt",),
+    "max_completion_length": ("rollout.max_new_tokens", "dpo.max_new_tokens"),
+    "temperature": ("rollout.temperature", "dpo.temperature"),
+    "top_p": ("rollout.top_p",),
+    "top_k": ("rollout.top_k",),
+    "learning_rate": _each_command("lr"),
+    "lr_scheduler_type": _each_command("schedule"),
+    "warmup_steps": _each_command("warmup_steps"),
+    "weight_decay": _each_command("weight_decay"),
+    "max_grad_norm": _each_command("max_grad_norm"),
+    "max_steps": _each_command("steps"),
+    "seed": _each_command("seed"),
+    "output_dir": _each_command("output_dir"),
+    "per_device_train_batch_size": ("sft.batch_size", "dpo.batch_size"),
+    "num_iterations": ("train.epochs",),
+    "gradient_checkpointing": ("train.gradient_checkpointing",),
+    "save_steps": ("train.save_every",),
+    "report_to": ("train.log_to",),
+    "beta": ("algorithm.kl.coef", "dpo.beta"),
+    "epsilon": ("algorithm.clip.low",),
+    "epsilon_high": ("algorithm.clip.high",),
+    "scale_rewards": ("algorithm.std_normalization",),
+    "loss_type": ("algorithm.aggregation", "dpo.loss"),
+    "mask_truncated_completions": ("algorithm.overlong.filter",),
+    "label_smoothing": ("dpo.label_smoothing",),
+    "simpo_gamma": ("dpo.gamma",),
+}
+"""TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
+command has. TRL's GRPO `loss_type` also picks the normaliser: its `dr_grpo` is rlvr's
+`dr_grpo` preset, its `dapo` the aggregation `token_mean`."""
+
+VERL: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref.model.path": ("model.name_or_path",),
+    "data.train_batch_size": ("rollout.prompts_per_step",),
+    "data.max_response_length": ("rollout.max_new_tokens",),
+    "actor_rollout_ref.rollout.n": ("rollout.samples_per_prompt",),
+    "actor_rollout_ref.rollout.temperature": ("rollout.temperature",),
+    "actor_rollout_ref.rollout.top_p": ("rollout.top_p",),
+    "actor_rollout_ref.rollout.response_length": ("rollout.max_new_tokens",),
+    "algorithm.adv_estimator": ("algorithm.advantage",),
+    "algorithm.norm_adv_by_std_in_grpo": ("algorithm.std_normalization",),
+    "algorithm.use_kl_in_reward": ("algorithm.kl.in_reward",),
+    "algorithm.kl_ctrl.kl_coef": ("algorithm.kl.coef",),
+    "algorithm.gamma": ("algorithm.critic.gamma",),
+    "algorithm.lam": ("algorithm.critic.lam",),
+    "actor_rollout_ref.actor.optim.lr": ("train.lr",),
+    "actor_rollout_ref.actor.optim.weight_decay": ("train.weight_decay",),
+    "actor_rollout_ref.actor.grad_clip": ("train.max_grad_norm",),
+    "actor_rollout_ref.actor.ppo_epochs": ("train.epochs",),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("train.micro_batch_tokens",),
+    "actor_rollout_ref.actor.use_kl_loss": ("algorithm.kl.coef",),
+    "actor_rollout_ref.actor.kl_loss_coef": ("algorithm.kl.coef",),
+    "actor_rollout_ref.actor.kl_loss_type": ("algorithm.kl.estimator",),
+    "actor_rollout_ref.actor.clip_ratio_low": ("algorithm.clip.low",),
+    "actor_rollout_ref.actor.clip_ratio_high": ("algorithm.clip.high",),
+    "actor_rollout_ref.actor.clip_ratio_c": ("algorithm.clip.dual",),
+    "actor_rollout_ref.actor.entropy_coeff": ("algorithm.entropy.coef",),
+    "actor_rollout_ref.actor.loss_agg_mode": ("algorithm.aggregation",),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ("train.gradient_checkpointing",),
+    "trainer.total_training_steps": ("train.steps",),
+    "trainer.default_local_dir": ("train.output_dir",),
+    "trainer.save_freq": ("train.save_every",),
+    "trainer.test_freq": ("eval.every_steps",),
+}
+"""verl trainer-config key (its Hydra override path) -> rlvr key. verl's KL loss is on when
+`use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
+
+
+def _leaves(key: str, value: Any) -> list[str]:
+    """Every dotted key under `key` of a nested mapping (the key itself for a scalar)."""
+    if not isinstance(value, dict) or not value:
+        return [key]
+    return [leaf for name, inner in value.items() for leaf in _leaves(f"{key}.{name}", inner)]
+
+
+def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
+    """For an unknown `key` (with its `value`, a nested mapping when a whole unknown section
+    was given): which framework's name it is and the key among `valid` that rlvr gives it."""
+    for leaf in _leaves(key, value):
+        for framework, names in (("TRL", TRL), ("verl", VERL)):
+            ours = [k for k in names.get(leaf, ()) if k in valid]
+            if ours:
+                named = "" if leaf == key else f"{leaf!r} is "
+                return f"{named}{framework}'s name for rlvr's {ours[0]!r}"
+    return None
