@@ -18,6 +18,7 @@ from rlvr.tracking.report import (
     ema_smooth,
     load_run_metrics,
     metric_series,
+    run_directories,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -158,6 +159,18 @@ def test_plot_two_runs_overlaid_with_extra_metric_and_smoothing(tmp_path):
     # One run and a single-step run also work.
     single = _fake_run(tmp_path / "x" / "grpo", steps=1, scale=1.0)
     _assert_png(plot_runs([a, single], tmp_path / "same_name.png", metrics=("accuracy",)))
+
+
+def test_a_folder_of_runs_stands_for_its_runs(tmp_path):
+    sweep = tmp_path / "sweep"
+    b = _fake_run(sweep / "dr_grpo", steps=3, scale=0.5)
+    a = _fake_run(sweep / "grpo", steps=4, scale=1.0)
+    (sweep / "notes").mkdir()  # no metrics.jsonl: not a run
+    (sweep / "summary.jsonl").write_text("{}\n")
+    lone = _fake_run(tmp_path / "lone", steps=2, scale=1.0)
+    assert run_directories([lone, sweep]) == [lone, b, a]
+    assert run_directories([sweep / "notes"]) == [sweep / "notes"]  # kept, to be reported
+    _assert_png(plot_runs([sweep], sweep / "report.png"))
 
 
 def test_plot_runs_errors(tmp_path):

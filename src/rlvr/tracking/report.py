@@ -132,6 +132,22 @@ def _labels(run_dirs: Sequence[Path]) -> list[str]:
     ]
 
 
+def run_directories(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The run directories `paths` name: each path that holds a `metrics.jsonl`, and for a
+    directory that does not, the directories in it that do, by name (a sweep's
+    `--output-dir`, the demo's folder). Anything else is kept, for `load_run_metrics` to
+    name what is missing."""
+    found = []
+    for path in map(Path, paths):
+        if path.is_dir() and not (path / "metrics.jsonl").is_file():
+            inside = sorted(d for d in path.iterdir() if (d / "metrics.jsonl").is_file())
+            if inside:
+                found.extend(inside)
+                continue
+        found.append(path)
+    return found
+
+
 def plot_runs(
     run_dirs: Sequence[str | os.PathLike[str]],
     out_path: str | os.PathLike[str],
@@ -144,7 +160,8 @@ def plot_runs(
     """Plot `metrics` of one or more runs (overlaid) against `step` and save a PNG.
 
     Args:
-        run_dirs: run directories, each holding a `metrics.jsonl`.
+        run_dirs: run directories, each holding a `metrics.jsonl`, or folders of them
+            (`run_directories`).
         out_path: the PNG to write (parent directories are created).
         metrics: one subplot each, in a grid of up to three columns; any logged key works,
             e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
@@ -162,7 +179,7 @@ def plot_runs(
         ValueError: no run directories or no metrics given, or a malformed metrics file.
         FileNotFoundError: a run directory (named in the message) lacks `metrics.jsonl`.
     """
-    run_paths = [Path(d) for d in run_dirs]
+    run_paths = run_directories(run_dirs)
     if not run_paths:
         raise ValueError("plot_runs: no run directories given")
     if isinstance(metrics, str):
