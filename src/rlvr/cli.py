@@ -420,7 +420,10 @@ def presets() -> None:
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories, or folders of them (a sweep's --output-dir)")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Run directories, or folders of them (a sweep's --output-dir)"),
+    ],
     output: Annotated[
         Path | None, typer.Option(help="PNG path (default: RUN_DIR/report.png)")
     ] = None,
