@@ -341,3 +341,40 @@ def test_eval_settings_take_the_runs_task_unless_told_otherwise(tmp_path):
         overrides=["data.max_digits=2"],
     )  # fmt: skip
     assert (data.max_digits, data.template) == (2, "none")
+
+
+def test_a_folder_of_shards_reads_every_file_in_name_order(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[1:]), shards / "part-1.parquet")
+    write_jsonl(shards / "part-0.jsonl", ROWS[:1])
+    (shards / "README.md").write_text("not data\n")  # other files are not read
+    problems = load_file(shards, prompt_column="q", answer_column="gold")
+    assert [(p.question, p.answer) for p in problems] == [
+        ("What is 2+3?", "5"),
+        ("What is 7*6?", "42"),
+    ]
+    write_jsonl(shards / "part-2.jsonl", [{"q": "What is 1+1?"}])
+    with pytest.raises(
+        DatasetError, match=r"shards, part-2\.jsonl row 1 \(line 1\): missing column 'gold'"
+    ):
+        load_file(shards, prompt_column="q", answer_column="gold")
+    (shards / "part-2.jsonl").write_text("")
+    with pytest.raises(DatasetError, match=r"part-2\.jsonl: the file has no rows"):
+        load_file(shards, prompt_column="q", answer_column="gold")
+
+
+def test_a_save_to_disk_folder_is_read_as_its_rows(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    problems = load_file(tmp_path / "saved", prompt_column="q", answer_column="gold")
+    assert [(p.answer, p.columns["source"]) for p in problems] == [("5", "toy"), ("42", "toy")]
+    both = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)})
+    both["test"] = datasets.Dataset.from_list(ROWS[:1])
+    both.save_to_disk(str(tmp_path / "dict"))
+    with pytest.raises(DatasetError, match=r"DatasetDict .*splits \['test', 'train'\].*dict/test"):
+        load_file(tmp_path / "dict")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(DatasetError, match=r"nothing: a folder with no \.jsonl/"):
+        load_file(tmp_path / "nothing")

@@ -100,7 +100,8 @@ class DataConfig(Section):
     task: Literal["arithmetic", "countdown", "gsm8k", "math", "file"] = "arithmetic"
     """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
     path: str | None = None
-    """Local JSONL/Parquet/JSON file: the data of task `file`, or a local copy for gsm8k/math."""
+    """Local JSONL/Parquet/JSON file, or a folder of them or of `datasets`' save_to_disk: the
+    data of task `file`, or a local copy for gsm8k/math."""
     test_path: str | None = None
     """Optional local held-out file for task `file`; otherwise the last data.test_size rows."""
     prompt_column: str = "prompt"

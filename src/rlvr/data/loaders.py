@@ -14,7 +14,8 @@ Hub datasets with a known field mapping (`data.task=gsm8k` or `math`):
   answer is the content of the last ``\\boxed{...}`` of the solution. For MATH-500 use
   ``load_hub("HuggingFaceH4/MATH-500", "test", mapping=math_problem)``.
 
-`data.path` replaces the hub with a local JSONL/JSON/Parquet file of the same shape, which is
+`data.path` replaces the hub with a local JSONL/JSON/Parquet file of the same shape, a folder
+of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote, which is
 also the way to train where the hub cannot be reached.
 """
 
@@ -94,18 +95,56 @@ def _parquet_values(path: Path) -> list[tuple[str, Any]]:
     return [(f"row {index}", row) for index, row in enumerate(table.to_pylist(), start=1)]
 
 
-def read_rows(path: str | Path) -> list[tuple[str, Row]]:
-    """Every row of a local JSONL/JSON/Parquet file as ``(location, row)``, in file order.
+def _saved_dataset_rows(path: Path) -> list[tuple[str, Any]]:
+    """The rows of a folder that `datasets.Dataset.save_to_disk` wrote."""
+    import datasets
 
-    `location` names the row in messages (``"row 3 (line 5)"``). A missing, unreadable, empty
-    or unsupported file, malformed JSON or a row that is not an object raises `DatasetError`.
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{path}: cannot read the saved dataset ({e})") from None
+    if not len(dataset):
+        raise DatasetError(f"{path}: the saved dataset has no rows")
+    return [(f"row {index}", row) for index, row in enumerate(dataset.to_list(), start=1)]
+
+
+def _folder_rows(path: Path) -> list[tuple[str, Any]]:
+    """The rows of a `save_to_disk` folder, or of the data files in a folder, by file name."""
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(d.name for d in path.iterdir() if (d / "state.json").is_file())
+        raise DatasetError(
+            f"{path}: a DatasetDict saved with save_to_disk (splits {splits}); give one split's "
+            f"folder, e.g. {path / (splits[0] if splits else 'train')}"
+        )
+    if (path / "state.json").is_file():
+        return _saved_dataset_rows(path)
+    shards = sorted(f for f in path.iterdir() if f.suffix.lower() in SUPPORTED_EXTENSIONS)
+    if not shards:
+        raise DatasetError(
+            f"{path}: a folder with no {'/'.join(SUPPORTED_EXTENSIONS)} files and not a "
+            "save_to_disk dataset"
+        )
+    return [(f"{shard.name} {where}", row) for shard in shards for where, row in read_rows(shard)]
+
+
+def read_rows(path: str | Path) -> list[tuple[str, Row]]:
+    """Every row of a local JSONL/JSON/Parquet file as ``(location, row)``, in file order; or
+    of a folder: one that `datasets.Dataset.save_to_disk` wrote, or of such files (shards,
+    read in name order).
+
+    `location` names the row in messages (``"row 3 (line 5)"``, in a folder
+    ``"part-1.jsonl row 3 (line 5)"``). A missing, unreadable, empty or unsupported file,
+    malformed JSON or a row that is not an object raises `DatasetError`.
     """
     path = Path(path)
+    if path.is_dir():
+        return _folder_rows(path)  # each shard read here, a saved dataset's rows all objects
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_EXTENSIONS:
         raise DatasetError(
             f"{path}: unsupported file type {suffix or '(no extension)'!r}; "
-            f"supported: {', '.join(SUPPORTED_EXTENSIONS)}"
+            f"supported: {', '.join(SUPPORTED_EXTENSIONS)}, or a folder of them or that "
+            "datasets' save_to_disk wrote"
         )
     if not path.is_file():
         problem = "not a file" if path.exists() else "no such file (dataset file not found)"
