@@ -12,7 +12,7 @@ from rlvr.cli import app
 from rlvr.config import DataConfig, RLConfig, describe_fields, preset_names
 from rlvr.data.loaders import load_file
 from rlvr.data.tasks import load_task
-from rlvr.evaluation.evaluate import evaluate
+from rlvr.evaluation.evaluate import evaluate, sample_and_verify
 from rlvr.models.loading import load_pretrained, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import preference as preference_module, rl as rl_module, sft as sft_module
@@ -231,7 +231,8 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
     args = ["eval", "--model", str(tmp_path), "--k", "2", "--samples", "4"]
     task_settings = {"max_digits": 1, "min_terms": 3, "train_size": 100, "template": "r1"}
     args += ["--max-new-tokens", "6", *(f"data.{k}={v}" for k, v in task_settings.items())]
-    result = runner.invoke(app, [*args, "--output", str(out)])
+    logged = tmp_path / "samples.jsonl"
+    result = runner.invoke(app, [*args, "--output", str(out), "--log-samples", str(logged)])
     assert result.exit_code == 0, result.output
     got = json.loads(out.read_text())
     task = load_task(DataConfig(**task_settings, test_size=4))
@@ -242,6 +243,16 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
     )
     for key in ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac"):
         assert got[key] == want[key], key
+    # --log-samples: the samples that were scored, in order, each with its own verdict
+    records = [json.loads(line) for line in logged.read_text().splitlines()]
+    s = sample_and_verify(model, tokenizer, task.test, "math", "r1", 2, 1.0, 1.0, 6, 0)
+    assert [r["completion"] for r in records] == s.completions
+    assert [r["correct"] for r in records] == [c for per in s.correct for c in per]
+    assert [(r["problem"], r["answer"]) for r in records] == [
+        (i, p.answer) for i, p in enumerate(task.test) for _ in range(2)
+    ]
+    assert sum(r["correct"] for r in records) / len(records) == got["pass@1"]
+    assert sum(r["length"] for r in records) / len(records) == got["response_length/mean"]
     bad = runner.invoke(app, ["eval", "--model", "tiny", "data.max_digit=1"])
     assert bad.exit_code == 2 and "data.max_digit" in bad.output and "data.max_digits" in bad.output
     bad = runner.invoke(app, ["eval", "--model", "tiny", "train.lr=1"])
@@ -361,11 +372,13 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_pa
     target = in_the_way / "results.jsonl"
     for args in (
         ["eval", "--model", "/nowhere", "--output", str(target)],
+        ["eval", "--model", "/nowhere", "--log-samples", str(target)],
         ["bench", *SMALL, "model.name_or_path=/nowhere", "--output", str(target)],
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output, result.exception)
-        assert "".join(result.output.split()).startswith(f"error:--output'{target}':"), args
+        said = "".join(result.output.split())
+        assert said.startswith(f"error:{args[-2]}'{target}':"), args
         assert in_the_way.read_text() == "kept\n"
 
 

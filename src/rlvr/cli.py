@@ -59,15 +59,16 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return ConfigError, DatasetError, ModelLoadError, CheckpointError, FileNotFoundError
 
 
-def _appendable(output: Path | None) -> None:
-    """Make sure `--output` can take the result before the work that makes it begins."""
+def _appendable(output: Path | None, option: str = "--output") -> None:
+    """Make sure the file of `option` can take the result before the work that makes it
+    begins (its content, if any, is left as it is)."""
     if output is None:
         return
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.open("a").close()
     except OSError as error:
-        _fail(f"--output {str(output)!r}: {error}")
+        _fail(f"{option} {str(output)!r}: {error}")
 
 
 def _fail(message: str) -> None:
@@ -347,6 +348,13 @@ def eval_cmd(
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
     ] = None,
+    log_samples: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write every sample to this JSONL file: question, gold answer, completion, "
+            "extracted answer, correct, length"
+        ),
+    ] = None,
 ) -> None:
     """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
     from rlvr.config import ModelConfig
@@ -355,6 +363,7 @@ def eval_cmd(
     from rlvr.models.loading import load_model_and_tokenizer
 
     _appendable(output)
+    _appendable(log_samples, "--log-samples")
     try:
         data, run = eval_settings(
             model,
@@ -380,7 +389,10 @@ def eval_cmd(
         "max_new_tokens": max_new_tokens or (run and run.max_new_tokens) or 64,
         "seed": seed,
     }
-    result = evaluate(policy, tokenizer, held_out, reward=problems.reward, k=k, **sampling)
+    records: list[dict] | None = [] if log_samples is not None else None
+    result = evaluate(
+        policy, tokenizer, held_out, reward=problems.reward, k=k, records=records, **sampling
+    )
     result = {"model": model, "task": data.task, **sampling, **result}  # what to reproduce it
     table = Table("metric", "value")
     for key, value in result.items():
@@ -389,6 +401,9 @@ def eval_cmd(
     if output is not None:
         with output.open("a") as handle:
             handle.write(json.dumps(result) + "\n")
+    if records is not None and log_samples is not None:
+        with log_samples.open("w") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in records)
 
 
 @app.command()

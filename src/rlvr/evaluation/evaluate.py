@@ -78,6 +78,28 @@ def sample_and_verify(
     )
 
 
+def sample_records(
+    problems: list[Problem], samples: VerifiedSamples, k: int, first: int = 0
+) -> list[dict]:
+    """One record per sample, problem-major (`problem` counts from `first`): the question, the
+    gold answer, the completion, its extracted answer, the verdict, its length in tokens and
+    why it ended (what `rlvr eval --log-samples` writes)."""
+    out = samples.rollout
+    return [
+        {
+            "problem": first + n // k,
+            "question": problems[n // k].question,
+            "answer": problems[n // k].answer,
+            "completion": samples.completions[n],
+            "extracted": samples.answers[n],
+            "correct": samples.correct[n // k][n % k],
+            "length": len(out.completion_ids[n]),
+            "finish_reason": out.finish_reason[n],
+        }
+        for n in range(len(problems) * k)
+    ]
+
+
 def evaluate(
     model: PreTrainedModel,
     tokenizer,
@@ -92,8 +114,10 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 512,
     ranks: Ranks = ONE_PROCESS,
+    records: list[dict] | None = None,
 ) -> dict[str, float]:
-    """Sample `k` completions per problem and score them with the `reward` verifier.
+    """Sample `k` completions per problem and score them with the `reward` verifier; append
+    every sample's `sample_records` to `records` when it is given.
 
     pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
@@ -103,7 +127,7 @@ def evaluate(
     start = time.perf_counter()
     chunk = ranks.chunk(len(problems))
     mine = problems[chunk.start : chunk.stop]
-    part: tuple[list, list, list[int], int, int, int] = ([], [], [], 0, 0, 0)
+    part: tuple[list, list, list[int], int, int, int, list[dict]] = ([], [], [], 0, 0, 0, [])
     if mine:
         s = sample_and_verify(
             model,
@@ -126,8 +150,11 @@ def evaluate(
             sum(f == "length" for f in out.finish_reason),
             s.scored.errors,
             s.scored.timeouts,
+            sample_records(mine, s, k, chunk.start) if records is not None else [],
         )
     parts = ranks.gather(part)
+    if records is not None:
+        records.extend(record for p in parts for record in p[6])
     per_problem, votes, lengths = ([x for p in parts for x in p[i]] for i in range(3))
     truncated, errors, timeouts = (sum(p[i] for p in parts) for i in range(3, 6))
     return {
