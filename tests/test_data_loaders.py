@@ -341,6 +341,10 @@ def test_eval_settings_take_the_runs_task_unless_told_otherwise(tmp_path):
         overrides=["data.max_digits=2"],
     )  # fmt: skip
     assert (data.max_digits, data.template) == (2, "none")
+    saved = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(saved.replace("  seed: 1234", "  seeed: 1234"))
+    with pytest.raises(ConfigError, match=r"config\.yaml: its data settings do not fit .*seeed"):
+        eval_settings(str(tmp_path), task=None, **same)  # an older rlvr's keys, say
 
 
 def test_a_folder_of_shards_reads_every_file_in_name_order(tmp_path):

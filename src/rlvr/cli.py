@@ -373,16 +373,19 @@ def eval_cmd(
             samples=samples,
             overrides=data_overrides or [],
         )
+    except ConfigError as exc:
+        _fail(str(exc))
+    if run is not None:  # before the data loads, so that an error there has its source
+        diagnostics.print(
+            f"data.task={data.task} with the data settings of {run.config} (--task or "
+            "data.KEY=VALUE choose others)"
+        )
+    try:
         problems = load_eval_task(data)  # before the model: a bad file fails in a second
         policy, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=model, device=device))
     except (ValueError, *_user_errors()) as exc:
         _fail(str(exc))
     held_out = problems.test[:samples]
-    if run is not None:
-        diagnostics.print(
-            f"{len(held_out)} problems of data.task={data.task} with the data settings of "
-            f"{run.config} (--task or data.KEY=VALUE choose others)"
-        )
     sampling = {
         "template": data.template,
         "temperature": temperature,

@@ -164,6 +164,11 @@ def eval_settings(
     run = trained_on(model)
     if run is not None and task not in (None, run.data.get("task")):
         run = None
+    if run is not None:
+        try:
+            data_config(run.data)
+        except ConfigError as exc:
+            raise ConfigError(f"{run.config}: its data settings do not fit ({exc})") from None
     base = dict(run.data) if run else {"task": task or "arithmetic", "test_size": samples}
     if template is not None:
         base["template"] = template
