@@ -36,6 +36,27 @@ def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
     assert "algorithm.clip.hihg" in result.output and "algorithm.clip.high" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["train", "--train.lr", "1e-6", "--preset", "grpo"],
+            "'--train.lr': settings are key=value arguments here, not options: train.lr=1e-6",
+        ),
+        (["train", "--num_generations=8"], "not options: rollout.samples_per_prompt=8"),  # TRL's
+        (["dpo", "--beta", "0.5"], "not options: dpo.beta=0.5"),
+        (["sweep", "--train.seed", "0,1"], "not options: train.seed=0,1"),
+        (["sft", "--gradient_checkpointing", "--sft.steps=3"], "gradient_checkpointing=..."),
+    ],
+)  # fmt: skip
+def test_a_setting_given_as_an_option_is_shown_as_key_value(args, said, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert said in result.stderr and "No such option" not in result.output
+    assert not (tmp_path / "runs").exists()
+
+
 def test_train_on_a_device_that_is_not_there_names_the_key(tmp_path):
     result = runner.invoke(
         app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "model.device=cuda:7"]

@@ -27,6 +27,7 @@ from rlvr.config import (
     preset_names,
     resolve_config,
 )
+from rlvr.foreign_keys import rlvr_key
 
 if TYPE_CHECKING:
     from rlvr.training.stopping import RunStopped
@@ -43,8 +44,27 @@ diagnostics = Console(markup=False, soft_wrap=True, stderr=True)
 """Errors and stop notices, on stderr, so that `rlvr eval ... > out.txt` still shows them."""
 
 
-def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """First argument is a YAML config file unless it is a key=value override."""
+SETTINGS_COMMAND = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""The context of a command whose arguments are key=value settings: an unknown `--option`
+reaches `_split_args` instead of click's 'No such option'."""
+
+
+def _split_args(args: list[str], model: type) -> tuple[str | None, list[str]]:
+    """First argument is a YAML config file unless it is a key=value override. A setting in
+    option form (`--train.lr 1e-6`, or TRL's `--num_generations=8`) is an error that shows
+    its key=value form, with `model`'s key where the name is TRL's or verl's."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            key, given, value = arg[2:].partition("=")
+            following = args[i + 1] if i + 1 < len(args) else "--"
+            if not given and not following.startswith("--") and "=" not in following:
+                value = following
+            foreign = rlvr_key(key, [k for k, _, _ in describe_fields(model)])
+            ours = foreign[1] if foreign else key
+            _fail(
+                f"{arg!r}: settings are key=value arguments here, not options: "
+                f"{ours}={value or '...'} (--help-config lists every key)"
+            )
     if args and "=" not in args[0]:
         return args[0], args[1:]
     return None, args
@@ -107,7 +127,7 @@ def _config(
     package: str = RL_PRESETS,
 ) -> Any:
     """The validated config of a command's arguments; a bad one exits with a clear error."""
-    config_path, overrides = _split_args(args or [])
+    config_path, overrides = _split_args(args or [], model)
     try:
         return resolve_config(config_path, preset, overrides, model=model, preset_package=package)
     except ConfigError as exc:
@@ -128,7 +148,7 @@ def _print_fields(model: type) -> None:
         typer.echo(textwrap.fill(meaning, width, initial_indent="    ", subsequent_indent="    "))
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(context_settings=SETTINGS_COMMAND)
 def train(
     args: ConfigArgs = None,
     preset: Annotated[
@@ -170,7 +190,7 @@ def _stop(stopped: RunStopped, how_to_continue: str) -> None:
     raise typer.Exit(code=stopped.exit_code)
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(context_settings=SETTINGS_COMMAND)
 def sweep(
     args: ConfigArgs = None,
     preset: Annotated[
@@ -182,7 +202,7 @@ def sweep(
 ) -> None:
     """One RL run per point of a grid (key=v1,v2 and --preset a,b are axes), then an overlaid
     report.png and a summary table; finished runs are not run again."""
-    config_path, overrides = _split_args(args or [])
+    config_path, overrides = _split_args(args or [], RLConfig)
     from rlvr.training.stopping import RunStopped
     from rlvr.training.sweep import run_sweep
 
@@ -207,7 +227,7 @@ def sweep(
     console.print(f"runs, summary.jsonl and report.png in {output_dir}")
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(context_settings=SETTINGS_COMMAND)
 def bench(
     args: ConfigArgs = None,
     preset: Annotated[str | None, typer.Option(help="Start from a preset")] = None,
@@ -237,7 +257,7 @@ def bench(
             handle.write(json.dumps(result) + "\n")
 
 
-@app.command()
+@app.command(context_settings=SETTINGS_COMMAND)
 def sft(
     args: ConfigArgs = None,
     help_config: HelpConfig = False,
@@ -257,7 +277,7 @@ def sft(
         console.print(f"model saved to {out_dir}")
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(context_settings=SETTINGS_COMMAND)
 def dpo(
     args: ConfigArgs = None,
     preset: Annotated[
@@ -281,7 +301,7 @@ def dpo(
         console.print(f"model and logs saved to {out_dir}")
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(context_settings=SETTINGS_COMMAND)
 def curate(
     args: ConfigArgs = None,
     help_config: HelpConfig = False,

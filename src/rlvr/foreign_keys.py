@@ -93,13 +93,21 @@ def _leaves(key: str, value: Any) -> list[str]:
     return [leaf for name, inner in value.items() for leaf in _leaves(f"{key}.{name}", inner)]
 
 
+def rlvr_key(name: str, valid: list[str]) -> tuple[str, str] | None:
+    """(framework, rlvr's key among `valid`) for a TRL or verl setting `name`, or None."""
+    for framework, names in (("TRL", TRL), ("verl", VERL)):
+        ours = [k for k in names.get(name, ()) if k in valid]
+        if ours:
+            return framework, ours[0]
+    return None
+
+
 def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
     """For an unknown `key` (with its `value`, a nested mapping when a whole unknown section
     was given): which framework's name it is and the key among `valid` that rlvr gives it."""
     for leaf in _leaves(key, value):
-        for framework, names in (("TRL", TRL), ("verl", VERL)):
-            ours = [k for k in names.get(leaf, ()) if k in valid]
-            if ours:
-                named = "" if leaf == key else f"{leaf!r} is "
-                return f"{named}{framework}'s name for rlvr's {ours[0]!r}"
+        found = rlvr_key(leaf, valid)
+        if found:
+            named = "" if leaf == key else f"{leaf!r} is "
+            return f"{named}{found[0]}'s name for rlvr's {found[1]!r}"
     return None
