@@ -47,6 +47,9 @@ def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
         (["dpo", "--beta", "0.5"], "not options: dpo.beta=0.5"),
         (["sweep", "--train.seed", "0,1"], "not options: train.seed=0,1"),
         (["sft", "--gradient_checkpointing", "--sft.steps=3"], "gradient_checkpointing=..."),
+        (["train", "--output_dir", "x"], "not options: train.output_dir=x"),  # TRL's, again
+        (["train", "--resum"], "no option '--resum'; did you mean --resume?"),  # a real option
+        (["sweep", "--output_dir", "x"], "did you mean --output-dir?"),  # the command's own
     ],
 )  # fmt: skip
 def test_a_setting_given_as_an_option_is_shown_as_key_value(args, said, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -44,18 +45,28 @@ diagnostics = Console(markup=False, soft_wrap=True, stderr=True)
 """Errors and stop notices, on stderr, so that `rlvr eval ... > out.txt` still shows them."""
 
 
+def _option_names(command: str) -> list[str]:
+    """The --options of `command`: what a mistyped one is compared with."""
+    group = typer.main.get_command(app)
+    params = group.commands[command].params  # type: ignore[attr-defined]
+    return [o for p in params for o in p.opts if o.startswith("--")]
+
+
 SETTINGS_COMMAND = {"allow_extra_args": True, "ignore_unknown_options": True}
 """The context of a command whose arguments are key=value settings: an unknown `--option`
 reaches `_split_args` instead of click's 'No such option'."""
 
 
-def _split_args(args: list[str], model: type) -> tuple[str | None, list[str]]:
+def _split_args(args: list[str], model: type, command: str) -> tuple[str | None, list[str]]:
     """First argument is a YAML config file unless it is a key=value override. A setting in
     option form (`--train.lr 1e-6`, or TRL's `--num_generations=8`) is an error that shows
     its key=value form, with `model`'s key where the name is TRL's or verl's."""
     for i, arg in enumerate(args):
         if arg.startswith("--"):
             key, given, value = arg[2:].partition("=")
+            close = difflib.get_close_matches(f"--{key}", _option_names(command), n=1, cutoff=0.75)
+            if close:
+                _fail(f"no option {arg!r}; did you mean {close[0]}?")
             following = args[i + 1] if i + 1 < len(args) else "--"
             if not given and not following.startswith("--") and "=" not in following:
                 value = following
@@ -121,13 +132,14 @@ HelpConfig = Annotated[bool, typer.Option("--help-config", help="List every conf
 
 
 def _config(
+    command: str,
     args: list[str] | None,
     model: type,
     preset: str | None = None,
     package: str = RL_PRESETS,
 ) -> Any:
-    """The validated config of a command's arguments; a bad one exits with a clear error."""
-    config_path, overrides = _split_args(args or [], model)
+    """The validated config of `command`'s arguments; a bad one exits with a clear error."""
+    config_path, overrides = _split_args(args or [], model, command)
     try:
         return resolve_config(config_path, preset, overrides, model=model, preset_package=package)
     except ConfigError as exc:
@@ -163,7 +175,7 @@ def train(
     if help_config:
         _print_fields(RLConfig)
         return
-    cfg = _config(args, RLConfig, preset)
+    cfg = _config("train", args, RLConfig, preset)
     from rlvr.tracking.report import plot_runs
     from rlvr.training.rl import train as run_train
     from rlvr.training.stopping import RunStopped
@@ -202,7 +214,7 @@ def sweep(
 ) -> None:
     """One RL run per point of a grid (key=v1,v2 and --preset a,b are axes), then an overlaid
     report.png and a summary table; finished runs are not run again."""
-    config_path, overrides = _split_args(args or [], RLConfig)
+    config_path, overrides = _split_args(args or [], RLConfig, "sweep")
     from rlvr.training.stopping import RunStopped
     from rlvr.training.sweep import run_sweep
 
@@ -239,7 +251,7 @@ def bench(
 ) -> None:
     """Median seconds per RL step (rollout / reward / train) and tokens per second of a config
     on this machine, after warm-up steps; nothing is kept on disk."""
-    cfg = _config(args, RLConfig, preset)
+    cfg = _config("bench", args, RLConfig, preset)
     _appendable(output)
     from rlvr.training.bench import run_bench
 
@@ -266,7 +278,7 @@ def sft(
     if help_config:
         _print_fields(SFTConfig)
         return
-    cfg = _config(args, SFTConfig)
+    cfg = _config("sft", args, SFTConfig)
     from rlvr.training.sft import run_sft
 
     try:
@@ -290,7 +302,7 @@ def dpo(
     if help_config:
         _print_fields(DPOConfig)
         return
-    cfg = _config(args, DPOConfig, preset, PREFERENCE_PRESETS)
+    cfg = _config("dpo", args, DPOConfig, preset, PREFERENCE_PRESETS)
     from rlvr.training.preference import run_dpo
 
     try:
@@ -311,7 +323,7 @@ def curate(
     if help_config:
         _print_fields(CurateConfig)
         return
-    cfg = _config(args, CurateConfig)
+    cfg = _config("curate", args, CurateConfig)
     from rlvr.data.curation import run_curate
 
     try:
