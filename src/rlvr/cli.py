@@ -58,27 +58,31 @@ reaches `_split_args` instead of click's 'No such option'."""
 
 
 def _split_args(args: list[str], model: type, command: str) -> tuple[str | None, list[str]]:
-    """First argument is a YAML config file unless it is a key=value override. A setting in
-    option form (`--train.lr 1e-6`, or TRL's `--num_generations=8`) is an error that shows
-    its key=value form, with `model`'s key where the name is TRL's or verl's."""
-    for i, arg in enumerate(args):
+    """First argument is a YAML config file unless it is a key=value override; an argument in
+    option form is refused (`_refuse_option`)."""
+    for arg, following in zip(args, [*args[1:], "--"], strict=True):
         if arg.startswith("--"):
-            key, given, value = arg[2:].partition("=")
-            close = difflib.get_close_matches(f"--{key}", _option_names(command), n=1, cutoff=0.75)
-            if close:
-                _fail(f"no option {arg!r}; did you mean {close[0]}?")
-            following = args[i + 1] if i + 1 < len(args) else "--"
-            if not given and not following.startswith("--") and "=" not in following:
-                value = following
-            foreign = rlvr_key(key, [k for k, _, _ in describe_fields(model)])
-            ours = foreign[1] if foreign else key
-            _fail(
-                f"{arg!r}: settings are key=value arguments here, not options: "
-                f"{ours}={value or '...'} (--help-config lists every key)"
-            )
+            _refuse_option(arg, following, model, command)
     if args and "=" not in args[0]:
         return args[0], args[1:]
     return None, args
+
+
+def _refuse_option(arg: str, following: str, model: type, command: str) -> None:
+    """Fail on `arg`: a mistyped --option of `command` (did you mean --resume?), or a setting
+    in option form (`--train.lr 1e-6`, TRL's `--num_generations=8`), shown as key=value in
+    `model`'s key where the name is TRL's or verl's."""
+    key, given, value = arg[2:].partition("=")
+    close = difflib.get_close_matches(f"--{key}", _option_names(command), n=1, cutoff=0.75)
+    if close:
+        _fail(f"no option {arg!r}; did you mean {close[0]}?")
+    if not given and not following.startswith("--") and "=" not in following:
+        value = following
+    foreign = rlvr_key(key, [k for k, _, _ in describe_fields(model)])
+    _fail(
+        f"{arg!r}: settings are key=value arguments here, not options: "
+        f"{foreign[1] if foreign else key}={value or '...'} (--help-config lists every key)"
+    )
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
