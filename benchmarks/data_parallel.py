@@ -26,8 +26,8 @@ from pathlib import Path
 from cold_start import cold_start
 
 from rlvr.demo import DATA, RL
+from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.checkpoint import latest_checkpoint
 
 ROOT = Path("runs/data_parallel")
 PROMPTS = 32

@@ -20,7 +20,7 @@ from cold_start import cold_start
 
 from rlvr.config import resolve_config
 from rlvr.demo import DATA, RL
-from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.run_layout import latest_checkpoint
 from rlvr.training.rl import train
 
 ROOT = Path("runs/lora_learning")

@@ -191,8 +191,8 @@ def run_rlvr(spec: RunSpec) -> dict:
     from rlvr.config import resolve_config
     from rlvr.models import fused
     from rlvr.models.loading import eos_token_ids
+    from rlvr.run_layout import checkpoint_step
     from rlvr.tracking.jsonl import read_jsonl
-    from rlvr.training.checkpoint import checkpoint_step
 
     torch.set_num_threads(THREADS)
     counter: ForwardCounter | None = None

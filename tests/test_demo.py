@@ -7,8 +7,8 @@ in `test_learning_presets.py`; the full-size demo's numbers are in the README.
 import json
 
 from rlvr.demo import run_demo
+from rlvr.run_layout import STATE_FILE
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.checkpoint import STATE_FILE
 
 
 def test_demo_pipeline_writes_summary_eval_and_report(tmp_path):

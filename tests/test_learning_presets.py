@@ -19,7 +19,7 @@ import pytest
 from rlvr.config import PREFERENCE_PRESETS, DPOConfig, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
-from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.run_layout import latest_checkpoint
 from rlvr.training.preference import run_dpo
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft

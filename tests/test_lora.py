@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from rlvr.config import ConfigError, LoraConfig, ModelConfig, SFTConfig, resolve_config
 from rlvr.models import lora
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained, save_pretrained
+from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.regularization import Regularization
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft

@@ -11,12 +11,12 @@ from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine, left_pad
 from rlvr.rollout.sampling import blocked_inverse_cdf, filter_logits, inverse_cdf_sample
+from rlvr.run_layout import STATE_FILE
 from rlvr.training.batching import (
     collate_shared_prefix,
     forward_logits_shared_prefix,
     token_budget_micro_batches,
 )
-from rlvr.training.checkpoint import STATE_FILE
 from rlvr.training.logprobs import token_logprobs, token_logprobs_and_entropy
 
 

@@ -12,9 +12,10 @@ from rlvr.config import ConfigError, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
+from rlvr.run_layout import STATE_FILE, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import rl
-from rlvr.training.checkpoint import STATE_FILE, CheckpointError, latest_checkpoint
+from rlvr.training.checkpoint import CheckpointError
 from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 

@@ -19,9 +19,9 @@ from rlvr.config import RLConfig, SFTConfig, make_output_dir, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_pretrained
+from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import plot_runs
-from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 

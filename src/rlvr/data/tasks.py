@@ -15,6 +15,7 @@ import yaml
 from rlvr.config import ConfigError, DataConfig, data_config
 from rlvr.data.problem import Problem
 from rlvr.data.synthetic import synthetic_splits
+from rlvr.run_layout import saved_config
 
 
 @dataclass
@@ -122,11 +123,7 @@ def trained_on(model: str | Path) -> TrainedOn | None:
     sft` and `rlvr dpo` write beside the weights and `rlvr train` two folders up
     (RUN_DIR/checkpoints/step-N). None for a model no rlvr run saved, and for a DPO run on a
     pair file (pairs are not problems with answers)."""
-    path = Path(model)
-    candidates = [path / "config.yaml"]
-    if path.parent.name == "checkpoints":
-        candidates.append(path.parent.parent / "config.yaml")
-    found = next((c for c in candidates if c.is_file()), None)
+    found = saved_config(Path(model))
     if found is None:
         return None
     try:

@@ -16,6 +16,7 @@ from transformers import (
 from rlvr.config import ModelConfig
 from rlvr.models import fused, lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.run_layout import latest_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,8 +76,6 @@ def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrain
     path = Path(name_or_path)
     looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
-        from rlvr.training.checkpoint import latest_checkpoint  # which imports this module
-
         latest = latest_checkpoint(path)
         hint = f"; a run directory: give one of its checkpoints, e.g. {latest}" if latest else ""
         raise ModelLoadError(

@@ -19,9 +19,8 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models import lora
 from rlvr.models.loading import save_pretrained
+from rlvr.run_layout import STATE_FILE, checkpoint_path
 from rlvr.training import sharding
-
-STATE_FILE = "trainer_state.pt"
 
 
 def rng_state() -> dict[str, Any]:
@@ -60,28 +59,6 @@ def save_checkpoint(
         shutil.rmtree(final)
     tmp.rename(final)
     return final
-
-
-def checkpoint_path(run_dir: Path, step: int) -> Path:
-    """The folder of step `step`'s checkpoint: `run_dir/checkpoints/step-{step}`."""
-    return run_dir / "checkpoints" / f"step-{step}"
-
-
-def checkpoint_step(checkpoint: Path) -> int | None:
-    """The step of a `step-N` checkpoint folder; None for any other name (`step-best`)."""
-    number = checkpoint.name.removeprefix("step-")
-    return int(number) if number != checkpoint.name and number.isdecimal() else None
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The complete checkpoint (`step-N` with its trainer state) with the highest step, or
-    None; other folders (a copy named `step-best`, say) are not checkpoints."""
-    folder = run_dir / "checkpoints"
-    if not folder.is_dir():
-        return None
-    steps = {checkpoint_step(p): p for p in folder.iterdir() if (p / STATE_FILE).is_file()}
-    steps.pop(None, None)
-    return steps[max(steps)] if steps else None
 
 
 class CheckpointError(ValueError):

@@ -29,14 +29,13 @@ from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.run_layout import checkpoint_path, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.loggers import MetricLoggers
 from rlvr.tracking.progress import StepProgress
 from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
-    checkpoint_path,
-    latest_checkpoint,
     load_model_weights,
     load_trainer_state,
     restore_rng_state,

@@ -24,9 +24,9 @@ from pathlib import Path
 import yaml
 
 from rlvr.config import ConfigError, RLConfig, changed_settings, resolve_config
+from rlvr.run_layout import checkpoint_step, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import load_run_metrics, plot_runs
-from rlvr.training.checkpoint import checkpoint_step, latest_checkpoint
 from rlvr.training.rl import check_choices, train
 
 LAST_STEPS = 10
