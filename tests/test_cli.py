@@ -233,6 +233,23 @@ def test_train_then_report_then_eval(tmp_path):
     )  # the record says how it was sampled
 
 
+def test_trl_s_own_reward_trains_when_marked_conversational(tmp_path):
+    think = "trl.rewards:think_format_reward"
+    errors = {}
+    for flag in ("true", "false"):
+        run_dir = tmp_path / flag
+        reward = f"reward.functions=[{{name: '{think}', conversational: {flag}}}, {{name: math}}]"
+        result = runner.invoke(app, ["train", *SMALL, f"train.output_dir={run_dir}", reward])
+        assert result.exit_code == 0, result.output
+        steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert all(f"reward/{think}" in m for m in steps)
+        errors[flag] = sum(m["reward/errors"] for m in steps)
+    assert errors == {"true": 0, "false": 8}  # as texts: each call fails; 4 chunks, 2 steps
+    model_reward = "reward.functions=[{name: brpo, conversational: true}]"
+    bad = runner.invoke(app, ["train", *SMALL, f"train.output_dir={tmp_path / 'b'}", model_reward])
+    assert bad.exit_code == 2 and "conversational is for TRL-signature rewards" in bad.stderr
+
+
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2

@@ -152,6 +152,55 @@ def test_parallel_scoring_is_deterministic_and_ordered() -> None:
     assert serial.per_reward["math"] == [float(i % 7 == i % 5) for i in range(37)]
 
 
+def test_rewards_are_called_by_keyword_as_trl_calls_them(scratch_registry: None) -> None:
+    """TRL passes `prompts=` and `completions=` by name; a TRL reward may take `completions`
+    first (trl.rewards' do), which a positional call would hand the prompts."""
+
+    @register_reward("test_completions_first")
+    def completions_first(completions: list[str], prompts: list[str], **_: object) -> list[float]:
+        return [float(len(c) - len(p)) for c, p in zip(completions, prompts, strict=True)]
+
+    out = compose_rewards([("test_completions_first", 1.0)])(["p", "pp"], ["abcd", "ab"], {})
+    assert out.total == [3.0, 0.0] and out.errors == 0
+
+
+def test_a_conversational_reward_gets_trl_s_shapes() -> None:
+    think = "trl.rewards:think_format_reward"  # TRL's own: completion[0]["content"]
+    completions = ["<think>a</think> 4", "4", "<think>b</think><think>c</think> 4"]
+    conversations = [[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]] * 3
+    as_text = compose_rewards([(think, 1.0)], max_workers=1)(["q"] * 3, completions, {})
+    assert as_text.total == [0.0] * 3 and as_text.errors == 1  # texts are not its shape
+    composer = compose_rewards(
+        [(think, 1.0), ("math", 1.0)], max_workers=2, conversational=frozenset({think})
+    )
+    out = composer(["q"] * 3, completions, {"answer": ["4"] * 3}, conversations)
+    assert out.per_reward[think] == [1.0, 0.0, 0.0]  # the regex by hand: one think block first
+    assert out.per_reward["math"] == [1.0, 1.0, 1.0]  # the others still get texts
+    assert out.errors == 0
+    with pytest.raises(ValueError, match="not among"):
+        compose_rewards([("math", 1.0)], conversational=frozenset({think}))
+
+
+def test_a_conversational_reward_sees_the_messages_or_the_question_as_one_turn(
+    scratch_registry: None,
+) -> None:
+    seen: list = []
+
+    @register_reward("test_seen")
+    def record(prompts: list, completions: list, **_: object) -> list[float]:
+        seen.append((prompts, completions))
+        return [0.0] * len(completions)
+
+    composer = compose_rewards([("test_seen", 1.0)], 1, conversational=frozenset({"test_seen"}))
+    chat = [{"role": "user", "content": "q?"}]
+    composer(["rendered q?"], ["a"], {}, [chat])
+    composer(["q?"], ["a"], {})
+    assert seen == [
+        ([chat], [[{"role": "assistant", "content": "a"}]]),
+        ([[{"role": "user", "content": "q?"}]], [[{"role": "assistant", "content": "a"}]]),
+    ]
+
+
 def test_composer_rejects_misaligned_input() -> None:
     composer = compose_rewards([("format", 1.0)])
     with pytest.raises(ValueError, match="prompts"):

@@ -338,6 +338,9 @@ class RewardSpec(Section):
     `reference_likelihood`) or `package.module:function`."""
     weight: float = 1.0
     """Weight of this reward in the total."""
+    conversational: bool = False
+    """Call it with TRL's conversational shapes: each prompt as its messages and each
+    completion as `[{role: assistant, content: text}]`, as `trl.rewards` functions expect."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options of a model reward, e.g. brpo `{judge: policy}` (policy | frozen | model
     path | http URL with `judge_model`), reference_likelihood `{model: frozen, mode: logprob}`."""

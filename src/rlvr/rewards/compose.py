@@ -13,6 +13,11 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
 - ``None`` (TRL's "this reward does not apply to this sample") scores 0.0 and is not counted;
   an infinite score scores 0.0 and counts as an error.
 
+A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
+completions=..., **columns)``. One named in `conversational` gets TRL's conversational shapes
+instead of texts: each prompt as its messages (`messages`, given with the batch) and each
+completion as ``[{"role": "assistant", "content": text}]`` (what `trl.rewards` expect).
+
 Completions are split into at most `max_workers` contiguous chunks; each (reward, chunk) call
 runs in its own daemon thread and all of them run at once; results are put back in order, so
 the output does not depend on the scheduling. Reward functions must therefore be thread-safe.
@@ -140,6 +145,7 @@ class RewardComposer:
         max_workers: int = 4,
         timeout_s: float = 5.0,
         call_timeout_s: float | None = None,
+        conversational: frozenset[str] = frozenset(),
     ) -> None:
         """Resolve every reward name now, so a typo fails before training starts."""
         if not specs:
@@ -153,6 +159,10 @@ class RewardComposer:
         self.max_workers = max(1, int(max_workers))
         self.timeout_s = float(timeout_s)
         self.call_timeout_s = None if call_timeout_s is None else float(call_timeout_s)
+        unknown = sorted(set(conversational) - set(names))
+        if unknown:
+            raise ValueError(f"conversational reward(s) {unknown} are not among {names}")
+        self.conversational = frozenset(conversational)
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{name}×{weight:g}" for name, weight in self.weights.items())
@@ -167,12 +177,21 @@ class RewardComposer:
         return self.timeout_s * (2 * n + 2)
 
     def _score_chunk(
-        self, name: str, prompts: list[str], completions: list[str], columns: dict[str, list]
+        self,
+        name: str,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        messages: list[list[dict[str, str]]] | None,
     ) -> _ChunkResult:
         """One call of reward `name` on one chunk; never raises."""
+        shown: tuple[list, list] = (prompts, completions)
+        if name in self.conversational:
+            replies = [[{"role": "assistant", "content": text}] for text in completions]
+            shown = (messages or [[{"role": "user", "content": p}] for p in prompts], replies)
         try:
             with verifier_timeout(self.timeout_s):
-                raw = self.functions[name](prompts, completions, **columns)
+                raw = self.functions[name](prompts=shown[0], completions=shown[1], **columns)
             return _convert(name, raw, completions)
         except (Exception, SystemExit) as exc:  # a reward calling sys.exit() is an error too
             message = f"{name}: {type(exc).__name__}: {exc}"
@@ -197,8 +216,11 @@ class RewardComposer:
         prompts: Sequence[str],
         completions: Sequence[str],
         columns: dict[str, Sequence[Any]] | None = None,
+        messages: Sequence[list[dict[str, str]]] | None = None,
     ) -> RewardOutput:
-        """Score `completions` (aligned with `prompts` and with every list in `columns`)."""
+        """Score `completions` (aligned with `prompts`, with every list in `columns` and with
+        `messages`, each prompt's conversation, which the `conversational` rewards get; without
+        it, a prompt stands for its one user turn)."""
         n = len(completions)
         columns = columns or {}
         if len(prompts) != n:
@@ -210,14 +232,15 @@ class RewardComposer:
         bounds = _chunk_bounds(n, self.max_workers)
         tasks = [
             (name, list(prompts[a:b]), list(completions[a:b]),
-             {key: list(values[a:b]) for key, values in columns.items()})
+             {key: list(values[a:b]) for key, values in columns.items()},
+             None if messages is None else list(messages[a:b]))
             for name in self.functions
             for a, b in bounds
         ]  # fmt: skip
         started = time.monotonic()
         running = [_in_daemon_thread(lambda task=task: self._score_chunk(*task)) for task in tasks]
         results = []
-        for (name, _, chunk, _), (future, thread) in zip(tasks, running, strict=True):
+        for (name, _, chunk, *_), (future, thread) in zip(tasks, running, strict=True):
             deadline = self.deadline(name, len(chunk))
             wait = None if deadline is None else max(0.0, started + deadline - time.monotonic())
             try:
@@ -243,14 +266,20 @@ def compose_rewards(
     max_workers: int = 4,
     timeout_s: float = 5.0,
     call_timeout_s: float | None = None,
+    conversational: frozenset[str] = frozenset(),
 ) -> RewardComposer:
     """A `RewardComposer` for `(name, weight)` pairs (registered names or import paths).
 
     `max_workers` chunks of completions are scored in parallel per reward (1 = one call per
     reward); `timeout_s` is the hard timeout of one verifier call (see `rlvr.rewards.verify`);
     `call_timeout_s` replaces the deadline ``timeout_s * (2 * n + 2)`` of a reward call on
-    ``n`` completions (rewards marked ``self_timed`` have none).
+    ``n`` completions (rewards marked ``self_timed`` have none); the rewards named in
+    `conversational` get TRL's conversational shapes.
     """
     return RewardComposer(
-        specs, max_workers=max_workers, timeout_s=timeout_s, call_timeout_s=call_timeout_s
+        specs,
+        max_workers=max_workers,
+        timeout_s=timeout_s,
+        call_timeout_s=call_timeout_s,
+        conversational=conversational,
     )

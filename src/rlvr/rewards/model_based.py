@@ -304,6 +304,11 @@ def build_model_rewards(
             continue
         if spec.name in built:
             raise ConfigError(f"reward {spec.name!r} is listed twice in reward.functions")
+        if spec.conversational:
+            raise ConfigError(
+                f"reward {spec.name!r}: conversational is for TRL-signature rewards; a model "
+                "reward reads the prompts and completions itself"
+            )
         built[spec.name] = (spec.weight, MODEL_REWARDS.get(spec.name)(spec.options, context))
     return built
 

@@ -31,6 +31,12 @@ def reward_columns(problems: list[Problem]) -> dict[str, list]:
     return columns
 
 
+def prompt_messages(problem: Problem) -> list[dict[str, str]]:
+    """The prompt as TRL's conversational rewards see it: its messages, or its question as
+    the one user turn."""
+    return list(problem.messages or [{"role": "user", "content": problem.question}])
+
+
 class RewardScorer:
     """Adds `rewards`, `reward_parts` and `correct` to a batch.
 
@@ -56,7 +62,12 @@ class RewardScorer:
         if task.reward not in {name for name, _ in specs}:
             specs.append((task.reward, 0.0))
         self.verifier = task.reward
-        self.compose = compose_rewards(specs, timeout_s=cfg.reward.timeout_s)
+        conversational = frozenset(
+            s.name for s in functions if s.conversational and s.name not in MODEL_REWARDS
+        )
+        self.compose = compose_rewards(
+            specs, timeout_s=cfg.reward.timeout_s, conversational=conversational
+        )
         context = RewardContext(
             policy, tokenizer, generator, cfg.model, cfg.train.seed, cfg.train.micro_batch_tokens
         )
@@ -71,7 +82,8 @@ class RewardScorer:
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
         columns = reward_columns(batch.problems)
-        out = self.compose(batch.prompt_texts, batch.completion_texts, columns)
+        messages = [prompt_messages(p) for p in batch.problems]
+        out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages)
         if self.model_rewards:
             columns.setdefault("question", [p.question for p in batch.problems])
             add_model_rewards(
