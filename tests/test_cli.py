@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import yaml
+from trl.rewards import get_soft_overlong_punishment
 from typer.testing import CliRunner
 
 from rlvr.cli import app
@@ -233,16 +234,32 @@ def test_train_then_report_then_eval(tmp_path):
     )  # the record says how it was sampled
 
 
-def test_trl_s_own_reward_trains_when_marked_conversational(tmp_path):
+def length_in_tokens(completion_ids: list[list[int]], **_: object) -> list[float]:
+    """A TRL-style reward that reads `completion_ids`, as TRL passes them."""
+    return [float(len(ids)) for ids in completion_ids]
+
+
+overlong = get_soft_overlong_punishment(max_completion_len=10, soft_punish_cache=4)  # TRL's
+
+
+def test_trl_s_own_rewards_train_as_in_trl(tmp_path):
     think = "trl.rewards:think_format_reward"
     errors = {}
     for flag in ("true", "false"):
         run_dir = tmp_path / flag
-        reward = f"reward.functions=[{{name: '{think}', conversational: {flag}}}, {{name: math}}]"
+        functions = [
+            f"{{name: '{think}', conversational: {flag}}}",
+            "{name: math}",
+            f"{{name: '{__name__}:length_in_tokens', weight: 0.0}}",
+            f"{{name: '{__name__}:overlong'}}",
+        ]
+        reward = f"reward.functions=[{', '.join(functions)}]"
         result = runner.invoke(app, ["train", *SMALL, f"train.output_dir={run_dir}", reward])
         assert result.exit_code == 0, result.output
         steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert all(f"reward/{think}" in m for m in steps)
+        for m in steps:  # completion_ids are the sampled tokens: their mean length is logged too
+            assert m[f"reward/{__name__}:length_in_tokens"] == m["response_length/mean"]
         errors[flag] = sum(m["reward/errors"] for m in steps)
     assert errors == {"true": 0, "false": 8}  # as texts: each call fails; 4 chunks, 2 steps
     model_reward = "reward.functions=[{name: brpo, conversational: true}]"

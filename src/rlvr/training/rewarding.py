@@ -81,7 +81,7 @@ class RewardScorer:
 
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
-        columns = reward_columns(batch.problems)
+        columns = {**reward_columns(batch.problems), "completion_ids": batch.completion_ids}
         messages = [prompt_messages(p) for p in batch.problems]
         out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages)
         if self.model_rewards:
