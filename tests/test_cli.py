@@ -51,6 +51,8 @@ def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
         (["train", "--output_dir", "x"], "not options: train.output_dir=x"),  # TRL's, again
         (["train", "--resum"], "no option '--resum'; did you mean --resume?"),  # a real option
         (["sweep", "--output_dir", "x"], "did you mean --output-dir?"),  # the command's own
+        (["train", "--preset", "grpoo"], "did you mean 'grpo'"),  # no settings at all
+        (["sft", "--sft.steps"], "not options: sft.steps=..."),  # the last argument
     ],
 )  # fmt: skip
 def test_a_setting_given_as_an_option_is_shown_as_key_value(args, said, tmp_path, monkeypatch):
