@@ -382,3 +382,32 @@ def test_a_save_to_disk_folder_is_read_as_its_rows(tmp_path):
     (tmp_path / "nothing").mkdir()
     with pytest.raises(DatasetError, match=r"nothing: a folder with no \.jsonl/"):
         load_file(tmp_path / "nothing")
+
+
+def test_a_verl_data_file_loads_with_a_dotted_answer_column(tmp_path):
+    """verl's preprocessed parquet: the prompt as chat messages, the answer nested in
+    `reward_model.ground_truth` (a struct column)."""
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "What is 2+3? Put the answer after ####."}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "5"},
+            "extra_info": {"index": 0, "split": "train"},
+        },
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "What is 7*6?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "42"},
+            "extra_info": {"index": 1, "split": "train"},
+        },
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    problems = load_file(path, answer_column="reward_model.ground_truth")
+    assert [p.answer for p in problems] == ["5", "42"]
+    assert problems[1].messages == ({"role": "user", "content": "What is 7*6?"},)
+    assert problems[0].columns["ability"] == "math"  # the other columns reach the rewards
+    with pytest.raises(DatasetError, match=r"row 1: missing column 'reward_model\.truth'"):
+        load_file(path, answer_column="reward_model.truth")

@@ -107,7 +107,8 @@ class DataConfig(Section):
     prompt_column: str = "prompt"
     """Column holding the question in data.path."""
     answer_column: str = "answer"
-    """Column holding the gold final answer in data.path."""
+    """Column holding the gold final answer in data.path; a dotted name reaches into a nested
+    one (verl's files: `reward_model.ground_truth`)."""
     solution_column: str | None = None
     """Column of worked solutions in data.path, the targets of `rlvr sft` (null in a row: none)."""
     template: Literal["chat", "r1", "qwen_math", "none"] = "chat"

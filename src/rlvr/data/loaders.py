@@ -192,14 +192,29 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     return DatasetError(f"missing column {column!r}; this row has columns {list(row)}{hint}")
 
 
+def _field(row: Row, column: str) -> tuple[bool, Any]:
+    """(found, value) of `column` in `row`. When no column has the name, a dotted one reaches
+    into nested objects: `reward_model.ground_truth`, where verl's data files keep the answer."""
+    if column in row:
+        return True, row[column]
+    value: Any = row
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
 def _required_text(row: Row, column: str, setting: str | None = None) -> str:
-    """The value of `column` as text, or a `DatasetError` that lists the row's columns."""
-    if column not in row:
+    """The value of `column` (`_field`) as text, or a `DatasetError` that lists the row's
+    columns."""
+    found, value = _field(row, column)
+    if not found:
         raise missing_column(row, column, setting)
-    text = _as_text(row[column])
+    text = _as_text(value)
     if text is None:
         raise DatasetError(
-            f"column {column!r} is {_describe(row[column])}, expected a non-empty string or "
+            f"column {column!r} is {_describe(value)}, expected a non-empty string or "
             f"a number; this row has columns {list(row)}"
         )
     return text
