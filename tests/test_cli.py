@@ -31,6 +31,14 @@ def test_presets_lists_every_preset_with_its_paper():
     assert "DeepSeekMath" in result.output and "R1-Zero" in result.output
 
 
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["sweep"], ["dpo"]])
+def test_dash_h_is_help(command):
+    """`-h` was read as a config file named '-h' by the settings commands."""
+    result = runner.invoke(app, [*command, "-h"], prog_name="rlvr")
+    assert result.exit_code == 0, result.output
+    assert f"Usage: rlvr {' '.join(command)}".rstrip() in " ".join(result.output.split())
+
+
 def test_train_with_a_mistyped_key_names_it_and_the_closest_key():
     result = runner.invoke(app, ["train", "--preset", "grpo", "algorithm.clip.hihg=0.3"])
     assert result.exit_code == 2

@@ -37,6 +37,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Train language models to reason with verifiable rewards.",
 )
 console = Console(markup=False, soft_wrap=True)
