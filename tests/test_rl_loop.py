@@ -196,6 +196,9 @@ def test_resume_names_the_settings_that_differ_from_the_run(tmp_path):
     with pytest.warns(UserWarning, match=r"differ .*: algorithm\.clip\.high: 0\.2 -> 0\.28$"):
         train(changed, resume=True, show_progress=False)
     assert "high: 0.28" in (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text("- a list, not a config\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: not a saved config"):
+        train(small_config(tmp_path, "train.steps=4"), resume=True, show_progress=False)
 
 
 def test_a_run_directory_never_mixes_two_runs(tmp_path, monkeypatch):

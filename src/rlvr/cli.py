@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shutil
 import textwrap
@@ -29,6 +28,7 @@ from rlvr.config import (
     resolve_config,
 )
 from rlvr.foreign_keys import rlvr_key
+from rlvr.tracking.jsonl import JsonlWriter
 
 if TYPE_CHECKING:
     from rlvr.training.stopping import RunStopped
@@ -270,8 +270,8 @@ def bench(
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
     if output is not None:
-        with output.open("a") as handle:
-            handle.write(json.dumps(result) + "\n")
+        with JsonlWriter(output) as log:
+            log.write(result)
 
 
 @app.command(context_settings=SETTINGS_COMMAND)
@@ -439,11 +439,13 @@ def eval_cmd(
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
     if output is not None:
-        with output.open("a") as handle:
-            handle.write(json.dumps(result) + "\n")
+        with JsonlWriter(output) as log:
+            log.write(result)
     if records is not None and log_samples is not None:
-        with log_samples.open("w") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in records)
+        log_samples.write_text("")  # this evaluation's samples only
+        with JsonlWriter(log_samples) as log:
+            for record in records:
+                log.write(record)
 
 
 @app.command()

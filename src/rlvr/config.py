@@ -22,6 +22,7 @@ from rlvr.config_files import (
     deep_merge as deep_merge,
     describe_fields as describe_fields,
     load_preset as load_preset,
+    load_saved_config as load_saved_config,
     make_output_dir as make_output_dir,
     parse_override as parse_override,
     preset_info as preset_info,

@@ -171,6 +171,20 @@ def save_config(config: BaseModel, path: Path) -> None:
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
+def load_saved_config(path: Path) -> dict | None:
+    """The settings a `save_config` file holds, None where there is no file; YAML that cannot
+    be read, or whose top level is not a mapping, is a `ConfigError` naming the file."""
+    if not path.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: not a saved config (its top level is not a mapping)")
+    return saved
+
+
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(tree, dict):
         return {prefix: tree}

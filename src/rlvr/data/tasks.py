@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from rlvr.config import ConfigError, DataConfig, data_config
+from rlvr.config import ConfigError, DataConfig, data_config, load_saved_config
 from rlvr.data.problem import Problem
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.run_layout import saved_config
@@ -124,13 +122,10 @@ def trained_on(model: str | Path) -> TrainedOn | None:
     (RUN_DIR/checkpoints/step-N). None for a model no rlvr run saved, and for a DPO run on a
     pair file (pairs are not problems with answers)."""
     found = saved_config(Path(model))
-    if found is None:
+    saved = None if found is None else load_saved_config(found)
+    if found is None or saved is None:
         return None
-    try:
-        saved = yaml.safe_load(found.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{found}: invalid YAML: {exc}") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict):
+    if not isinstance(saved.get("data"), dict):
         raise ConfigError(f"{found}: no `data` section, so not the config of an rlvr run")
     data = dict(saved["data"])
     if "dpo" in saved:

@@ -41,6 +41,7 @@ from rlvr.data.tasks import Task, load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
+from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training import sharding
 from rlvr.training.batching import (
@@ -380,7 +381,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
         make_output_dir(out_dir, "dpo.output_dir")
         for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
             (out_dir / name).unlink(missing_ok=True)
-        save_config(cfg, out_dir / "config.yaml")
+        save_config(cfg, out_dir / CONFIG_FILE)
         if records:
             with JsonlWriter(out_dir / "pairs.jsonl") as handle:
                 for record in records:

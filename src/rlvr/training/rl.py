@@ -16,11 +16,17 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import yaml
 
 from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
 from rlvr.algorithms.advantages import GROUP_BASELINES
-from rlvr.config import ConfigError, RLConfig, changed_settings, make_output_dir, save_config
+from rlvr.config import (
+    ConfigError,
+    RLConfig,
+    changed_settings,
+    load_saved_config,
+    make_output_dir,
+    save_config,
+)
 from rlvr.data.sampler import build_sampler
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
@@ -29,7 +35,7 @@ from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
-from rlvr.run_layout import checkpoint_path, latest_checkpoint
+from rlvr.run_layout import CONFIG_FILE, checkpoint_path, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.tracking.loggers import MetricLoggers
 from rlvr.tracking.progress import StepProgress
@@ -110,9 +116,10 @@ def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
     """Make the run directory and write its config.yaml (on rank 0)."""
     make_output_dir(run_dir, "train.output_dir")
-    if resume and (run_dir / "config.yaml").is_file():
-        warn_of_changes(yaml.safe_load((run_dir / "config.yaml").read_text()) or {}, cfg)
-    save_config(cfg, run_dir / "config.yaml")
+    saved = load_saved_config(run_dir / CONFIG_FILE) if resume else None
+    if saved is not None:
+        warn_of_changes(saved, cfg)
+    save_config(cfg, run_dir / CONFIG_FILE)
 
 
 def warn_of_changes(saved: dict, cfg: RLConfig) -> None:

@@ -21,6 +21,7 @@ from rlvr.config import ConfigError, SFTConfig, make_output_dir, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
+from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.training import sharding
 from rlvr.training.batching import (
@@ -108,7 +109,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     def start() -> None:
         make_output_dir(out_dir, "sft.output_dir")
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
-        save_config(cfg, out_dir / "config.yaml")
+        save_config(cfg, out_dir / CONFIG_FILE)
 
     ranks.on_main(start)
     _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in examples], tokenizer)

@@ -21,10 +21,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from rlvr.config import ConfigError, RLConfig, changed_settings, resolve_config
-from rlvr.run_layout import checkpoint_step, latest_checkpoint
+from rlvr.config import (
+    ConfigError,
+    RLConfig,
+    changed_settings,
+    load_saved_config,
+    resolve_config,
+)
+from rlvr.run_layout import CONFIG_FILE, checkpoint_step, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.report import load_run_metrics, plot_runs
 from rlvr.training.rl import check_choices, train
@@ -110,9 +114,8 @@ def saved_step(point: SweepPoint) -> int:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return 0
-    saved_path = run_dir / "config.yaml"
-    saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
-    if not saved:
+    saved = load_saved_config(run_dir / CONFIG_FILE)
+    if saved is None:
         changed = ["its config.yaml is missing"]
     else:
         changed = changed_settings(saved, point.config, ignore=("train.steps",))
