@@ -411,3 +411,8 @@ def test_a_verl_data_file_loads_with_a_dotted_answer_column(tmp_path):
     assert problems[0].columns["ability"] == "math"  # the other columns reach the rewards
     with pytest.raises(DatasetError, match=r"row 1: missing column 'reward_model\.truth'"):
         load_file(path, answer_column="reward_model.truth")
+    nested = [{"q": {"messages": row["prompt"]}, "a": {"gold": "5", "steps": None}} for row in rows]
+    path = write_jsonl(tmp_path / "nested.jsonl", nested)
+    by_path = load_file(path, prompt_column="q.messages", answer_column="a.gold",
+                        solution_column="a.steps")  # fmt: skip
+    assert by_path[0].messages == tuple(rows[0]["prompt"]) and by_path[0].solution is None

@@ -277,14 +277,15 @@ def load_file(
 
     def mapping(row: Row) -> Problem:
         messages = None
-        if isinstance(row.get(prompt_column), list):
-            messages = parse_messages(row[prompt_column], prompt_column)
+        prompt = _field(row, prompt_column)[1]
+        if isinstance(prompt, list):
+            messages = parse_messages(prompt, prompt_column)
             question = messages[-1]["content"]
         else:
             question = _required_text(row, prompt_column, "data.prompt_column")
         answer = _required_text(row, answer_column, "data.answer_column").strip()
         solution = None
-        if solution_column is not None and row.get(solution_column, "") is not None:
+        if solution_column is not None and _field(row, solution_column) != (True, None):
             # raises when missing or empty
             solution = _required_text(row, solution_column, "data.solution_column")
         columns = {key: value for key, value in row.items() if key not in used}
