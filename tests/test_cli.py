@@ -277,6 +277,37 @@ def test_trl_s_own_rewards_train_as_in_trl(tmp_path):
     assert bad.exit_code == 2 and "conversational is for TRL-signature rewards" in bad.stderr
 
 
+def scheduled_and_logging(completions, completion_ids, trainer_state, log_extra, log_metric, **_):
+    """A TRL reward using TRL's other keywords: a schedule on the step, a metric, a column."""
+    log_metric("tokens", sum(len(ids) for ids in completion_ids) / len(completion_ids))
+    log_extra("echo", completions)
+    return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+
+
+def test_trl_s_trainer_state_and_logging_keywords_reach_the_run(tmp_path):
+    """Over several sampling rounds (dynamic sampling), what each reward call logs lands on
+    its step and its samples."""
+    name = f"{__name__}:scheduled_and_logging"
+    settings = [
+        f"reward.functions=[{{name: math}}, {{name: '{name}', weight: 0.0}}]",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_sampling_rounds=3",
+        "train.steps=3",
+        "train.log_samples=100",
+    ]
+    result = runner.invoke(app, ["train", *SMALL, f"train.output_dir={tmp_path}", *settings])
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m[f"reward/{name}"] for m in steps] == pytest.approx([0, 1 / 3, 2 / 3])  # done / all
+    assert max(m["sampling_rounds"] for m in steps) > 1
+    for m in steps:  # one sample per call (4 chunks): the mean of the calls' means
+        assert m[f"reward/{name}/tokens"] == pytest.approx(m["response_length/mean"])
+        assert m["reward/errors"] == 0
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == sum(4 * m["sampling_rounds"] for m in steps)
+    assert all(line["echo"] == line["completion"] for line in samples)
+
+
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2

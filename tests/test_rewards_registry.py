@@ -8,8 +8,10 @@ import pytest
 
 from rlvr.rewards import (
     RewardOutput,
+    TrainerState,
     UnknownRewardError,
     compose_rewards,
+    concat_outputs,
     countdown_score,
     evaluate_countdown,
     format_score,
@@ -199,6 +201,75 @@ def test_a_conversational_reward_sees_the_messages_or_the_question_as_one_turn(
         ([chat], [[{"role": "assistant", "content": "a"}]]),
         ([[{"role": "user", "content": "q?"}]], [[{"role": "assistant", "content": "a"}]]),
     ]
+
+
+def test_trl_s_trainer_state_log_metric_and_log_extra(scratch_registry: None) -> None:
+    """TRL passes `trainer_state`, `log_metric` and `log_extra` to every reward; what the
+    parallel chunks log comes back in the completions' order."""
+
+    @register_reward("test_logs")
+    def logs(completions, trainer_state, log_extra, log_metric, **_) -> list[float]:
+        log_metric("chars", sum(len(c) for c in completions))
+        log_extra("chars", [len(c) for c in completions])
+        log_extra("first_letter", [c[:1] for c in completions])
+        return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+
+    completions = ["a" * i + "xyz"[i % 3] for i in range(11)]
+    state = TrainerState(global_step=3, max_steps=12)
+    outs = [
+        compose_rewards([("test_logs", 1.0)], max_workers=w)(
+            ["q"] * 11, completions, {}, None, state
+        )
+        for w in (1, 4)
+    ]
+    for out, calls in zip(outs, (1, 4), strict=True):
+        assert out.total == [0.25] * 11 and out.errors == 0
+        assert out.extra == {
+            "chars": [i + 1 for i in range(11)],
+            "first_letter": ["x"] + ["a"] * 10,
+        }
+        chunk_sums = out.metrics["reward/test_logs/chars"]
+        assert len(chunk_sums) == calls and sum(chunk_sums) == sum(range(1, 12))
+    assert outs[0].metrics == {"reward/test_logs/chars": [66.0]}
+
+
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [
+        (lambda extra, metric: extra("n", [1]), "log_extra('n', ...) got 1 values for 2"),
+        (lambda extra, metric: extra("reward", [1, 2]), "other than ['answer', 'completion'"),
+        (lambda extra, metric: extra("n", [object(), 1]), "cannot log object as JSON (key 'n[0]')"),
+        (lambda extra, metric: metric("m", "high"), "log_metric('m', ...) needs a number, got str"),
+        (lambda extra, metric: metric("", 1.0), "log_metric needs a metric name, got ''"),
+    ],
+)
+def test_a_bad_log_call_is_the_reward_s_error(scratch_registry: None, log, message) -> None:
+    """The call is counted as an error and what it logged before is dropped with its scores."""
+
+    @register_reward("test_bad_log")
+    def bad(completions, log_extra, log_metric, **_) -> list[float]:
+        log_metric("before", 1.0)
+        log(log_extra, log_metric)
+        return [1.0] * len(completions)
+
+    out = compose_rewards([("test_bad_log", 1.0)], max_workers=1)(["q", "q"], ["a", "b"], {})
+    assert (out.total, out.errors, out.metrics, out.extra) == ([0.0, 0.0], 1, {}, {})
+    assert message in out.error_examples[0]
+
+
+def test_concat_outputs_puts_steps_end_to_end() -> None:
+    first = RewardOutput([1.0], {"r": [1.0]}, 1, 0, ["e1"], {"m": [2.0]}, {"a": ["x"]})
+    second = RewardOutput([0.0, 3.0], {"r": [0.0, 3.0]}, 0, 2, [], {"m": [4.0]}, {"b": [1, 2]})
+    merged = concat_outputs([first, second])
+    assert merged == RewardOutput(
+        total=[1.0, 0.0, 3.0],
+        per_reward={"r": [1.0, 0.0, 3.0]},
+        errors=1,
+        timeouts=2,
+        error_examples=["e1"],
+        metrics={"m": [2.0, 4.0]},
+        extra={"a": ["x", None, None], "b": [None, 1, 2]},
+    )
 
 
 def test_composer_rejects_misaligned_input() -> None:

@@ -29,7 +29,13 @@ from rlvr.rewards.builtin import (
     math_score,
 )
 from rlvr.rewards.code import code_reward, code_score, extract_program, parse_tests
-from rlvr.rewards.compose import RewardComposer, RewardOutput, compose_rewards
+from rlvr.rewards.compose import (
+    RewardComposer,
+    RewardOutput,
+    TrainerState,
+    compose_rewards,
+    concat_outputs,
+)
 from rlvr.rewards.extract import extract_answer, last_boxed_content, last_number
 from rlvr.rewards.language import language_consistency_score, language_reward
 from rlvr.rewards.registry import (
@@ -64,6 +70,7 @@ __all__ = [
     "RewardOutput",
     "SandboxError",
     "SandboxResult",
+    "TrainerState",
     "UnknownRewardError",
     "VerifierError",
     "VerifierTimeout",
@@ -72,6 +79,7 @@ __all__ = [
     "code_reward",
     "code_score",
     "compose_rewards",
+    "concat_outputs",
     "countdown_reward",
     "countdown_score",
     "current_verifier_timeout",

@@ -14,9 +14,14 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
   an infinite score scores 0.0 and counts as an error.
 
 A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
-completions=..., **columns)``. One named in `conversational` gets TRL's conversational shapes
-instead of texts: each prompt as its messages (`messages`, given with the batch) and each
-completion as ``[{"role": "assistant", "content": text}]`` (what `trl.rewards` expect).
+completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``. One named in
+`conversational` gets TRL's conversational shapes instead of texts: each prompt as its
+messages (`messages`, given with the batch) and each completion as
+``[{"role": "assistant", "content": text}]`` (what `trl.rewards` expect). `trainer_state` is a
+`TrainerState` (the step, for rewards that change over training); ``log_metric(name, value)``
+adds a number to the step's `reward/<reward>/<name>` metric (the mean of every value logged
+in the step) and ``log_extra(column, values)`` a value per completion of the call to its
+sample's line in samples.jsonl (`RewardOutput.metrics`, `RewardOutput.extra`).
 
 Completions are split into at most `max_workers` contiguous chunks; each (reward, chunk) call
 runs in its own daemon thread and all of them run at once; results are put back in order, so
@@ -44,9 +49,12 @@ from typing import Any
 
 from rlvr.rewards.registry import RewardFn, get_reward
 from rlvr.rewards.verify import verifier_timeout
+from rlvr.tracking.jsonl import to_jsonable
 
 _MAX_ERROR_EXAMPLES = 5
 _SAMPLE_CHARS = 80
+SAMPLE_KEYS = frozenset({"step", "prompt", "completion", "answer", "reward", "reward_error"})
+"""The keys of a samples.jsonl line that `log_extra` columns may not take."""
 
 _abandoned_lock = threading.Lock()
 _abandoned: list[threading.Thread] = []
@@ -75,6 +83,51 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> tuple[Future, threading.Thread]:
     return future, thread
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """Where training stands, given to every reward as `trainer_state` (TRL's keyword; the
+    fields of `transformers.TrainerState` that a reward schedule reads)."""
+
+    global_step: int = 0
+    """RL steps completed before the one being scored (0 while the first is scored)."""
+    max_steps: int = 0
+    """Steps the run trains for (`train.steps`; 0 outside training)."""
+
+
+class _CallLog:
+    """What one reward call logs through TRL's `log_metric` and `log_extra` keywords."""
+
+    def __init__(self, completions: int) -> None:
+        self.completions = completions
+        self.metrics: dict[str, list[float]] = {}
+        self.extra: dict[str, list] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Add `value` to metric `name` (a bad name or a value that is not a number raises,
+        which makes the call an error)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"log_metric needs a metric name, got {name!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError) as exc:
+            kind = type(value).__name__
+            raise TypeError(f"log_metric({name!r}, ...) needs a number, got {kind}") from exc
+        self.metrics.setdefault(name, []).append(number)
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """Set column `column` of this call's completions, one JSON value each."""
+        if not isinstance(column, str) or not column or column in SAMPLE_KEYS:
+            taken = sorted(SAMPLE_KEYS)
+            raise ValueError(f"log_extra needs a column name other than {taken}, got {column!r}")
+        values = list(values)
+        if len(values) != self.completions:
+            raise ValueError(
+                f"log_extra({column!r}, ...) got {len(values)} values "
+                f"for {self.completions} completions"
+            )
+        self.extra[column] = to_jsonable(values, column)
+
+
 @dataclass
 class RewardOutput:
     """Scores of one batch of completions."""
@@ -89,6 +142,36 @@ class RewardOutput:
     """Completions whose verifier timed out or whose verifier worker died (scored 0.0)."""
     error_examples: list[str] = field(default_factory=list)
     """A few error messages, ``"name: ExceptionType: message"``."""
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    """Every value the rewards logged with `log_metric`, by ``reward/<reward>/<name>``."""
+    extra: dict[str, list] = field(default_factory=dict)
+    """The columns the rewards logged with `log_extra`, each a value per completion (None
+    where no call logged it; where two rewards log one column, the later in the list wins)."""
+
+
+def _put_column(extra: dict[str, list], column: str, values: list, start: int, n: int) -> None:
+    """Write `values` into `extra[column]` (n values, None until written) from `start` on."""
+    extra.setdefault(column, [None] * n)[start : start + len(values)] = values
+
+
+def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:
+    """One output for the completions of `outputs`, in order (a step's sampling rounds, the
+    ranks' chunks): scores, counts, examples and logged values put end to end."""
+    n = sum(len(out.total) for out in outputs)
+    merged = RewardOutput(total=[], per_reward={name: [] for name in outputs[0].per_reward})
+    for out in outputs:
+        start = len(merged.total)
+        merged.total.extend(out.total)
+        for name, scores in out.per_reward.items():
+            merged.per_reward[name].extend(scores)
+        merged.errors += out.errors
+        merged.timeouts += out.timeouts
+        merged.error_examples.extend(out.error_examples)
+        for name, values in out.metrics.items():
+            merged.metrics.setdefault(name, []).extend(values)
+        for column, values in out.extra.items():
+            _put_column(merged.extra, column, values, start, n)
+    return merged
 
 
 @dataclass
@@ -97,6 +180,8 @@ class _ChunkResult:
     errors: int = 0
     timeouts: int = 0
     messages: list[str] = field(default_factory=list)
+    log: _CallLog | None = None
+    """What the call logged (None when it failed: its values are dropped with its scores)."""
 
 
 def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -183,16 +268,26 @@ class RewardComposer:
         completions: list[str],
         columns: dict[str, list],
         messages: list[list[dict[str, str]]] | None,
+        state: TrainerState,
     ) -> _ChunkResult:
         """One call of reward `name` on one chunk; never raises."""
         shown: tuple[list, list] = (prompts, completions)
         if name in self.conversational:
             replies = [[{"role": "assistant", "content": text}] for text in completions]
             shown = (messages or [[{"role": "user", "content": p}] for p in prompts], replies)
+        log = _CallLog(len(completions))
+        keywords = {
+            **columns,
+            "trainer_state": state,
+            "log_extra": log.log_extra,
+            "log_metric": log.log_metric,
+        }
         try:
             with verifier_timeout(self.timeout_s):
-                raw = self.functions[name](prompts=shown[0], completions=shown[1], **columns)
-            return _convert(name, raw, completions)
+                raw = self.functions[name](prompts=shown[0], completions=shown[1], **keywords)
+            result = _convert(name, raw, completions)
+            result.log = log
+            return result
         except (Exception, SystemExit) as exc:  # a reward calling sys.exit() is an error too
             message = f"{name}: {type(exc).__name__}: {exc}"
             return _ChunkResult([0.0] * len(completions), errors=1, messages=[message])
@@ -217,10 +312,12 @@ class RewardComposer:
         completions: Sequence[str],
         columns: dict[str, Sequence[Any]] | None = None,
         messages: Sequence[list[dict[str, str]]] | None = None,
+        state: TrainerState = TrainerState(),
     ) -> RewardOutput:
         """Score `completions` (aligned with `prompts`, with every list in `columns` and with
         `messages`, each prompt's conversation, which the `conversational` rewards get; without
-        it, a prompt stands for its one user turn)."""
+        it, a prompt stands for its one user turn); every call gets `state` as
+        `trainer_state`."""
         n = len(completions)
         columns = columns or {}
         if len(prompts) != n:
@@ -233,10 +330,11 @@ class RewardComposer:
         tasks = [
             (name, list(prompts[a:b]), list(completions[a:b]),
              {key: list(values[a:b]) for key, values in columns.items()},
-             None if messages is None else list(messages[a:b]))
+             None if messages is None else list(messages[a:b]), state)
             for name in self.functions
             for a, b in bounds
         ]  # fmt: skip
+        starts = [a for _ in self.functions for a, _ in bounds]
         started = time.monotonic()
         running = [_in_daemon_thread(lambda task=task: self._score_chunk(*task)) for task in tasks]
         results = []
@@ -249,8 +347,13 @@ class RewardComposer:
                 results.append(self._abandoned_result(name, chunk, deadline or 0.0, thread))
 
         output = RewardOutput(total=[0.0] * n, per_reward={name: [] for name in self.functions})
-        for (name, *_), result in zip(tasks, results, strict=True):
+        for (name, *_), start, result in zip(tasks, starts, results, strict=True):
             output.per_reward[name].extend(result.scores)
+            if result.log is not None:
+                for metric, values in result.log.metrics.items():
+                    output.metrics.setdefault(f"reward/{name}/{metric}", []).extend(values)
+                for column, values in result.log.extra.items():
+                    _put_column(output.extra, column, values, start, n)
             output.errors += result.errors
             output.timeouts += result.timeouts
             room = _MAX_ERROR_EXAMPLES - len(output.error_examples)

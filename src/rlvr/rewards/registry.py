@@ -2,7 +2,9 @@
 
 A reward function is ``f(prompts: list[str], completions: list[str], **columns) -> list[float]``
 where each column (``answer=[...]``, ``numbers=[...]``) is a list aligned with `completions`;
-this is the signature of TRL's ``reward_funcs``, so users can bring theirs unchanged.
+this is the signature of TRL's ``reward_funcs``, so users can bring theirs unchanged. The
+composer also passes TRL's ``trainer_state``, ``log_metric`` and ``log_extra`` keywords
+(`rlvr.rewards.compose`).
 
 `get_reward` resolves a registered name or a ``"package.module:function"`` import path.
 """

@@ -13,7 +13,7 @@ from rlvr.algorithms.shaping import (
 from rlvr.config import RLConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task
-from rlvr.rewards import RewardOutput, compose_rewards
+from rlvr.rewards import RewardOutput, TrainerState, compose_rewards
 from rlvr.rewards.model_based import (
     MODEL_REWARDS,
     RewardContext,
@@ -76,6 +76,7 @@ class RewardScorer:
         """This step's generation budget (the loop sets it when a schedule changes it)."""
         self.step = 0
         """The current RL step (the loop sets it; the length reward switches on by step)."""
+        self.max_steps = cfg.train.steps
         self.overlong = cfg.algorithm.overlong
         self.shaping = cfg.algorithm.shaping
 
@@ -83,7 +84,8 @@ class RewardScorer:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
         columns = {**reward_columns(batch.problems), "completion_ids": batch.completion_ids}
         messages = [prompt_messages(p) for p in batch.problems]
-        out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages)
+        state = TrainerState(global_step=max(self.step - 1, 0), max_steps=self.max_steps)
+        out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages, state)
         if self.model_rewards:
             columns.setdefault("question", [p.question for p in batch.problems])
             add_model_rewards(

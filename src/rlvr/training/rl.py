@@ -354,8 +354,8 @@ def _train(
                     "step": step,
                     "lr": scheduler.get_last_lr()[0],
                     "skipped_updates": skipped,
-                    "reward/errors": data.errors,
-                    "reward/timeouts": data.timeouts,
+                    "reward/errors": data.rewards.errors,
+                    "reward/timeouts": data.rewards.timeouts,
                     "sampling_rounds": data.rounds,
                     "time/rollout": data.rollout_seconds,
                     "time/reward": t2 - t0 - data.rollout_seconds,
@@ -365,6 +365,7 @@ def _train(
                 }
             )
             metrics["kl_coef"], metrics["entropy_coef"] = settings.kl_coef, settings.entropy_coef
+            metrics.update({k: sum(v) / len(v) for k, v in data.rewards.metrics.items() if v})
             metrics.update(sampler.stats())
             metrics_log.write(metrics)
             loggers.log(metrics, step)
@@ -378,15 +379,17 @@ def _train(
                         "completion": full_batch.completion_texts[i],
                         "answer": full_batch.problems[i].answer,
                         "reward": float(full_batch.rewards[i]),
+                        **{column: values[i] for column, values in data.rewards.extra.items()},
                     }
                 )
-            for message in data.error_examples[:2]:
+            failed = data.rewards
+            for message in failed.error_examples[:2]:
                 samples_log.write({"step": step, "reward_error": message})
-            if data.error_examples and ranks.main and not reward_errors_shown:
+            if failed.error_examples and ranks.main and not reward_errors_shown:
                 reward_errors_shown = True
                 warnings.warn(
-                    f"step {step}: rewards failed ({data.errors} error(s), {data.timeouts} "
-                    f"timeout(s), each scored 0; the first: {data.error_examples[0]}); later "
+                    f"step {step}: rewards failed ({failed.errors} error(s), {failed.timeouts} "
+                    f"timeout(s), each scored 0; the first: {failed.error_examples[0]}); later "
                     "ones are counted in reward/errors and reward/timeouts and shown in "
                     "samples.jsonl only",
                     stacklevel=1,

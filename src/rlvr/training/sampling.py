@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -16,6 +16,7 @@ from rlvr.data.sampler import PromptSampler
 from rlvr.data.tasks import Task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import decode_completions, eos_token_ids
+from rlvr.rewards import RewardOutput, concat_outputs
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.training.batch import RolloutBatch, concat_batches
@@ -69,14 +70,10 @@ class StepData:
     """Every scored sample of every round (rollout metrics come from these)."""
     kept: RolloutBatch
     """The samples dynamic sampling kept (all of them when it is off)."""
+    rewards: RewardOutput
+    """The reward functions' output for `sampled`: errors, timeouts, what they logged."""
     rounds: int = 1
     """Rollout rounds it took."""
-    errors: int = 0
-    """Reward calls that raised."""
-    timeouts: int = 0
-    """Verifier calls that timed out."""
-    error_examples: list[str] = field(default_factory=list)
-    """A few reward error messages."""
     rollout_seconds: float = 0.0
     """Time spent sampling."""
     reward_seconds: float = 0.0
@@ -131,8 +128,8 @@ def collect_step(
     are gathered, so every rank returns the same whole step."""
     r, algo = cfg.rollout, cfg.algorithm
     dynamic = DynamicSampling(r.prompts_per_step, algo.max_sampling_rounds)
-    sampled, kept, examples = [], [], []
-    rounds = errors = timeouts = 0
+    sampled, kept, outputs = [], [], []
+    rounds = 0
     seconds = [0.0, 0.0]
     while True:
         offset = rounds * r.prompts_per_step
@@ -144,17 +141,16 @@ def collect_step(
         t1 = time.perf_counter()
         scored = rewarder(batch)
         if ranks.world > 1:
-            parts = ranks.gather((batch, scored.errors, scored.timeouts, scored.error_examples))
+            parts = ranks.gather((batch, scored))
             batch = concat_batches([part[0] for part in parts])
-            scored.errors, scored.timeouts = (sum(part[i] for part in parts) for i in (1, 2))
-            scored.error_examples = [e for part in parts for e in part[3]]
+            scored = concat_outputs([part[1] for part in parts])
         sampler.observe(
             drawn, group_pass_rates(batch.correct, batch.group_ids - offset, len(drawn))
         )
         seconds[0], seconds[1] = seconds[0] + t1 - t0, seconds[1] + time.perf_counter() - t1
-        rounds, errors, timeouts = rounds + 1, errors + scored.errors, timeouts + scored.timeouts
-        examples.extend(scored.error_examples)
+        rounds += 1
         sampled.append(batch)
+        outputs.append(scored)
         if not algo.dynamic_sampling:
             kept.append(batch)
             break
@@ -163,5 +159,5 @@ def collect_step(
         if dynamic.full:
             break
     return StepData(
-        concat_batches(sampled), concat_batches(kept), rounds, errors, timeouts, examples, *seconds
+        concat_batches(sampled), concat_batches(kept), concat_outputs(outputs), rounds, *seconds
     )
