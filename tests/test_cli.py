@@ -243,6 +243,18 @@ def test_train_then_report_then_eval(tmp_path):
         0,
     )  # the record says how it was sampled
 
+    # the run directory itself stands for its latest checkpoint
+    args = ["eval", "--model", str(run_dir), "--k", "2", "--samples", "3"]
+    result = runner.invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"is a run directory: evaluating its latest, {checkpoint}" in result.stderr
+    assert f"data settings of {run_dir}" in result.stderr
+    from_run_dir = json.loads(out.read_text().splitlines()[-1])
+    assert from_run_dir["model"] == str(checkpoint)
+    assert {k: v for k, v in from_run_dir.items() if k not in ("model", "seconds")} == {
+        k: v for k, v in got.items() if k not in ("model", "seconds")
+    }
+
 
 def length_in_tokens(completion_ids: list[list[int]], **_: object) -> list[float]:
     """A TRL-style reward that reads `completion_ids`, as TRL passes them."""

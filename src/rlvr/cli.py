@@ -347,7 +347,10 @@ def curate(
 
 @app.command("eval", context_settings={"allow_extra_args": True})
 def eval_cmd(
-    model: Annotated[str, typer.Option(help="Model directory, or `tiny`")],
+    model: Annotated[
+        str,
+        typer.Option(help="Model directory, run directory (its latest checkpoint), or `tiny`"),
+    ],
     data_overrides: Annotated[
         list[str] | None,
         typer.Argument(help="data.KEY=VALUE settings of the task (e.g. data.max_digits=1)"),
@@ -398,9 +401,14 @@ def eval_cmd(
     from rlvr.data.tasks import eval_settings, load_eval_task
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
+    from rlvr.run_layout import evaluated_folder
 
     _appendable(output)
     _appendable(log_samples, "--log-samples")
+    checkpoint = evaluated_folder(Path(model))
+    if model != "tiny" and checkpoint != Path(model):
+        diagnostics.print(f"{model} is a run directory: evaluating its latest, {checkpoint}")
+        model = str(checkpoint)
     try:
         data, run = eval_settings(
             model,

@@ -43,3 +43,11 @@ def saved_config(model_dir: Path) -> Path | None:
     if model_dir.parent.name == CHECKPOINTS:
         candidates.append(model_dir.parent.parent / CONFIG_FILE)
     return next((c for c in candidates if c.is_file()), None)
+
+
+def evaluated_folder(path: Path) -> Path:
+    """The model folder `rlvr eval --model path` evaluates: `path` itself, or for a run
+    directory (no config.json, complete checkpoints) its latest checkpoint."""
+    if (path / "config.json").is_file():
+        return path
+    return latest_checkpoint(path) or path
