@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # What reads and writes the tree lives in `rlvr.config_files`; `rlvr.config` re-exports it.
 from rlvr.config_files import (
@@ -159,7 +159,7 @@ class RolloutStage(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf"] = "hf"
-    """Rollout engine: `hf` (in-process, KV cache)."""
+    """Rollout engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU)."""
     prompts_per_step: int = Field(default=32, ge=1)
     """Distinct prompts sampled per RL step."""
     samples_per_prompt: int = Field(default=8, ge=1)
@@ -180,6 +180,16 @@ class RolloutConfig(Section):
     """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_is_built(cls, value: object) -> object:
+        if value == "vllm":
+            raise ValueError(
+                "'vllm' is not built yet (docs/decisions.md, 'No vLLM engine yet'); 'hf' is "
+                "the in-process engine"
+            )
+        return value
 
     @model_validator(mode="after")
     def _budget_holds_the_minimum(self) -> RolloutConfig:
