@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -201,6 +202,26 @@ def test_a_conversational_reward_sees_the_messages_or_the_question_as_one_turn(
         ([chat], [[{"role": "assistant", "content": "a"}]]),
         ([[{"role": "user", "content": "q?"}]], [[{"role": "assistant", "content": "a"}]]),
     ]
+
+
+def test_an_async_reward_is_awaited(scratch_registry: None) -> None:
+    """TRL awaits `async def` rewards (ones that call a service, say); so does the composer,
+    each chunk's call in its own thread and event loop, its errors counted as any other's."""
+
+    @register_reward("test_async")
+    async def slow_length(completions, **_) -> list[float]:
+        await asyncio.sleep(0.01)
+        if "boom" in completions:
+            raise RuntimeError("service down")
+        return [float(len(c)) for c in completions]
+
+    out = compose_rewards([("test_async", 1.0)], max_workers=4)(
+        ["q"] * 5, ["a", "bb", "", "c", "dd"]
+    )
+    assert (out.total, out.errors) == ([1.0, 2.0, 0.0, 1.0, 2.0], 0)
+    failed = compose_rewards([("test_async", 1.0)], max_workers=2)(["q"] * 2, ["a", "boom"])
+    assert failed.total == [1.0, 0.0] and failed.errors == 1
+    assert failed.error_examples == ["test_async: RuntimeError: service down"]
 
 
 def test_trl_s_trainer_state_log_metric_and_log_extra(scratch_registry: None) -> None:

@@ -14,8 +14,8 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
   an infinite score scores 0.0 and counts as an error.
 
 A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
-completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``. One named in
-`conversational` gets TRL's conversational shapes instead of texts: each prompt as its
+completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``, and an
+`async def` one is awaited in its call's thread. One named in `conversational` gets TRL's conversational shapes instead of texts: each prompt as its
 messages (`messages`, given with the batch) and each completion as
 ``[{"role": "assistant", "content": text}]`` (what `trl.rewards` expect). `trainer_state` is a
 `TrainerState` (the step, for rewards that change over training); ``log_metric(name, value)``
@@ -39,6 +39,8 @@ slow start of the verifier pool never abandons it.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import threading
 import time
@@ -81,6 +83,11 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> tuple[Future, threading.Thread]:
     thread = threading.Thread(target=run, name="rlvr-reward", daemon=True)
     thread.start()
     return future, thread
+
+
+async def _awaited(awaitable: Any) -> Any:
+    """The result of `awaitable` (asyncio.run takes coroutines only)."""
+    return await awaitable
 
 
 @dataclass(frozen=True)
@@ -285,6 +292,8 @@ class RewardComposer:
         try:
             with verifier_timeout(self.timeout_s):
                 raw = self.functions[name](prompts=shown[0], completions=shown[1], **keywords)
+                if inspect.isawaitable(raw):  # an `async def` reward (TRL awaits them too)
+                    raw = asyncio.run(_awaited(raw))
             result = _convert(name, raw, completions)
             result.log = log
             return result
