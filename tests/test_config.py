@@ -224,6 +224,11 @@ def test_help_config_rows_show_each_default_with_its_range():
         (RLConfig, "data.train_batch_size=64", "verl's name for rlvr's 'rollout.prompts_per_step'"),
         (RLConfig, "algorithm.clip.hihg=0.3", "did you mean 'algorithm.clip.high'?"),
         (DPOConfig, "num_generations=4", "unknown config key 'num_generations'"),
+        (
+            RLConfig,
+            "reward_model.model.path=/rm",
+            "'reward_model.model.path' is verl's name for rlvr's 'reward.functions'",
+        ),
     ],
 )
 def test_a_trl_or_verl_name_is_answered_with_rlvrs_key(model, override, message):

@@ -44,10 +44,12 @@ TRL: dict[str, tuple[str, ...]] = {
     "mask_truncated_completions": ("algorithm.overlong.filter",),
     "label_smoothing": ("dpo.label_smoothing",),
     "simpo_gamma": ("dpo.gamma",),
+    "reward_weights": ("reward.functions",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
-command has. TRL's GRPO `loss_type` also picks the normaliser: its `dr_grpo` is rlvr's
-`dr_grpo` preset, its `dapo` the aggregation `token_mean`."""
+command has (`reward_weights`: each reward's `weight` in `reward.functions`). TRL's GRPO
+`loss_type` also picks the normaliser: its `dr_grpo` is rlvr's `dr_grpo` preset, its `dapo`
+the aggregation `token_mean`."""
 
 VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.path": ("model.name_or_path",),
@@ -81,9 +83,12 @@ VERL: dict[str, tuple[str, ...]] = {
     "trainer.default_local_dir": ("train.output_dir",),
     "trainer.save_freq": ("train.save_every",),
     "trainer.test_freq": ("eval.every_steps",),
+    "reward_model.enable": ("reward.functions",),
+    "reward_model.model.path": ("reward.functions",),
 }
-"""verl trainer-config key (its Hydra override path) -> rlvr key. verl's KL loss is on when
-`use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
+"""verl trainer-config key (its Hydra override path) -> rlvr key (a reward model is an entry
+of `reward.functions`: `{name: reward_model, options: {model: PATH}}`). verl's KL loss is on
+when `use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
 
 
 def _leaves(key: str, value: Any) -> list[str]:

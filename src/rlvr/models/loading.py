@@ -71,28 +71,34 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
     return model, tokenizer
 
 
-def load_pretrained(name_or_path: str, dtype: str = "float32") -> tuple[PreTrainedModel, Tokenizer]:
-    """Load a causal LM and its tokenizer from a local HF directory or a hub name."""
+def load_pretrained(
+    name_or_path: str,
+    dtype: str = "float32",
+    auto_class: type = AutoModelForCausalLM,
+    key: str = "model.name_or_path",
+) -> tuple[PreTrainedModel, Tokenizer]:
+    """Load a causal LM (or another `auto_class` of transformers) and its tokenizer from a
+    local HF directory or a hub name; a `ModelLoadError` names the setting `key`."""
     path = Path(name_or_path)
     looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
     if looks_local and not (path / "config.json").is_file():
         latest = latest_checkpoint(path)
         hint = f"; a run directory: give one of its checkpoints, e.g. {latest}" if latest else ""
         raise ModelLoadError(
-            f"model.name_or_path {name_or_path!r}: no Hugging Face model there "
+            f"{key} {name_or_path!r}: no Hugging Face model there "
             f"({'missing config.json' if path.is_dir() else 'path does not exist'}){hint}"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except OSError as exc:
         raise ModelLoadError(
-            f"model.name_or_path {name_or_path!r} could not be loaded ({exc}); give a local "
+            f"{key} {name_or_path!r} could not be loaded ({exc}); give a local "
             "model directory, or `tiny` for the built-in model, when the hub is unreachable"
         ) from exc
     except SafetensorError as exc:
         raise ModelLoadError(
-            f"model.name_or_path {name_or_path!r}: a weights file cannot be read ({exc}); it "
+            f"{key} {name_or_path!r}: a weights file cannot be read ({exc}); it "
             "is damaged or cut short"
         ) from None
     if tokenizer.pad_token_id is None:

@@ -7,7 +7,9 @@ as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. Tw
 
 - ``brpo``: Writing-Zero's bootstrapped pairwise judge reward (`rlvr.rewards.judge`);
 - ``reference_likelihood``: VR-CLI / log-likelihood of the reference answer
-  (`rlvr.rewards.likelihood`).
+  (`rlvr.rewards.likelihood`);
+- ``reward_model``: a sequence classifier's score (TRL's and verl's reward model,
+  `rlvr.rewards.reward_model`).
 
 `RewardScorer` (`rlvr.training.rewarding`) sends every ``reward.functions`` entry whose name is
 in `MODEL_REWARDS` here, and the rest to `compose_rewards`. Like there, nothing a model reward
@@ -31,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from rlvr.algorithms.registry import Registry
 from rlvr.config import ConfigError, ModelConfig, RewardSpec, Section
@@ -41,6 +43,11 @@ from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, load_p
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rewards.judge import HFJudge, Judge, OpenAIJudge, brpo_rewards
 from rlvr.rewards.likelihood import reference_likelihood_rewards
+from rlvr.rewards.reward_model import (
+    is_sequence_classifier,
+    reward_model_scores,
+    reward_model_texts,
+)
 
 MAX_ERROR_EXAMPLES = 5
 
@@ -277,6 +284,67 @@ def build_reference_likelihood(options: dict[str, Any], context: RewardContext) 
             reasoning_stop=opts.reasoning_stop,
             micro_batch_tokens=context.micro_batch_tokens,
         )
+        return ModelRewardResult(scores)
+
+    return reward
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+class RewardModelOptions(Section):
+    model: str
+    """Local directory or hub name of a Hugging Face `*ForSequenceClassification` model."""
+    chat_template: bool | None = None
+    """Write the conversation with the reward model's chat template (None: when it has one);
+    false: the prompt the policy saw, then the completion."""
+    batch_size: int = Field(default=32, ge=1)
+    """Sequences scored per forward pass."""
+    max_length: int | None = Field(default=None, ge=1)
+    """Keep only the last this many tokens of a longer text (None: whole texts)."""
+
+
+def load_reward_model(
+    path: str, context: RewardContext
+) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    """The sequence classifier at `path`, frozen, on the policy's device."""
+    option = "reward 'reward_model': model"
+    try:
+        model, tokenizer = load_pretrained(
+            path, auto_class=AutoModelForSequenceClassification, key=option
+        )
+    except ModelLoadError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not is_sequence_classifier(model):
+        saved = ", ".join(model.config.architectures or [])
+        raise ConfigError(
+            f"{option} {path!r} is a {saved}, not a *ForSequenceClassification reward model: "
+            "its score head would be random"
+        )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model = model.eval().requires_grad_(False)
+    if context.policy is not None:
+        model = model.to(next(context.policy.parameters()).device)
+    return model, tokenizer
+
+
+@MODEL_REWARDS.register("reward_model")
+def build_reward_model(options: dict[str, Any], context: RewardContext) -> ModelReward:
+    """A learned reward model's score of each completion (see `rlvr.rewards.reward_model`);
+    it reads each prompt's messages from the ``prompt_messages`` column when there is one."""
+    opts = parse_options(RewardModelOptions, "reward_model", options)
+    model, tokenizer = load_reward_model(opts.model, context)
+    chat = opts.chat_template
+    if chat is None:
+        chat = getattr(tokenizer, "chat_template", None) is not None
+
+    def reward(
+        prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
+    ) -> ModelRewardResult:
+        messages = columns.get("prompt_messages")
+        texts = reward_model_texts(tokenizer, prompts, completions, messages, chat)
+        scores = reward_model_scores(model, tokenizer, texts, opts.batch_size, opts.max_length)
         return ModelRewardResult(scores)
 
     return reward

@@ -88,6 +88,7 @@ class RewardScorer:
         out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages, state)
         if self.model_rewards:
             columns.setdefault("question", [p.question for p in batch.problems])
+            columns.setdefault("prompt_messages", messages)
             add_model_rewards(
                 out,
                 self.model_rewards,
