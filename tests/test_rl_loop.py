@@ -300,3 +300,37 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
     assert not tmp_path.joinpath("config.yaml").exists()
     for alone in ("algorithm.advantage=reinforce_pp", "algorithm.advantage=gae"):
         check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))
+
+
+def terms(text: str) -> int:
+    """The terms of a one-digit sum: its digits."""
+    return sum(c.isdigit() for c in text)
+
+
+def test_prompts_over_max_prompt_tokens_are_left_out_of_training(tmp_path, capsys):
+    """One-digit sums of two or three terms template to 15 or 17 tokens: with a 15-token
+    limit only the two-term prompts are sampled, and the run says how many it left out."""
+    settings = [*TINY_RUN, "data.min_terms=2", "data.max_terms=3", "train.steps=3"]
+    settings += ["train.log_samples=12", "rollout.max_prompt_tokens=15"]
+    cfg = resolve_config(overrides=[*settings, f"train.output_dir={tmp_path}"])
+    three_terms = sum(terms(p.question) == 3 for p in load_task(cfg.data).train)
+    assert 0 < three_terms < cfg.data.train_size
+    train(cfg, show_progress=True)
+    said = f"{three_terms} of {cfg.data.train_size} training prompts are longer and left out"
+    assert said in capsys.readouterr().out
+    samples = read_jsonl(tmp_path / "samples.jsonl")
+    assert len(samples) == 36
+    assert all(terms(s["prompt"]) == 2 for s in samples)
+    _, tokenizer = load_model_and_tokenizer(cfg.model)
+    assert all(
+        len(tokenizer(s["prompt"], add_special_tokens=False)["input_ids"]) <= 15 for s in samples
+    )
+
+    cfg = resolve_config(overrides=[*settings, "rollout.max_prompt_tokens=14"])
+    with pytest.raises(ConfigError, match="max_prompt_tokens=14: all 100 training prompts are"):
+        train(
+            cfg.model_copy(
+                update={"train": cfg.train.model_copy(update={"output_dir": str(tmp_path / "b")})}
+            )
+        )
+    assert not (tmp_path / "b").exists()  # refused before the run directory is made

@@ -174,6 +174,9 @@ class RolloutConfig(Section):
     """Generation budget per completion; longer completions are truncated."""
     min_new_tokens: int = Field(default=0, ge=0)
     """EOS is not sampled before this many tokens (0 = off; benchmarks force equal lengths)."""
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    """Leave out of training the prompts longer than this many tokens once templated (verl's
+    max_prompt_length with filter_overlong_prompts); None = keep every prompt."""
     batch_size: int = Field(default=512, ge=1)
     """Most sequences decoded at once by the in-process engine."""
     cuda_graphs: bool = True

@@ -45,6 +45,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "label_smoothing": ("dpo.label_smoothing",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
+    "max_prompt_length": ("rollout.max_prompt_tokens",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`). TRL's GRPO
@@ -55,6 +56,7 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.path": ("model.name_or_path",),
     "data.train_batch_size": ("rollout.prompts_per_step",),
     "data.max_response_length": ("rollout.max_new_tokens",),
+    "data.max_prompt_length": ("rollout.max_prompt_tokens",),
     "actor_rollout_ref.rollout.n": ("rollout.samples_per_prompt",),
     "actor_rollout_ref.rollout.temperature": ("rollout.temperature",),
     "actor_rollout_ref.rollout.top_p": ("rollout.top_p",),

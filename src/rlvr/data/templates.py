@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from transformers import PreTrainedTokenizerBase
 
+from rlvr.data.problem import Problem
+
 R1_PROMPT = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant "
     "solves it. The assistant first thinks about the reasoning process in the mind and then "
@@ -66,3 +68,13 @@ def encode_prompts(
     them), the one way SFT, RL and evaluation turn questions into model input."""
     texts = [apply_template(name, q, tokenizer) for q in questions]
     return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def short_prompts(
+    name: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase, max_tokens: int
+) -> list[Problem]:
+    """The problems whose prompt, rendered with template `name`, is at most `max_tokens`
+    tokens, in their order (verl's `filter_overlong_prompts`; TRL's `max_prompt_length` cuts
+    them instead, which can cut the question a verifiable answer depends on)."""
+    _, ids = encode_prompts(name, [p.prompt for p in problems], tokenizer)
+    return [p for p, row in zip(problems, ids, strict=True) if len(row) <= max_tokens]

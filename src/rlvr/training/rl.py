@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from rlvr.config import (
     save_config,
 )
 from rlvr.data.sampler import build_sampler
-from rlvr.data.tasks import load_task
+from rlvr.data.tasks import Task, load_task
+from rlvr.data.templates import short_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
@@ -157,6 +159,25 @@ def train(
         return _train(cfg, ranks, resume, filters, show_progress)
 
 
+def without_long_prompts(task: Task, cfg: RLConfig, tokenizer, announce: bool) -> Task:
+    """`task` with only the training prompts of at most `rollout.max_prompt_tokens` tokens;
+    the held-out problems stay whole, so that evaluations match `rlvr eval`."""
+    limit, total = cfg.rollout.max_prompt_tokens, len(task.train)
+    kept = short_prompts(cfg.data.template, task.train, tokenizer, limit)
+    if not kept:
+        raise ConfigError(
+            f"rollout.max_prompt_tokens={limit}: all {total} training prompts are longer "
+            f"once templated with data.template={cfg.data.template}"
+        )
+    if announce and len(kept) < total:
+        print(
+            f"rollout.max_prompt_tokens={limit}: {total - len(kept)} of {total} training "
+            "prompts are longer and left out",
+            flush=True,
+        )
+    return replace(task, train=kept)
+
+
 def _train(
     cfg: RLConfig,
     ranks: Ranks,
@@ -190,6 +211,8 @@ def _train(
         )
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
     ranks.copy_from_main(model)
+    if r.max_prompt_tokens is not None:
+        task = without_long_prompts(task, cfg, tokenizer, announce=show_progress and ranks.main)
     if cfg.train.gradient_checkpointing:
         try:
             fused.enable_activation_checkpointing(model)
