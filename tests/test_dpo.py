@@ -152,6 +152,15 @@ def test_preset_learns_the_held_out_preference(tmp_path, preset):
     assert last["loss"] < first["loss"] - 0.1
 
 
+def test_dpo_epochs_set_the_steps_from_the_pairs(tmp_path):
+    """Half a pass over the 128 training pairs, 16 a step, is 4 steps (dpo.steps=12 unused)."""
+    cfg = file_config(tmp_path, "dpo", "dpo.epochs=0.5", "dpo.eval_every_steps=0")
+    run_dir = run_dpo(cfg, show_progress=False)
+    lines = list(read_jsonl(run_dir / "metrics.jsonl"))
+    assert [(r["step"], r["epoch"]) for r in lines] == [(s, s * 16 / 128) for s in range(1, 5)]
+    assert [e["step"] for e in read_jsonl(run_dir / "eval.jsonl")] == [0, 4]
+
+
 def test_last_held_out_line_is_the_saved_model_against_the_start(tmp_path):
     cfg = file_config(tmp_path, "dpo", "dpo.steps=4", "dpo.eval_every_steps=0")
     run_dir = run_dpo(cfg, show_progress=False)

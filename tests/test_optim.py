@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training.optim import build_optimizer
+from rlvr.training.optim import build_optimizer, optimizer_steps
 
 
 def test_the_cpu_keeps_pytorchs_default_adamw():
@@ -38,3 +38,12 @@ def test_a_gpu_uses_the_fused_adamw_and_it_steps_like_the_default():
         default.step()
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "rows", "batch_size", "steps"),
+    [(None, 10, 4, 300), (2, 10, 4, 5), (1, 10, 4, 3), (0.1, 10, 4, 1), (0.3, 100, 10, 3)],
+)
+def test_optimizer_steps_from_epochs(epochs, rows, batch_size, steps):
+    """ceil(epochs × rows / batch_size), counted by hand; without epochs, the steps given."""
+    assert optimizer_steps(300, epochs, rows, batch_size) == steps

@@ -64,6 +64,30 @@ def test_a_second_run_into_the_same_directory_replaces_its_log(tmp_path):
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
+def test_sft_epochs_set_the_steps_from_the_solutions(tmp_path):
+    """TRL's num_train_epochs: 1.5 passes over 20 solutions, 4 a step, is ceil(7.5) = 8
+    steps whatever sft.steps says; each line logs the passes done."""
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {"train_size": 20, "test_size": 2, "max_digits": 1},
+            "sft": {
+                "steps": 2,
+                "epochs": 1.5,
+                "batch_size": 4,
+                "warmup_steps": 0,
+                "output_dir": str(tmp_path),
+            },
+        }
+    )
+    assert len([p for p in load_task(cfg.data).train if p.solution]) == 20
+    run_sft(cfg, show_progress=False)
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in lines] == list(range(1, 9))
+    assert [r["epoch"] for r in lines] == pytest.approx([4 * s / 20 for s in range(1, 9)])
+    assert lines[-1]["lr"] == pytest.approx(0.1 * 1e-3)  # the cosine ends on the 8th step
+
+
 def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
     problems, _ = synthetic_splits("arithmetic", train_size=40, test_size=1, seed=0, max_digits=1)
     path = tmp_path / "data.jsonl"

@@ -529,6 +529,9 @@ def data_config(base: dict, overrides: list[str] | tuple[str, ...] = ()) -> Data
 class SFTTrainConfig(Section):
     steps: int = Field(default=300, ge=1)
     """Optimizer steps of supervised fine-tuning."""
+    epochs: float | None = Field(default=None, gt=0)
+    """Passes over the worked solutions instead of sft.steps (TRL's num_train_epochs): the
+    steps are then ceil(epochs × solutions / batch_size), and sft.steps is not used."""
     batch_size: int = Field(default=64, ge=1)
     """Worked solutions per optimizer step."""
     lr: float = Field(default=1e-3, ge=0.0)
@@ -600,6 +603,9 @@ class DPOTrainConfig(Section):
     """Conservative-DPO ε: the probability that a pair's label is flipped (not for ipo)."""
     steps: int = Field(default=100, ge=1)
     """Optimizer steps."""
+    epochs: float | None = Field(default=None, gt=0)
+    """Passes over the training pairs instead of dpo.steps (TRL's num_train_epochs): the
+    steps are then ceil(epochs × pairs / batch_size), and dpo.steps is not used."""
     batch_size: int = Field(default=32, ge=1)
     """Preference pairs per optimizer step; the loss is their mean."""
     lr: float = Field(default=1e-6, ge=0.0)

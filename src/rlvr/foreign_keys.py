@@ -29,6 +29,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "weight_decay": _each_command("weight_decay"),
     "max_grad_norm": _each_command("max_grad_norm"),
     "max_steps": _each_command("steps"),
+    "num_train_epochs": ("sft.epochs", "dpo.epochs"),
     "seed": _each_command("seed"),
     "output_dir": _each_command("output_dir"),
     "per_device_train_batch_size": ("sft.batch_size", "dpo.batch_size"),

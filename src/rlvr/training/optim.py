@@ -14,6 +14,14 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from rlvr.training import sharding
 
 
+def optimizer_steps(steps: int, epochs: float | None, rows: int, batch_size: int) -> int:
+    """`steps`, or with `epochs` set the steps that pass over `rows` examples that many
+    times, `batch_size` a step: ceil(epochs × rows / batch_size)."""
+    if epochs is None:
+        return steps
+    return max(1, math.ceil(epochs * rows / batch_size - 1e-9))
+
+
 def build_optimizer(
     model: nn.Module,
     lr: float,

@@ -53,7 +53,7 @@ from rlvr.training.batching import (
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
-from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 from rlvr.training.rl import NonFiniteError
 
 MAX_NONFINITE_STEPS = 3
@@ -399,18 +399,19 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None
     if d.fsdp:
         sharding.shard(model, ranks, d.fsdp_reshard_after_forward, announce=show_progress)
+    batch_size = min(d.batch_size, len(train_pairs))
+    steps = optimizer_steps(d.steps, d.epochs, len(train_pairs), batch_size)
     optimizer = build_optimizer(model, d.lr, d.weight_decay, shard=d.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=d.warmup_steps,
-        total_steps=d.steps,
+        total_steps=steps,
         schedule=d.schedule,
         min_lr_ratio=d.min_lr_ratio,
     )
     order_rng = random.Random(d.seed)
     order: list[int] = []
     bad_steps = 0
-    batch_size = min(d.batch_size, len(train_pairs))
     metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
     eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
     with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev:
@@ -424,7 +425,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
 
         held_out(0)
         model.train()
-        for step in range(1, d.steps + 1):
+        for step in range(1, steps + 1):
             start = time.perf_counter()
             if len(order) < batch_size:
                 fresh = list(range(len(train_pairs)))
@@ -438,7 +439,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), d.max_grad_norm or float("inf"))
             )
-            record = {"step": step, **_means(parts, ranks), "grad_norm": grad_norm}
+            record = {"step": step, "epoch": step * batch_size / len(train_pairs)}
+            record.update({**_means(parts, ranks), "grad_norm": grad_norm})
             finite = math.isfinite(record["loss"]) and math.isfinite(grad_norm)
             bad_steps = 0 if finite else bad_steps + 1
             if finite:
@@ -461,16 +463,16 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
                     f"{bad_steps} consecutive steps had a non-finite loss or gradient; stopping "
                     "(lower dpo.lr or check the pairs)"
                 )
-            if d.eval_every_steps and step % d.eval_every_steps == 0 and step < d.steps:
+            if d.eval_every_steps and step % d.eval_every_steps == 0 and step < steps:
                 held_out(step)
-            if show_progress and ranks.main and (step % 10 == 0 or step == d.steps):
+            if show_progress and ranks.main and (step % 10 == 0 or step == steps):
                 print(
-                    f"{d.loss} step {step}/{d.steps}  loss {record['loss']:.4f}  "
+                    f"{d.loss} step {step}/{steps}  loss {record['loss']:.4f}  "
                     f"reward accuracy {record['rewards/accuracies']:.3f}",
                     flush=True,
                 )
-        held_out(d.steps)
-    sharding.check_in_sync(model, ranks, f"{d.loss} step {d.steps}")
+        held_out(steps)
+    sharding.check_in_sync(model, ranks, f"{d.loss} step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:
         save_pretrained(model, tokenizer, out_dir, weights)

@@ -33,7 +33,7 @@ from rlvr.training.batching import (
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
-from rlvr.training.optim import build_optimizer, build_scheduler
+from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 
 
 def summed_nll(
@@ -120,11 +120,12 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     if s.fsdp:
         sharding.shard(model, ranks, s.fsdp_reshard_after_forward, announce=show_progress)
+    steps = optimizer_steps(s.steps, s.epochs, len(examples), s.batch_size)
     optimizer = build_optimizer(model, s.lr, s.weight_decay, shard=s.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
         warmup_steps=s.warmup_steps,
-        total_steps=s.steps,
+        total_steps=steps,
         schedule=s.schedule,
         min_lr_ratio=s.min_lr_ratio,
     )
@@ -133,7 +134,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     model.train()
     start = time.perf_counter()
     with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log:
-        for step in range(1, s.steps + 1):
+        for step in range(1, steps + 1):
             if len(order) < s.batch_size:
                 fresh = list(range(len(examples)))
                 order_rng.shuffle(fresh)
@@ -158,15 +159,16 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
             log.write(
                 {
                     "step": step,
+                    "epoch": step * s.batch_size / len(examples),
                     "loss": total,
                     "grad_norm": float(grad_norm),
                     "lr": scheduler.get_last_lr()[0],
                     "time": time.perf_counter() - start,
                 }
             )
-            if show_progress and ranks.main and (step % 50 == 0 or step == s.steps):
-                print(f"sft step {step}/{s.steps}  loss {total:.4f}", flush=True)
-    sharding.check_in_sync(model, ranks, f"sft step {s.steps}")
+            if show_progress and ranks.main and (step % 50 == 0 or step == steps):
+                print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
+    sharding.check_in_sync(model, ranks, f"sft step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:
         save_pretrained(model, tokenizer, out_dir, weights)
