@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlvr.config import resolve_config
+from rlvr.config import SFTConfig, resolve_config
 from rlvr.data.curation import curate_row, drop_duplicates
 from rlvr.data.loaders import DatasetError, load_file
 from rlvr.data.synthetic import synthetic_splits
@@ -15,6 +15,7 @@ from rlvr.data.templates import apply_template, encode_prompts
 from rlvr.models.tiny import build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
+from rlvr.training.sft import run_sft
 from tiny_run import TINY_RUN
 
 SYSTEM = {"role": "system", "content": "Answer in tags."}
@@ -48,6 +49,12 @@ def test_a_conversation_is_kept_and_its_last_user_turn_is_the_question(tmp_path)
         (["hi"], "message 1: expected an object"),
         ([SYSTEM, {"role": "robot", "content": "x"}], "message 2: role must be one of"),
         ([{"role": "user", "content": 3}], "message 1: role must be one of"),
+        (
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
+            "the closing assistant turn is empty",
+        ),
+        ([SYSTEM, {"role": "assistant", "content": "x"}], "must end with a non-empty user turn"),
+        ([{"role": "assistant", "content": "x"}], "must end with a non-empty user turn"),
     ],
 )
 def test_bad_conversations_name_file_row_and_message(tmp_path, prompt, message):
@@ -57,6 +64,44 @@ def test_bad_conversations_name_file_row_and_message(tmp_path, prompt, message):
     with pytest.raises(DatasetError, match=r"c\.jsonl, row 2 \(line 2\): column 'prompt'") as e:
         load_file(path)
     assert message in str(e.value)
+
+
+def test_trl_s_sft_rows_give_their_reply_as_the_solution_and_need_no_answer(tmp_path):
+    """TRL's conversational SFT rows (`messages` ending with the assistant's reply) and its
+    prompt-completion rows load as problems whose solution is the reply, with
+    data.answer_column=null for rows without a gold answer; `rlvr sft` fits them."""
+    problems, _ = synthetic_splits("arithmetic", train_size=40, test_size=1, seed=0, max_digits=1)
+    conversations = [
+        {"messages": [SYSTEM, {"role": "user", "content": p.question},
+                      {"role": "assistant", "content": p.solution}]}
+        for p in problems
+    ]  # fmt: skip
+    completions = [{"prompt": p.question, "completion": p.solution} for p in problems]
+    for rows, columns in (
+        (conversations, {"prompt_column": "messages"}),
+        (completions, {"solution_column": "completion"}),
+    ):
+        path = write_jsonl(tmp_path / "sft.jsonl", rows)
+        loaded = load_file(path, answer_column=None, **columns)
+        assert [p.solution for p in loaded] == [p.solution for p in problems]
+        assert [p.question for p in loaded] == [p.question for p in problems]
+        assert {p.answer for p in loaded} == {""} and all(not p.columns for p in loaded)
+        if "prompt_column" in columns:
+            assert loaded[0].messages == (SYSTEM, {"role": "user", "content": problems[0].question})
+        overrides = [f"data.{key}={value}" for key, value in columns.items()]
+        cfg = resolve_config(
+            overrides=[
+                "model.tiny.hidden_size=32", "model.tiny.num_layers=1",
+                "model.tiny.intermediate_size=64", "data.task=file", f"data.path={path}",
+                "data.answer_column=null", "data.test_size=4", "sft.steps=30", "sft.lr=3e-3",
+                "sft.batch_size=8", "sft.warmup_steps=0", f"sft.output_dir={tmp_path / 'run'}",
+                *overrides,
+            ],
+            model=SFTConfig,
+        )  # fmt: skip
+        run_sft(cfg, show_progress=False)
+        losses = [r["loss"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+        assert losses[-1] < 0.8 * losses[0], losses
 
 
 def test_only_the_chat_template_renders_a_conversation():

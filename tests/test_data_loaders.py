@@ -125,7 +125,10 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
     assert str(path) in message and "row 2 (line 2)" in message
     assert "missing column 'answer'" in message
     assert "['prompt', 'solution', 'level']" in message  # the columns the row does have
-    assert message.endswith("set data.answer_column to the one that holds it")
+    assert message.endswith(
+        "set data.answer_column to the one that holds it, or to null if the rows have no gold "
+        "answer (SFT data, a reward model)"
+    )
 
 
 def test_missing_column_in_parquet_names_row(tmp_path):

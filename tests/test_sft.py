@@ -113,5 +113,7 @@ def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
     losses = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
     assert losses[-1] < 0.8 * losses[0], losses  # it fits the file's worked solutions
     cfg.data.solution_column = None
-    with pytest.raises(ValueError, match=r"name their column with data\.solution_column"):
+    with pytest.raises(
+        ValueError, match=r"name their column, one of \['worked'\], with data\.solution"
+    ):
         run_sft(cfg, show_progress=False)

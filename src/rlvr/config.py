@@ -107,9 +107,10 @@ class DataConfig(Section):
     """Optional local held-out file for task `file`; otherwise the last data.test_size rows."""
     prompt_column: str = "prompt"
     """Column holding the question in data.path."""
-    answer_column: str = "answer"
+    answer_column: str | None = "answer"
     """Column holding the gold final answer in data.path; a dotted name reaches into a nested
-    one (verl's files: `reward_model.ground_truth`)."""
+    one (verl's files: `reward_model.ground_truth`); null: the rows have none (SFT data, a
+    reward model), and the task's verifier scores 0."""
     solution_column: str | None = None
     """Column of worked solutions in data.path, the targets of `rlvr sft` (null in a row: none)."""
     template: Literal["chat", "r1", "qwen_math", "none"] = "chat"

@@ -189,6 +189,8 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     """The error for a row without `column`: it lists the row's columns and, when a config
     key chose the name (`data.prompt_column`), says to point that key at one of them."""
     hint = f"; set {setting} to the one that holds it" if setting else ""
+    if setting == "data.answer_column":
+        hint += ", or to null if the rows have no gold answer (SFT data, a reward model)"
     return DatasetError(f"missing column {column!r}; this row has columns {list(row)}{hint}")
 
 
@@ -225,7 +227,7 @@ ROLES = ("system", "user", "assistant")
 
 def parse_messages(value: list, column: str) -> tuple[dict[str, str], ...]:
     """A conversational prompt (TRL's format): ``{"role", "content"}`` messages with string
-    contents, the last one the user's."""
+    contents, the last one the user's (see `split_reply` for one that ends with the reply)."""
     messages = []
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and set(message) >= {"role", "content"}):
@@ -245,6 +247,19 @@ def parse_messages(value: list, column: str) -> tuple[dict[str, str], ...]:
     return tuple(messages)
 
 
+def split_reply(value: list, column: str) -> tuple[list, str | None]:
+    """A conversation that ends with the assistant's turn (TRL's conversational SFT format,
+    ``{"messages": [..., {"role": "assistant", ...}]}``) as its prompt and that reply; any
+    other as it is, with no reply."""
+    last = value[-1] if value else None
+    if isinstance(last, dict) and last.get("role") == "assistant" and len(value) > 1:
+        reply = last.get("content")
+        if not isinstance(reply, str) or not reply.strip():
+            raise DatasetError(f"column {column!r}: the closing assistant turn is empty")
+        return value[:-1], reply
+    return value, None
+
+
 def _map_rows(
     path: str | Path, rows: list[tuple[str, Row]], mapping: Callable[[Row], Problem]
 ) -> list[Problem]:
@@ -261,30 +276,36 @@ def load_file(
     path: str | Path,
     *,
     prompt_column: str = "prompt",
-    answer_column: str = "answer",
+    answer_column: str | None = "answer",
     solution_column: str | None = None,
 ) -> list[Problem]:
     """Problems from a local ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file.
 
     Each row needs a non-empty string or number in `prompt_column` and `answer_column`
-    (numbers become strings, ``42.0`` -> ``"42"``); the prompt may instead be a conversation,
-    a list of ``{"role", "content"}`` messages ending with the user's turn (TRL's
-    conversational format), which `data.template=chat` renders. `solution_column`, when
-    given, must be present in every row; its value may be null. All other columns go to
-    `Problem.columns`.
+    (numbers become strings, ``42.0`` -> ``"42"``); with `answer_column` None the rows have
+    no gold answer (``""``: SFT data, a reward that needs none). The prompt may instead be a
+    conversation, a list of ``{"role", "content"}`` messages ending with the user's turn
+    (TRL's conversational format), which `data.template=chat` renders; one that ends with
+    the assistant's turn (TRL's conversational SFT rows) gives that turn as the solution.
+    `solution_column`, when given, must be present in every row; its value may be null. All
+    other columns go to `Problem.columns`.
     """
-    used = {prompt_column, answer_column} | ({solution_column} if solution_column else set())
+    named = (prompt_column, answer_column, solution_column)
+    used = {column for column in named if column is not None}
 
     def mapping(row: Row) -> Problem:
-        messages = None
+        messages, reply = None, None
         prompt = _field(row, prompt_column)[1]
         if isinstance(prompt, list):
-            messages = parse_messages(prompt, prompt_column)
+            turns, reply = split_reply(prompt, prompt_column)
+            messages = parse_messages(turns, prompt_column)
             question = messages[-1]["content"]
         else:
             question = _required_text(row, prompt_column, "data.prompt_column")
-        answer = _required_text(row, answer_column, "data.answer_column").strip()
-        solution = None
+        answer = ""
+        if answer_column is not None:
+            answer = _required_text(row, answer_column, "data.answer_column").strip()
+        solution = reply
         if solution_column is not None and _field(row, solution_column) != (True, None):
             # raises when missing or empty
             solution = _required_text(row, solution_column, "data.solution_column")

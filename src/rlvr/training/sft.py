@@ -100,7 +100,9 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
     examples = [p for p in task.train if p.solution]
     if not examples:
-        hint = " (name their column with data.solution_column)" if task.name == "file" else ""
+        others = sorted(task.train[0].columns) if task.train else []
+        hint = f" (name their column, one of {others}, with data.solution_column)"
+        hint = hint if task.name == "file" else ""
         raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     ranks.copy_from_main(model)
