@@ -320,6 +320,31 @@ def test_trl_s_trainer_state_and_logging_keywords_reach_the_run(tmp_path):
     assert all(line["echo"] == line["completion"] for line in samples)
 
 
+def test_a_verl_reward_file_trains_as_in_verl(tmp_path):
+    """verl's custom_reward_function (a file, compute_score by keyword, a dict with a score):
+    each logged sample's reward is the function of its completion and gold answer."""
+    reward_file = tmp_path / "verl_reward.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    hit = float(str(ground_truth) in solution_str)\n"
+        "    return {'score': hit, 'chars': len(solution_str), 'source': data_source}\n"
+    )
+    name = f"{reward_file}:compute_score"
+    run_dir = tmp_path / "run"
+    settings = [f"train.output_dir={run_dir}", "train.log_samples=4", "train.steps=4"]
+    result = runner.invoke(
+        app, ["train", *SMALL, *settings, f"reward.functions=[{{name: '{name}'}}]"]
+    )
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["reward/errors"] == 0 and f"reward/{name}/chars" in m for m in steps)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    hits = [float(line["answer"] in line["completion"]) for line in samples]
+    assert [line["reward"] for line in samples] == hits and 0 < sum(hits) < len(hits)
+    assert all(line["chars"] == len(line["completion"]) for line in samples)
+    assert {line["source"] for line in samples} == {None}  # the task has no data_source column
+
+
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2

@@ -84,6 +84,59 @@ def test_import_path_reward() -> None:
         get_reward("no_such_package_xyz.rewards:fn")
 
 
+VERL_FILE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str.strip().endswith(str(ground_truth))
+    return {"score": float(right), "from_toy": data_source == "toy", "index": extra_info["i"]}
+
+
+def gsm8k_style(solution_str, ground_truth, method="strict"):
+    return float(solution_str == ground_truth)
+
+
+def no_score(solution_str, **kwargs):
+    return {"acc": 1.0}
+"""
+
+
+def test_a_verl_reward_file_is_called_per_completion_as_verl_calls_it(tmp_path) -> None:
+    """verl's `custom_reward_function` (a file and a `compute_score(data_source, solution_str,
+    ground_truth, extra_info)`): its dict's score is the reward, its other keys are logged."""
+    path = tmp_path / "my_reward.py"
+    path.write_text(VERL_FILE)
+    name = f"{path}:compute_score"
+    columns = {
+        "answer": ["4", "5", "6"],
+        "data_source": ["toy", "toy", "other"],
+        "extra_info": [{"i": 0}, {"i": 1}, {"i": 5}],
+    }
+    out = compose_rewards([(name, 2.0)], max_workers=1)(["q"] * 3, ["so 4", "so 4", "6"], columns)
+    assert (out.total, out.errors) == ([2.0, 0.0, 2.0], 0)
+    assert out.extra == {"from_toy": [True, True, False], "index": [0, 1, 5]}
+    assert out.metrics == {f"reward/{name}/index": [2.0]}  # the numbers' mean; bools are not
+    gsm8k = compose_rewards([(f"{path}:gsm8k_style", 1.0)])(
+        ["q"] * 2, ["4", "x"], {"answer": ["4", "5"]}
+    )
+    assert gsm8k.total == [1.0, 0.0]  # given only the keywords it takes
+    broken = compose_rewards([(f"{path}:no_score", 1.0)], max_workers=1)(["q"], ["4"], {})
+    assert broken.errors == 1 and "returned a dict without 'score' (keys ['acc'])" in str(broken)
+    assert get_reward(name) is get_reward(name)  # the file is loaded once
+
+
+def test_a_reward_file_that_is_missing_or_fails_is_named(tmp_path) -> None:
+    with pytest.raises(UnknownRewardError, match=r"no Python file '.*nope\.py'"):
+        get_reward(f"{tmp_path / 'nope.py'}:compute_score")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import no_such_module_xyz\n")
+    with pytest.raises(
+        UnknownRewardError, match=r"loading '.*bad\.py' failed: ModuleNotFoundError"
+    ):
+        get_reward(f"{bad}:compute_score")
+    bad.write_text("x = 1\n")
+    with pytest.raises(UnknownRewardError, match="no attribute 'compute_score'"):
+        get_reward(f"{bad}:compute_score")
+
+
 # ------------------------------------------------------------------------------- composition
 
 R1 = "<think>easy</think><answer>{}</answer>"

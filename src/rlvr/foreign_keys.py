@@ -88,9 +88,12 @@ VERL: dict[str, tuple[str, ...]] = {
     "trainer.test_freq": ("eval.every_steps",),
     "reward_model.enable": ("reward.functions",),
     "reward_model.model.path": ("reward.functions",),
+    "custom_reward_function.path": ("reward.functions",),
+    "custom_reward_function.name": ("reward.functions",),
 }
 """verl trainer-config key (its Hydra override path) -> rlvr key (a reward model is an entry
-of `reward.functions`: `{name: reward_model, options: {model: PATH}}`). verl's KL loss is on
+of `reward.functions`: `{name: reward_model, options: {model: PATH}}`, and a custom reward
+function `{name: 'path/to/file.py:compute_score'}`). verl's KL loss is on
 when `use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
 
 

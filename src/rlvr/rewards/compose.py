@@ -15,7 +15,8 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
 
 A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
 completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``, and an
-`async def` one is awaited in its call's thread. One named in `conversational` gets TRL's
+`async def` one is awaited in its call's thread, and a verl ``compute_score`` is called per
+completion as verl calls it (`rlvr.rewards.verl_style`). One named in `conversational` gets TRL's
 conversational shapes instead of texts: each prompt as its messages (`messages`, given with
 the batch) and each completion as ``[{"role": "assistant", "content": text}]`` (what
 `trl.rewards` expect). `trainer_state` is a
@@ -52,6 +53,7 @@ from typing import Any
 
 from rlvr.rewards.registry import RewardFn, get_reward
 from rlvr.rewards.verify import verifier_timeout
+from rlvr.rewards.verl_style import as_trl_reward
 from rlvr.tracking.jsonl import to_jsonable
 
 _MAX_ERROR_EXAMPLES = 5
@@ -248,7 +250,9 @@ class RewardComposer:
         if duplicates:
             raise ValueError(f"reward(s) listed twice: {', '.join(duplicates)}")
         self.weights: dict[str, float] = {name: float(weight) for name, weight in specs}
-        self.functions: dict[str, RewardFn] = {name: get_reward(name) for name in names}
+        self.functions: dict[str, RewardFn] = {
+            name: as_trl_reward(get_reward(name)) for name in names
+        }
         self.max_workers = max(1, int(max_workers))
         self.timeout_s = float(timeout_s)
         self.call_timeout_s = None if call_timeout_s is None else float(call_timeout_s)

@@ -6,14 +6,20 @@ this is the signature of TRL's ``reward_funcs``, so users can bring theirs uncha
 composer also passes TRL's ``trainer_state``, ``log_metric`` and ``log_extra`` keywords
 (`rlvr.rewards.compose`).
 
-`get_reward` resolves a registered name or a ``"package.module:function"`` import path.
+`get_reward` resolves a registered name, a ``"package.module:function"`` import path or a
+``"path/to/file.py:function"`` file path (verl's `custom_reward_function`).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 RewardFn = Callable[..., list[Any]]
@@ -48,16 +54,42 @@ def list_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _import_reward(path: str) -> RewardFn:
-    """The function named by ``"package.module:function"``."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise UnknownRewardError(f"reward import path {path!r} must look like 'package.module:fn'")
+def _load_file(path: str, reward: str) -> ModuleType:
+    """The Python file at `path` as a module (verl's `custom_reward_function.path`), loaded
+    once under a name of its own."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise UnknownRewardError(f"reward {reward!r}: no Python file {path!r}")
+    name = f"rlvr_reward_file_{hashlib.sha1(str(file).encode()).hexdigest()[:16]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        message = f"cannot import module {module_name!r} of reward {path!r}: {exc}"
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:
+        del sys.modules[name]
+        message = f"reward {reward!r}: loading {path!r} failed: {type(exc).__name__}: {exc}"
         raise UnknownRewardError(message) from exc
+    return module
+
+
+def _import_reward(path: str) -> RewardFn:
+    """The function named by ``"package.module:function"`` or ``"path/to/file.py:function"``."""
+    module_name, _, attribute = path.rpartition(":")
+    if not module_name or not attribute:
+        raise UnknownRewardError(
+            f"reward import path {path!r} must look like 'package.module:fn' or 'file.py:fn'"
+        )
+    if module_name.endswith(".py"):
+        module = _load_file(module_name, path)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            message = f"cannot import module {module_name!r} of reward {path!r}: {exc}"
+            raise UnknownRewardError(message) from exc
     fn: Any = module
     for part in attribute.split("."):
         if not hasattr(fn, part):
@@ -82,5 +114,5 @@ def get_reward(name: str) -> RewardFn:
     hint = f"; did you mean {closest[0]!r}?" if closest else "."
     raise UnknownRewardError(
         f"unknown reward {name!r}{hint} Registered rewards: {', '.join(valid)}; "
-        "a custom reward is given as 'package.module:function'."
+        "a custom reward is given as 'package.module:function' or 'path/to/file.py:function'."
     )

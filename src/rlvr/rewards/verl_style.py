@@ -1,0 +1,88 @@
+"""verl's reward functions, called the way verl's reward manager calls them.
+
+verl scores one response at a time with ``compute_score(data_source=..., solution_str=...,
+ground_truth=..., extra_info=...)`` (its `custom_reward_function`; the dataset's
+``data_source`` and ``extra_info`` columns, the ground truth of ``reward_model``) and takes a
+float, or a dict whose ``"score"`` is the reward and whose other entries verl logs beside it.
+`as_trl_reward` turns such a function into a TRL-signature reward for the composer: a function
+whose parameters include ``solution_str`` is called once per completion with the keywords it
+accepts; the ground truth is the problem's answer (`data.answer_column`, e.g.
+``reward_model.ground_truth``), and the other entries of a returned dict are logged with
+`log_extra` (every one) and `log_metric` (the mean of the numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def is_verl_reward(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` has verl's signature (a ``solution_str`` parameter)."""
+    try:
+        return "solution_str" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or other callable without a signature
+        return False
+
+
+def _accepted(fn: Callable[..., Any]) -> set[str]:
+    """verl's keywords that `fn` takes (all of them when it takes ``**kwargs``)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return set(VERL_ARGUMENTS)
+    return {p.name for p in parameters} & set(VERL_ARGUMENTS)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
+    """`fn` itself, or for a verl ``compute_score`` a TRL-signature reward calling it once per
+    completion."""
+    if not is_verl_reward(fn):
+        return fn
+    accepted = _accepted(fn)
+
+    @functools.wraps(fn)
+    def reward(
+        prompts: Sequence[Any],
+        completions: Sequence[str],
+        log_extra: Callable[[str, list], None],
+        log_metric: Callable[[str, float], None],
+        **columns: Any,
+    ) -> list[Any]:
+        n = len(completions)
+        answers = columns.get("answer", [None] * n)
+        sources = columns.get("data_source", [None] * n)
+        extras = columns.get("extra_info", [None] * n)
+        scores, logged = [], {}
+        for i, completion in enumerate(completions):
+            given = {
+                "data_source": sources[i],
+                "solution_str": completion,
+                "ground_truth": answers[i],
+                "extra_info": extras[i],
+            }
+            out = fn(**{key: value for key, value in given.items() if key in accepted})
+            if isinstance(out, dict):
+                if "score" not in out:
+                    raise ValueError(f"returned a dict without 'score' (keys {sorted(out)})")
+                for key, value in out.items():
+                    if key != "score":
+                        logged.setdefault(key, [None] * n)[i] = value
+                out = out["score"]
+            scores.append(out)
+        for key, values in logged.items():
+            log_extra(key, values)
+            numbers = [v for v in values if _is_number(v)]
+            if numbers:
+                log_metric(key, sum(numbers) / len(numbers))
+        return scores
+
+    return reward
