@@ -334,3 +334,21 @@ def test_prompts_over_max_prompt_tokens_are_left_out_of_training(tmp_path, capsy
             )
         )
     assert not (tmp_path / "b").exists()  # refused before the run directory is made
+
+
+def test_keep_checkpoints_deletes_the_older_ones_and_resume_goes_on(tmp_path):
+    """TRL's save_total_limit: with a checkpoint each step and 2 kept, steps 3 and 4 remain,
+    a folder that is not a step-N checkpoint stays, and --resume continues from step 4."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step-best").mkdir(parents=True)
+    settings = ["train.save_every=1", "train.keep_checkpoints=2"]
+    train(small_config(run_dir, "train.steps=4", *settings), show_progress=False)
+    left = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert left == ["step-3", "step-4", "step-best"]
+    train(small_config(run_dir, "train.steps=5", *settings), resume=True, show_progress=False)
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-4",
+        "step-5",
+        "step-best",
+    ]

@@ -431,6 +431,9 @@ class TrainConfig(Section):
     """Run directory."""
     save_every: int = Field(default=0, ge=0)
     """Checkpoint every N steps (0 = only at the end, or when SIGINT/SIGTERM stops the run)."""
+    keep_checkpoints: int = Field(default=0, ge=0)
+    """Keep only the newest N checkpoints, deleting older step-N folders after each save
+    (0 = keep every one); other folders under checkpoints/ are never deleted."""
     log_samples: int = Field(default=4, ge=0)
     """Prompt/completion examples written to samples.jsonl per step."""
     log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models import lora
 from rlvr.models.loading import save_pretrained
-from rlvr.run_layout import STATE_FILE, checkpoint_path
+from rlvr.run_layout import CHECKPOINTS, STATE_FILE, checkpoint_path, checkpoint_step
 from rlvr.training import sharding
 
 
@@ -46,9 +46,11 @@ def save_checkpoint(
     tokenizer: Any,
     state: dict[str, Any],
     weights: dict[str, torch.Tensor] | None = None,
+    keep: int = 0,
 ) -> Path:
     """Write `checkpoint_path(run_dir, step)` atomically; return it. `weights`: the whole
-    weights of a sharded model (`sharding.whole_state`)."""
+    weights of a sharded model (`sharding.whole_state`); `keep` > 0: then delete all but the
+    newest `keep` checkpoints (`prune_checkpoints`)."""
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -58,7 +60,25 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    if keep:
+        prune_checkpoints(run_dir, keep)
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete the complete `step-N` checkpoints of `run_dir` but the `keep` with the highest
+    steps (TRL's save_total_limit, verl's max_actor_ckpt_to_keep); return what was deleted.
+    Incomplete folders and other names (`step-best`) are left alone."""
+    folder = run_dir / CHECKPOINTS
+    steps = sorted(
+        (checkpoint_step(p), p)
+        for p in folder.iterdir()
+        if checkpoint_step(p) is not None and (p / STATE_FILE).is_file()
+    )
+    old = [path for _, path in steps[: max(len(steps) - keep, 0)]]
+    for path in old:
+        shutil.rmtree(path)
+    return old
 
 
 class CheckpointError(ValueError):

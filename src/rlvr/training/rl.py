@@ -428,7 +428,8 @@ def _train(
                 sharding.check_in_sync(model, ranks, f"step {step}")
                 state, weights = checkpoint_state(), sharding.whole_state(model)
                 if ranks.main:
-                    save_checkpoint(run_dir, step, model, tokenizer, state, weights)
+                    keep = cfg.train.keep_checkpoints
+                    save_checkpoint(run_dir, step, model, tokenizer, state, weights, keep)
             if received is not None:
                 raise RunStopped(received, step, checkpoint_path(run_dir, step))
     return run_dir
