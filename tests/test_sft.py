@@ -114,6 +114,6 @@ def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses  # it fits the file's worked solutions
     cfg.data.solution_column = None
     with pytest.raises(
-        ValueError, match=r"name their column, one of \['worked'\], with data\.solution"
+        ValueError, match=r"with data\.solution_column; the rows' other columns: \['worked'\]\)"
     ):
         run_sft(cfg, show_progress=False)

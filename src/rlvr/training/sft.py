@@ -101,7 +101,8 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     examples = [p for p in task.train if p.solution]
     if not examples:
         others = sorted(task.train[0].columns) if task.train else []
-        hint = f" (name their column, one of {others}, with data.solution_column)"
+        listed = f"; the rows' other columns: {others}" if others else ""
+        hint = f" (name their column with data.solution_column{listed})"
         hint = hint if task.name == "file" else ""
         raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
