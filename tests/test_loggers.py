@@ -6,6 +6,7 @@ in `sys.modules` (`torch.utils.tensorboard.SummaryWriter`, `wandb.init` and its 
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import types
@@ -15,9 +16,11 @@ import pytest
 import torch
 import yaml
 
-from rlvr.config import ConfigError, resolve_config
+from rlvr.config import ConfigError, DPOConfig, SFTConfig, resolve_config
 from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.preference import run_dpo
 from rlvr.training.rl import NonFiniteError, train
+from rlvr.training.sft import run_sft
 from tiny_run import TINY_RUN
 
 
@@ -66,19 +69,21 @@ def writers(monkeypatch) -> list[StandInWriter]:
     return made
 
 
+def numbers(record: dict, prefix: str = "") -> dict[str, float]:
+    """The finite numbers of a JSONL record, the step aside, as the loggers get them."""
+    return {
+        prefix + key: float(value)
+        for key, value in record.items()
+        if key != "step"
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        if math.isfinite(value)
+    }
+
+
 def logged_numbers(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
     """What the loggers should get, in order: the evaluation before step 1, then each step's
     metrics followed by that step's evaluation; the finite numbers only, the step aside."""
     evaluations = {r["step"]: r for r in read_jsonl(run_dir / "eval.jsonl")}
-
-    def numbers(record: dict, prefix: str) -> dict[str, float]:
-        return {
-            prefix + key: float(value)
-            for key, value in record.items()
-            if key != "step"
-            if isinstance(value, (int, float)) and not isinstance(value, bool)
-            if math.isfinite(value)
-        }
 
     expected = [(0, numbers(evaluations[0], "eval/"))]
     for record in read_jsonl(run_dir / "metrics.jsonl"):
@@ -148,3 +153,59 @@ def test_loggers_are_closed_when_training_stops(tmp_path, wandb_runs):
         train(cfg, filters=(poison,), show_progress=False)
     (run,) = wandb_runs
     assert run.finished and [step for step, _ in run.logged] == [1]
+
+
+TINY_MODEL = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.intermediate_size=64",
+]
+
+
+def test_sft_and_dpo_send_their_metrics_to_the_loggers_too(tmp_path, wandb_runs, writers):
+    """sft.log_to / dpo.log_to: every metrics.jsonl line (and DPO's evaluations, as eval/...)
+    reaches both loggers, which are closed at the end."""
+    sft_dir = tmp_path / "sft"
+    sft = resolve_config(
+        overrides=[*TINY_MODEL, "data.max_digits=1", "data.train_size=40", "data.test_size=4",
+                   "sft.steps=3", "sft.batch_size=4",
+                   f"sft.output_dir={sft_dir}", "sft.log_to=[tensorboard, wandb]",
+                   "sft.wandb_project=rlvr-sft"],
+        model=SFTConfig,
+    )  # fmt: skip
+    run_sft(sft, show_progress=False)
+    lines = [(r["step"], numbers(r)) for r in read_jsonl(sft_dir / "metrics.jsonl")]
+    assert [step for step, _ in lines] == [1, 2, 3] and "loss" in lines[0][1]
+    (run,) = wandb_runs
+    assert run.settings["project"] == "rlvr-sft" and run.logged == lines and run.finished
+    (writer,) = writers
+    assert writer.log_dir == str(sft_dir / "tensorboard") and writer.closed
+    assert writer.scalars == [(s, tag, v) for s, values in lines for tag, v in values.items()]
+
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i + 2)} for i in range(40)]
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    dpo_dir = tmp_path / "dpo"
+    dpo = resolve_config(
+        overrides=[*TINY_MODEL, "data.task=file", f"data.path={pairs}", "data.template=none",
+                   "dpo.eval_pairs=8", "dpo.batch_size=8", "dpo.steps=2",
+                   f"dpo.output_dir={dpo_dir}", "dpo.log_to=[wandb]"],
+        model=DPOConfig,
+    )  # fmt: skip
+    run_dpo(dpo, show_progress=False)
+    evaluations = {r["step"]: r for r in read_jsonl(dpo_dir / "eval.jsonl")}
+    expected = [(0, numbers(evaluations[0], "eval/"))]
+    for record in read_jsonl(dpo_dir / "metrics.jsonl"):
+        expected.append((record["step"], numbers(record)))
+    expected.append((2, numbers(evaluations[2], "eval/")))
+    assert wandb_runs[1].logged == expected and wandb_runs[1].finished
+
+
+def test_sft_and_dpo_name_their_own_key_for_a_missing_package(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    sft = resolve_config(
+        overrides=[*TINY_MODEL, "sft.steps=1", f"sft.output_dir={tmp_path}", "sft.log_to=[wandb]"],
+        model=SFTConfig,
+    )
+    with pytest.raises(ConfigError, match=r"^sft\.log_to: 'wandb' needs the wandb package"):
+        run_sft(sft, show_progress=False)

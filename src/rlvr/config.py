@@ -564,6 +564,11 @@ class SFTTrainConfig(Section):
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"
     """Where the fine-tuned model (Hugging Face format) is written."""
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """As `train.log_to`: also send each step's metrics to these (output_dir/tensorboard, a
+    W&B run in sft.wandb_project)."""
+    wandb_project: str = "rlvr"
+    """W&B project for sft.log_to=[wandb]; the run is named after the output folder."""
     threads: int = Field(default=0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     keep_freed_memory: bool = True
@@ -654,6 +659,11 @@ class DPOTrainConfig(Section):
     output_dir: str = "runs/dpo"
     """Run directory: config.yaml, pairs.jsonl (sampled pairs), metrics.jsonl, eval.jsonl and
     the final model (Hugging Face format)."""
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """As `train.log_to`: also send each step's metrics and each held-out evaluation to these
+    (output_dir/tensorboard, a W&B run in dpo.wandb_project)."""
+    wandb_project: str = "rlvr"
+    """W&B project for dpo.log_to=[wandb]; the run is named after the output folder."""
     threads: int = Field(default=0, ge=0)
     """torch CPU threads (0 = leave torch's default)."""
     keep_freed_memory: bool = True

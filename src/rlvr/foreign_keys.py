@@ -37,7 +37,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "gradient_checkpointing": ("train.gradient_checkpointing",),
     "save_steps": ("train.save_every",),
     "save_total_limit": ("train.keep_checkpoints",),
-    "report_to": ("train.log_to",),
+    "report_to": _each_command("log_to"),
     "beta": ("algorithm.kl.coef", "dpo.beta"),
     "epsilon": ("algorithm.clip.low",),
     "epsilon_high": ("algorithm.clip.high",),

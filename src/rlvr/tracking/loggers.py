@@ -35,8 +35,7 @@ def _package(module: str, logger: str) -> Any:
         return importlib.import_module(module)
     except ImportError as error:
         raise ConfigError(
-            f"train.log_to: {logger!r} needs the {logger} package "
-            f'(pip install -e ".[{logger}]"): {error}'
+            f'{logger!r} needs the {logger} package (pip install -e ".[{logger}]"): {error}'
         ) from None
 
 
@@ -77,11 +76,22 @@ LOGGERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}
 class MetricLoggers:
     """The loggers `names` for one run, used as a context manager that closes them all."""
 
-    def __init__(self, names: list[str], run_dir: Path, config: dict, project: str) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        run_dir: Path,
+        config: dict,
+        project: str,
+        key: str = "train.log_to",
+    ) -> None:
+        """A `ConfigError` for a logger whose package is missing names the setting `key`."""
         self.loggers: list[TensorBoardLogger | WandbLogger] = []
         try:
             for name in names:
                 self.loggers.append(LOGGERS[name](run_dir, config, project))
+        except ConfigError as error:
+            self.close()
+            raise ConfigError(f"{key}: {error}") from None
         except BaseException:
             self.close()
             raise

@@ -43,6 +43,7 @@ from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.tracking.loggers import MetricLoggers
 from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -414,13 +415,22 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     bad_steps = 0
     metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
     eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
-    with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev:
+    loggers = MetricLoggers(
+        d.log_to if ranks.main else [],
+        out_dir,
+        cfg.model_dump(mode="json"),
+        d.wandb_project,
+        "dpo.log_to",
+    )
+    with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev, loggers:
 
         def held_out(step: int) -> None:
             if eval_scorer is not None:
                 model.eval()
                 with sharding.full_weights(model):
-                    ev.write({"step": step, **eval_scorer.evaluate(model, pad_id, ranks)})
+                    scores = eval_scorer.evaluate(model, pad_id, ranks)
+                ev.write({"step": step, **scores})
+                loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
                 model.train()
 
         held_out(0)
@@ -458,6 +468,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
                 }
             )
             log.write(record)
+            loggers.log(record, step)
             if bad_steps >= MAX_NONFINITE_STEPS:
                 raise NonFiniteError(
                     f"{bad_steps} consecutive steps had a non-finite loss or gradient; stopping "

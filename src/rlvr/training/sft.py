@@ -23,6 +23,7 @@ from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.tracking.loggers import MetricLoggers
 from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -136,7 +137,14 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     order: list[int] = []
     model.train()
     start = time.perf_counter()
-    with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log:
+    loggers = MetricLoggers(
+        s.log_to if ranks.main else [],
+        out_dir,
+        cfg.model_dump(mode="json"),
+        s.wandb_project,
+        "sft.log_to",
+    )
+    with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log, loggers:
         for step in range(1, steps + 1):
             if len(order) < s.batch_size:
                 fresh = list(range(len(examples)))
@@ -159,16 +167,16 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
             )
             optimizer.step()
             scheduler.step()
-            log.write(
-                {
-                    "step": step,
-                    "epoch": step * s.batch_size / len(examples),
-                    "loss": total,
-                    "grad_norm": float(grad_norm),
-                    "lr": scheduler.get_last_lr()[0],
-                    "time": time.perf_counter() - start,
-                }
-            )
+            record = {
+                "step": step,
+                "epoch": step * s.batch_size / len(examples),
+                "loss": total,
+                "grad_norm": float(grad_norm),
+                "lr": scheduler.get_last_lr()[0],
+                "time": time.perf_counter() - start,
+            }
+            log.write(record)
+            loggers.log(record, step)
             if show_progress and ranks.main and (step % 50 == 0 or step == steps):
                 print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
     sharding.check_in_sync(model, ranks, f"sft step {steps}")
