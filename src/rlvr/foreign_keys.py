@@ -47,10 +47,14 @@ TRL: dict[str, tuple[str, ...]] = {
     "label_smoothing": ("dpo.label_smoothing",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
+    "top_entropy_quantile": ("algorithm.entropy.top_frac",),
+    "importance_sampling_level": ("algorithm.loss",),
+    "vllm_importance_sampling_cap": ("algorithm.rollout_is.max_ratio",),
     "max_prompt_length": ("rollout.max_prompt_tokens",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
-command has (`reward_weights`: each reward's `weight` in `reward.functions`). TRL's GRPO
+command has (`reward_weights`: each reward's `weight` in `reward.functions`;
+`importance_sampling_level=sequence`: `algorithm.loss=gspo`). TRL's GRPO
 `loss_type` also picks the normaliser: its `dr_grpo` is rlvr's `dr_grpo` preset, its `dapo`
 the aggregation `token_mean`."""
 
