@@ -15,6 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pydantic import BaseModel
+
 from rlvr.config import ConfigError
 
 
@@ -115,3 +117,12 @@ class MetricLoggers:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def run_loggers(cfg: BaseModel, section: str, run_dir: Path, main: bool) -> MetricLoggers:
+    """The loggers that `cfg`'s `{section}.log_to` names (none off rank 0), given the
+    resolved config, the project `{section}.wandb_project` and that key for its errors."""
+    settings = getattr(cfg, section)
+    names = settings.log_to if main else []
+    config = cfg.model_dump(mode="json")
+    return MetricLoggers(names, run_dir, config, settings.wandb_project, f"{section}.log_to")

@@ -43,7 +43,7 @@ from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
-from rlvr.tracking.loggers import MetricLoggers
+from rlvr.tracking.loggers import run_loggers
 from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -415,13 +415,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
     bad_steps = 0
     metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
     eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
-    loggers = MetricLoggers(
-        d.log_to if ranks.main else [],
-        out_dir,
-        cfg.model_dump(mode="json"),
-        d.wandb_project,
-        "dpo.log_to",
-    )
+    loggers = run_loggers(cfg, "dpo", out_dir, ranks.main)
     with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev, loggers:
 
         def held_out(step: int) -> None:

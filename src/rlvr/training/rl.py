@@ -39,7 +39,7 @@ from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
-from rlvr.tracking.loggers import MetricLoggers
+from rlvr.tracking.loggers import run_loggers
 from rlvr.tracking.progress import StepProgress
 from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
@@ -302,9 +302,7 @@ def _train(
                     log.write({"step": step, **scores})
             loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
 
-    config = cfg.model_dump(mode="json")
-    log_to = cfg.train.log_to if ranks.main else []
-    loggers = MetricLoggers(log_to, run_dir, config, cfg.train.wandb_project)
+    loggers = run_loggers(cfg, "train", run_dir, ranks.main)
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl" if ranks.main else os.devnull)
     samples_log = JsonlWriter(run_dir / "samples.jsonl" if ranks.main else os.devnull)
     progress = StepProgress(cfg.train.steps, start_step, enabled=show_progress and ranks.main)

@@ -23,7 +23,7 @@ from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
-from rlvr.tracking.loggers import MetricLoggers
+from rlvr.tracking.loggers import run_loggers
 from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -137,13 +137,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     order: list[int] = []
     model.train()
     start = time.perf_counter()
-    loggers = MetricLoggers(
-        s.log_to if ranks.main else [],
-        out_dir,
-        cfg.model_dump(mode="json"),
-        s.wandb_project,
-        "sft.log_to",
-    )
+    loggers = run_loggers(cfg, "sft", out_dir, ranks.main)
     with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log, loggers:
         for step in range(1, steps + 1):
             if len(order) < s.batch_size:
