@@ -14,16 +14,16 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
   an infinite score scores 0.0 and counts as an error.
 
 A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
-completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``, and an
-`async def` one is awaited in its call's thread, and a verl ``compute_score`` is called per
-completion as verl calls it (`rlvr.rewards.verl_style`). One named in `conversational` gets TRL's
-conversational shapes instead of texts: each prompt as its messages (`messages`, given with
-the batch) and each completion as ``[{"role": "assistant", "content": text}]`` (what
-`trl.rewards` expect). `trainer_state` is a
-`TrainerState` (the step, for rewards that change over training); ``log_metric(name, value)``
-adds a number to the step's `reward/<reward>/<name>` metric (the mean of every value logged
-in the step) and ``log_extra(column, values)`` a value per completion of the call to its
-sample's line in samples.jsonl (`RewardOutput.metrics`, `RewardOutput.extra`).
+completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``; an `async
+def` one is awaited in its call's thread, and a verl ``compute_score`` is called per
+completion as verl calls it (`rlvr.rewards.verl_style`). One named in `conversational` gets
+TRL's conversational shapes instead of texts: each prompt as its messages (`messages`, given
+with the batch) and each completion as ``[{"role": "assistant", "content": text}]`` (what
+`trl.rewards` expect). `trainer_state` is a `TrainerState` (the step, for rewards that change
+over training); ``log_metric(name, value)`` adds a number to the step's
+`reward/<reward>/<name>` metric (the mean of every value logged in the step) and
+``log_extra(column, values)`` a value per completion of the call to its sample's line in
+samples.jsonl (`RewardOutput.metrics`, `RewardOutput.extra`).
 
 Completions are split into at most `max_workers` contiguous chunks; each (reward, chunk) call
 runs in its own daemon thread and all of them run at once; results are put back in order, so
