@@ -5,17 +5,22 @@ lean forward); checked against each pair scored alone through the model's own fo
 """
 
 import json
+import shutil
+import signal
 
 import pytest
 import torch
 
-from rlvr.config import DataConfig, SFTConfig
+from rlvr.config import ConfigError, DataConfig, SFTConfig
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.data.tasks import load_task
 from rlvr.models import fused
+from rlvr.models.loading import load_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training import sft as sft_module
 from rlvr.training.sft import run_sft, summed_nll
+from rlvr.training.stopping import RunStopped, StopOnSignal
 
 PROMPTS = [[20, 21, 22], [23, 24], [20, 21, 22], [25]]
 TARGETS = [[30, 31, 32, 33], [34], [35, 36], [37, 38, 39]]
@@ -117,3 +122,57 @@ def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
         ValueError, match=r"with data\.solution_column; the rows' other columns: \['worked'\]\)"
     ):
         run_sft(cfg, show_progress=False)
+
+
+def sft_config(output_dir, **sft) -> SFTConfig:
+    return SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {"train_size": 30, "test_size": 2, "max_digits": 1},
+            "sft": {"steps": 6, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2,
+                    "output_dir": str(output_dir), **sft},
+        }
+    )  # fmt: skip
+
+
+def same_run(a, b) -> None:
+    """Two SFT folders logged the same steps with the same values and saved the same model."""
+    left, right = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert [r["step"] for r in left] == [r["step"] for r in right] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(left, right, strict=True):
+        assert {k: v for k, v in x.items() if k != "time"} == {
+            k: v for k, v in y.items() if k != "time"
+        }
+    saved = [load_pretrained(str(folder))[0].state_dict() for folder in (a, b)]
+    assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+
+
+def test_sft_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
+    """Checkpoints every 2 steps (the newest 2 kept); resumed from step 4 after a crash in
+    step 5, or from step 3 where a SIGTERM stopped it, the run ends as the straight one."""
+    straight = run_sft(sft_config(tmp_path / "a", save_every=2), show_progress=False)
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["step-2", "step-4"]
+
+    crashed = tmp_path / "b"
+    shutil.copytree(straight, crashed)  # as if the run died in step 5 or 6
+    with pytest.raises(ConfigError, match=r"holds an earlier run .* continue it with --resume"):
+        run_sft(sft_config(crashed, save_every=2), show_progress=False)
+    run_sft(sft_config(crashed, save_every=1, keep_checkpoints=1), show_progress=False, resume=True)
+    same_run(straight, crashed)
+    assert [p.name for p in (crashed / "checkpoints").iterdir()] == ["step-5"]
+
+    class TermAfterStep3(StopOnSignal):
+        def agreed(self, ranks):
+            return (
+                signal.SIGTERM if len(read_jsonl(tmp_path / "c" / "metrics.jsonl")) == 3 else None
+            )
+
+    monkeypatch.setattr(sft_module, "StopOnSignal", TermAfterStep3)
+    with pytest.raises(RunStopped) as stopped:
+        run_sft(sft_config(tmp_path / "c"), show_progress=False)
+    assert stopped.value.step == 3 and stopped.value.checkpoint.name == "step-3"
+    monkeypatch.undo()
+    run_sft(sft_config(tmp_path / "c"), show_progress=False, resume=True)
+    same_run(straight, tmp_path / "c")
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint under"):
+        run_sft(sft_config(tmp_path / "d"), show_progress=False, resume=True)

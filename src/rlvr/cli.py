@@ -277,6 +277,9 @@ def bench(
 @app.command(context_settings=SETTINGS_COMMAND)
 def sft(
     args: ConfigArgs = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the latest checkpoint of sft.output_dir")
+    ] = False,
     help_config: HelpConfig = False,
 ) -> None:
     """Cold-start supervised fine-tuning on a task's worked solutions."""
@@ -285,9 +288,12 @@ def sft(
         return
     cfg = _config("sft", args, SFTConfig)
     from rlvr.training.sft import run_sft
+    from rlvr.training.stopping import RunStopped
 
     try:
-        out_dir = run_sft(cfg)
+        out_dir = run_sft(cfg, resume=resume)
+    except RunStopped as exc:
+        _stop(exc, "rlvr sft with the same arguments and --resume continues it")
     except _user_errors() as exc:
         _fail(str(exc))
     if _main_process():

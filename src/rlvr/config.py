@@ -564,6 +564,11 @@ class SFTTrainConfig(Section):
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"
     """Where the fine-tuned model (Hugging Face format) is written."""
+    save_every: int = Field(default=0, ge=0)
+    """Checkpoint every N steps into output_dir/checkpoints/step-N, which `rlvr sft --resume`
+    continues (0 = none; the final model is written to output_dir either way)."""
+    keep_checkpoints: int = Field(default=0, ge=0)
+    """As `train.keep_checkpoints`: keep only the newest N checkpoints (0 = every one)."""
     log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """As `train.log_to`: also send each step's metrics to these (output_dir/tensorboard, a
     W&B run in sft.wandb_project)."""

@@ -17,9 +17,17 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM
 
+from rlvr.config import ConfigError
 from rlvr.models import lora
 from rlvr.models.loading import save_pretrained
-from rlvr.run_layout import CHECKPOINTS, STATE_FILE, checkpoint_path, checkpoint_step
+from rlvr.run_layout import (
+    CHECKPOINTS,
+    STATE_FILE,
+    checkpoint_path,
+    checkpoint_step,
+    latest_checkpoint,
+)
+from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import sharding
 
 
@@ -119,3 +127,30 @@ def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
             f"{checkpoint}: the weights do not fit this run's model ({first}); resume with "
             "the model settings the run was saved with"
         ) from None
+
+
+def checkpoint_to_resume(run_dir: Path, resume: bool, key: str) -> Path | None:
+    """The checkpoint `--resume` continues (None for a fresh run). Refuses to mix two runs in
+    one directory (`key` names its setting): a fresh run where an earlier one saved
+    checkpoints (its logs would be replaced and a later `--resume` would continue the
+    earlier weights), or `--resume` where no checkpoint was saved."""
+    checkpoint = latest_checkpoint(run_dir)
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+    if not resume and checkpoint is not None:
+        raise ConfigError(
+            f"{key}={str(run_dir)!r} holds an earlier run (checkpoint {checkpoint.name}); "
+            f"continue it with --resume, or choose another {key}, or delete that folder"
+        )
+    return checkpoint
+
+
+def keep_until_step(path: Path, step: int) -> None:
+    """Drop the records of `path` logged after `step` (all of them for a fresh run)."""
+    if not path.exists():
+        return
+    kept = [r for r in read_jsonl(path) if step and r.get("step", 0) <= step]
+    path.unlink()
+    with JsonlWriter(path) as writer:
+        for record in kept:
+            writer.write(record)

@@ -37,13 +37,15 @@ from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
-from rlvr.run_layout import CONFIG_FILE, checkpoint_path, latest_checkpoint
-from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
+from rlvr.run_layout import CONFIG_FILE, checkpoint_path
+from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
 from rlvr.tracking.progress import StepProgress
 from rlvr.training import sharding
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import (
+    checkpoint_to_resume,
+    keep_until_step,
     load_model_weights,
     load_trainer_state,
     restore_rng_state,
@@ -98,23 +100,6 @@ def check_choices(cfg: RLConfig) -> None:
         )
 
 
-def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint `--resume` continues (None for a fresh run). Refuses to mix two runs in
-    one directory: a fresh run where an earlier one saved checkpoints (its logs would be
-    replaced and a later `--resume` would continue the earlier weights), or `--resume` where
-    no checkpoint was saved."""
-    checkpoint = latest_checkpoint(run_dir)
-    if resume and checkpoint is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
-    if not resume and checkpoint is not None:
-        raise ConfigError(
-            f"train.output_dir={str(run_dir)!r} holds an earlier run (checkpoint "
-            f"{checkpoint.name}); continue it with --resume, or choose another "
-            "train.output_dir, or delete that folder"
-        )
-    return checkpoint
-
-
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
     """Make the run directory and write its config.yaml (on rank 0)."""
     make_output_dir(run_dir, "train.output_dir")
@@ -134,17 +119,6 @@ def warn_of_changes(saved: dict, cfg: RLConfig) -> None:
             + "; ".join(changed),
             stacklevel=1,
         )
-
-
-def keep_until_step(path: Path, step: int) -> None:
-    """Drop the records of `path` logged after `step` (all of them for a fresh run)."""
-    if not path.exists():
-        return
-    kept = [r for r in read_jsonl(path) if step and r.get("step", 0) <= step]
-    path.unlink()
-    with JsonlWriter(path) as writer:
-        for record in kept:
-            writer.write(record)
 
 
 def train(
@@ -201,7 +175,7 @@ def _train(
 
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
     run_dir = Path(cfg.train.output_dir)
-    checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume))
+    checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume, "train.output_dir"))
     every = cfg.eval.every_steps
     held_out = task.test[: cfg.eval.samples] if every else []
     if every and not held_out:

@@ -21,7 +21,7 @@ from rlvr.config import ConfigError, SFTConfig, make_output_dir, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
-from rlvr.run_layout import CONFIG_FILE
+from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
 from rlvr.training import sharding
@@ -32,9 +32,24 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.checkpoint import (
+    checkpoint_to_resume,
+    keep_until_step,
+    load_model_weights,
+    load_trainer_state,
+    restore_rng_state,
+    save_checkpoint,
+)
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
-from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
+from rlvr.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_optimizer_state,
+    optimizer_state,
+    optimizer_steps,
+)
+from rlvr.training.stopping import RunStopped, StopOnSignal
 
 
 def summed_nll(
@@ -83,14 +98,15 @@ def sft_backward(
     return float(ranks.sum_(total))
 
 
-def run_sft(cfg: SFTConfig, show_progress: bool = True) -> Path:
+def run_sft(cfg: SFTConfig, show_progress: bool = True, resume: bool = False) -> Path:
     """Fine-tune on the task's worked solutions; save the model to `cfg.sft.output_dir`.
+    `resume`: continue from its latest checkpoint (`sft.save_every`), as the run went on.
     Under `torchrun` every process runs this as one data-parallel rank."""
     with data_parallel(resolve_device(cfg.model.device)) as ranks:
-        return _run_sft(cfg, ranks, show_progress)
+        return _run_sft(cfg, ranks, show_progress, resume)
 
 
-def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
+def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) -> Path:
     """`run_sft` on this rank (rank 0 alone writes the output folder)."""
     s = cfg.sft
     if s.threads:
@@ -106,13 +122,13 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
         hint = f" (name their column with data.solution_column{listed})"
         hint = hint if task.name == "file" else ""
         raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
+    out_dir = Path(s.output_dir)
+    checkpoint = ranks.on_main(lambda: checkpoint_to_resume(out_dir, resume, "sft.output_dir"))
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     ranks.copy_from_main(model)
-    out_dir = Path(s.output_dir)  # written only once the model and the task have loaded
 
-    def start() -> None:
+    def start() -> None:  # written only once the model and the task have loaded
         make_output_dir(out_dir, "sft.output_dir")
-        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run's log, not appended
         save_config(cfg, out_dir / CONFIG_FILE)
 
     ranks.on_main(start)
@@ -135,11 +151,24 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
     )
     order_rng = random.Random(s.seed)
     order: list[int] = []
+    start_step = 0
+    if checkpoint is not None:
+        load_model_weights(model, checkpoint)
+        state = load_trainer_state(checkpoint)
+        load_optimizer_state(optimizer, state["optimizer"], model)
+        scheduler.load_state_dict(state["scheduler"])
+        order_rng.setstate(state["order_rng"])
+        order, start_step = state["order"], state["step"]
+        restore_rng_state(state["rng"])
+    if ranks.main:
+        keep_until_step(out_dir / "metrics.jsonl", start_step)
     model.train()
     start = time.perf_counter()
     loggers = run_loggers(cfg, "sft", out_dir, ranks.main)
-    with JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull) as log, loggers:
-        for step in range(1, steps + 1):
+    stop = StopOnSignal(announce=ranks.main)  # SIGINT/SIGTERM: end this step with a checkpoint
+    metrics_log = JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull)
+    with metrics_log as log, loggers, stop:
+        for step in range(start_step + 1, steps + 1):
             if len(order) < s.batch_size:
                 fresh = list(range(len(examples)))
                 order_rng.shuffle(fresh)
@@ -173,6 +202,20 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool) -> Path:
             loggers.log(record, step)
             if show_progress and ranks.main and (step % 50 == 0 or step == steps):
                 print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
+            received = stop.agreed(ranks) if step < steps else None
+            if (s.save_every and step % s.save_every == 0 and step < steps) or received is not None:
+                state = {
+                    "optimizer": optimizer_state(optimizer, model),
+                    "scheduler": scheduler.state_dict(),
+                    "order_rng": order_rng.getstate(),
+                    "order": order,
+                }
+                weights = sharding.whole_state(model)
+                if ranks.main:
+                    keep = s.keep_checkpoints
+                    save_checkpoint(out_dir, step, model, tokenizer, state, weights, keep)
+            if received is not None:
+                raise RunStopped(received, step, checkpoint_path(out_dir, step))
     sharding.check_in_sync(model, ranks, f"sft step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:
