@@ -10,10 +10,15 @@ from transformers import LlamaForSequenceClassification
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import ConfigError
+from rlvr.config import ConfigError, ModelConfig
 from rlvr.models.loading import save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.rewards.model_based import RewardContext, build_reward_model
+from rlvr.rewards.model_based import (
+    RewardContext,
+    RewardModelOptions,
+    build_reward_model,
+    load_reward_model,
+)
 from rlvr.rewards.reward_model import reward_model_texts
 from tiny_run import TINY_RUN
 
@@ -74,6 +79,19 @@ def test_scores_are_the_classifier_s_on_each_text_alone(saved_classifier) -> Non
     got = reward(prompts, completions, torch.arange(5), {"prompt_messages": chat}).scores
     texts = reward_model_texts(tokenizer, prompts, completions, chat, True)
     assert got == pytest.approx([one_at_a_time(model, tokenizer, t) for t in texts], abs=1e-5)
+
+
+def test_the_reward_model_takes_the_policy_s_dtype_or_its_own(saved_classifier) -> None:
+    path = saved_classifier[0]
+    policy = RewardContext(model_config=ModelConfig(dtype="bfloat16"))
+    for options, context, dtype in (
+        ({}, RewardContext(), torch.float32),
+        ({}, policy, torch.bfloat16),
+        ({"dtype": "float32"}, policy, torch.float32),
+    ):
+        model, _ = load_reward_model(RewardModelOptions(model=path, **options), context)
+        assert {p.dtype for p in model.parameters()} == {dtype}
+        assert not model.training and not any(p.requires_grad for p in model.parameters())
 
 
 def test_a_causal_lm_or_a_missing_folder_is_a_config_error(tmp_path) -> None:

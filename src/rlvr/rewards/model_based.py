@@ -302,16 +302,19 @@ class RewardModelOptions(Section):
     """Sequences scored per forward pass."""
     max_length: int | None = Field(default=None, ge=1)
     """Keep only the last this many tokens of a longer text (None: whole texts)."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Parameter dtype of the reward model (None: the policy's, `model.dtype`)."""
 
 
 def load_reward_model(
-    path: str, context: RewardContext
+    opts: RewardModelOptions, context: RewardContext
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """The sequence classifier at `path`, frozen, on the policy's device."""
-    option = "reward 'reward_model': model"
+    """The sequence classifier `opts.model`, frozen, in `opts.dtype`, on the policy's device."""
+    path, option = opts.model, "reward 'reward_model': model"
+    policy_dtype = context.model_config.dtype if context.model_config else "float32"
     try:
         model, tokenizer = load_pretrained(
-            path, auto_class=AutoModelForSequenceClassification, key=option
+            path, opts.dtype or policy_dtype, AutoModelForSequenceClassification, option
         )
     except ModelLoadError as exc:
         raise ConfigError(str(exc)) from exc
@@ -334,7 +337,7 @@ def build_reward_model(options: dict[str, Any], context: RewardContext) -> Model
     """A learned reward model's score of each completion (see `rlvr.rewards.reward_model`);
     it reads each prompt's messages from the ``prompt_messages`` column when there is one."""
     opts = parse_options(RewardModelOptions, "reward_model", options)
-    model, tokenizer = load_reward_model(opts.model, context)
+    model, tokenizer = load_reward_model(opts, context)
     chat = opts.chat_template
     if chat is None:
         chat = getattr(tokenizer, "chat_template", None) is not None
