@@ -6,13 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
-from rlvr.config import SFTConfig, resolve_config
+from rlvr.cli import app
+from rlvr.config import ConfigError, SFTConfig, resolve_config
 from rlvr.data.curation import curate_row, drop_duplicates
 from rlvr.data.loaders import DatasetError, load_file
 from rlvr.data.synthetic import synthetic_splits
+from rlvr.data.tasks import load_task
 from rlvr.data.templates import apply_template, encode_prompts
-from rlvr.models.tiny import build_tiny_tokenizer
+from rlvr.evaluation.evaluate import evaluate
+from rlvr.models.loading import load_pretrained, save_pretrained
+from rlvr.models.tiny import CHAT_TEMPLATE, build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
@@ -148,3 +153,55 @@ def test_rl_trains_on_a_conversational_file(tmp_path):
     samples = [r for r in read_jsonl(run_dir / "samples.jsonl") if "prompt" in r]
     assert samples and all("Answer in tags." in s["prompt"] for s in samples)
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+
+
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|assistant|>{% endif %}",
+    "<|assistant|>{% if enable_thinking is defined and not enable_thinking %}"
+    "<think></think>{% endif %}{% endif %}",
+)  # Qwen3's switch, on the tiny template
+
+
+def test_chat_template_kwargs_reach_the_chat_template_only():
+    tok = build_tiny_tokenizer()
+    tok.chat_template = THINKING_TEMPLATE
+    assert apply_template("chat", "Q", tok) == "<|user|>Q<|im_end|><|assistant|>"
+    off = apply_template("chat", "Q", tok, {"enable_thinking": False})
+    assert off == "<|user|>Q<|im_end|><|assistant|><think></think>"
+    with pytest.raises(
+        ValueError, match=r"chat_template_kwargs are for data\.template=chat, not r1"
+    ):
+        apply_template("r1", "Q", tok, {"enable_thinking": False})
+    with pytest.raises(ConfigError, match=r"data\.template=none has none"):
+        resolve_config(overrides=["data.template=none", "data.chat_template_kwargs={a: 1}"])
+
+
+def test_a_run_and_its_evaluation_render_prompts_with_the_chat_template_kwargs(tmp_path):
+    """RL samples, and `rlvr eval` of its checkpoint (the run's data settings), both see the
+    prompt the chat template writes with data.chat_template_kwargs."""
+    tok = build_tiny_tokenizer()
+    tok.chat_template = THINKING_TEMPLATE
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    save_pretrained(model, tok, tmp_path / "base")
+    run_dir = tmp_path / "run"
+    cfg = resolve_config(
+        overrides=[*TINY_RUN, f"model.name_or_path={tmp_path / 'base'}", "train.steps=1",
+                   "data.chat_template_kwargs={enable_thinking: false}",
+                   f"train.output_dir={run_dir}"]
+    )  # fmt: skip
+    train(cfg, show_progress=False)
+    prompts = {s["prompt"] for s in read_jsonl(run_dir / "samples.jsonl")}
+    assert prompts and all(p.endswith("<|assistant|><think></think>") for p in prompts)
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--model", str(run_dir), "--samples", "3", "--k", "2"]
+    result = CliRunner().invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text())
+    assert got["chat_kwargs"] == {"enable_thinking": False}
+    checkpoint, _ = load_pretrained(str(run_dir / "checkpoints" / "step-1"))
+    want = evaluate(
+        checkpoint, tok, load_task(cfg.data).test[:3], reward="math", k=2,
+        max_new_tokens=cfg.rollout.max_new_tokens, chat_kwargs={"enable_thinking": False},
+    )  # fmt: skip
+    for key in ("pass@1", "pass@2", "response_length/mean", "truncated_frac"):
+        assert got[key] == want[key], key

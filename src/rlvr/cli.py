@@ -443,6 +443,8 @@ def eval_cmd(
         "max_new_tokens": max_new_tokens or (run and run.max_new_tokens) or 64,
         "seed": seed,
     }
+    if data.chat_template_kwargs:
+        sampling["chat_kwargs"] = data.chat_template_kwargs
     records: list[dict] | None = [] if log_samples is not None else None
     result = evaluate(
         policy, tokenizer, held_out, reward=problems.reward, k=k, records=records, **sampling

@@ -115,6 +115,10 @@ class DataConfig(Section):
     """Column of worked solutions in data.path, the targets of `rlvr sft` (null in a row: none)."""
     template: Literal["chat", "r1", "qwen_math", "none"] = "chat"
     """Prompt template: the tokenizer's chat template, R1 think/answer, Qwen-Math boxed, or raw."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra arguments to the tokenizer's chat template (data.template=chat), e.g.
+    {enable_thinking: false} for Qwen3 (TRL's chat_template_kwargs, verl's
+    data.apply_chat_template_kwargs)."""
     sampler: Literal["epoch", "prioritized"] = "epoch"
     """RL prompt sampling: `epoch` (uniform, each problem once per epoch) or `prioritized`
     (Kimi k1.5: problem i drawn with probability ∝ 1 − its latest pass rate)."""
@@ -143,6 +147,11 @@ class DataConfig(Section):
         if not self.operators or set(self.operators) - set("+-"):
             raise ValueError(
                 f"data.operators {self.operators!r}: the arithmetic task draws from `+` and `-`"
+            )
+        if self.chat_template_kwargs and self.template != "chat":
+            raise ValueError(
+                f"data.chat_template_kwargs are arguments of the chat template; "
+                f"data.template={self.template} has none (use data.template=chat)"
             )
         return self
 

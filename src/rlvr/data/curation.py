@@ -101,6 +101,7 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
         1.0,
         c.max_new_tokens,
         c.seed,
+        chat_kwargs=cfg.data.chat_template_kwargs,
     )
     rates = [sum(correct) / len(correct) for correct in verified.correct]
     keep = [c.min_pass_rate <= rate <= c.max_pass_rate for rate in rates]

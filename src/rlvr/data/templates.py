@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -31,26 +32,35 @@ Prompt = str | list[dict[str, str]]
 """A question, or a conversation (TRL's conversational format), which only `chat` renders."""
 
 
-def _chat(prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> str:
+def _chat(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, **chat_kwargs: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "data.template=chat needs a tokenizer with a chat template; this one has none "
             "(use data.template=r1, qwen_math or none)"
         )
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **chat_kwargs
+    )
 
 
-TEMPLATES: dict[str, Callable[[Prompt, PreTrainedTokenizerBase], str]] = {
+TEMPLATES: dict[str, Callable[..., str]] = {
     "chat": _chat,
     "r1": lambda question, _tok: R1_PROMPT.format(question=question),
     "qwen_math": lambda question, _tok: QWEN_MATH_PROMPT.format(question=question),
     "none": lambda question, _tok: question,
 }
+"""name -> ``render(prompt, tokenizer)``; `chat` also takes the chat template's arguments."""
 
 
-def apply_template(name: str, question: Prompt, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Render `question` (a conversation only with `chat`) with the named template."""
+def apply_template(
+    name: str,
+    question: Prompt,
+    tokenizer: PreTrainedTokenizerBase,
+    chat_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Render `question` (a conversation only with `chat`) with the named template;
+    `chat_kwargs` go to the tokenizer's chat template (`data.chat_template_kwargs`)."""
     if name not in TEMPLATES:
         raise KeyError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
     if isinstance(question, list) and name != "chat":
@@ -58,23 +68,32 @@ def apply_template(name: str, question: Prompt, tokenizer: PreTrainedTokenizerBa
             f"data.template={name}: conversational prompts (lists of messages) need "
             "data.template=chat"
         )
-    return TEMPLATES[name](question, tokenizer)
+    if chat_kwargs and name != "chat":
+        raise ValueError(f"data.chat_template_kwargs are for data.template=chat, not {name}")
+    return TEMPLATES[name](question, tokenizer, **(chat_kwargs or {}))
 
 
 def encode_prompts(
-    name: str, questions: list[Prompt], tokenizer: PreTrainedTokenizerBase
+    name: str,
+    questions: list[Prompt],
+    tokenizer: PreTrainedTokenizerBase,
+    chat_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], list[list[int]]]:
     """Templated prompt texts and their token ids (no extra special tokens: the template has
     them), the one way SFT, RL and evaluation turn questions into model input."""
-    texts = [apply_template(name, q, tokenizer) for q in questions]
+    texts = [apply_template(name, q, tokenizer, chat_kwargs) for q in questions]
     return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def short_prompts(
-    name: str, problems: list[Problem], tokenizer: PreTrainedTokenizerBase, max_tokens: int
+    name: str,
+    problems: list[Problem],
+    tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int,
+    chat_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Problem]:
     """The problems whose prompt, rendered with template `name`, is at most `max_tokens`
     tokens, in their order (verl's `filter_overlong_prompts`; TRL's `max_prompt_length` cuts
     them instead, which can cut the question a verifiable answer depends on)."""
-    _, ids = encode_prompts(name, [p.prompt for p in problems], tokenizer)
+    _, ids = encode_prompts(name, [p.prompt for p in problems], tokenizer, chat_kwargs)
     return [p for p, row in zip(problems, ids, strict=True) if len(row) <= max_tokens]

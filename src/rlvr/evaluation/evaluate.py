@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
@@ -54,10 +55,13 @@ def sample_and_verify(
     max_new_tokens: int,
     seed: int,
     batch_size: int = 512,
+    chat_kwargs: Mapping[str, Any] | None = None,
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
-    `reward` verifier (a score of 1 or more is correct)."""
-    texts, prompt_ids = encode_prompts(template, [p.prompt for p in problems], tokenizer)
+    `reward` verifier (a score of 1 or more is correct); `chat_kwargs` go to the chat
+    template."""
+    prompts = [p.prompt for p in problems]
+    texts, prompt_ids = encode_prompts(template, prompts, tokenizer, chat_kwargs)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
@@ -115,6 +119,7 @@ def evaluate(
     batch_size: int = 512,
     ranks: Ranks = ONE_PROCESS,
     records: list[dict] | None = None,
+    chat_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier; append
     every sample's `sample_records` to `records` when it is given.
@@ -141,6 +146,7 @@ def evaluate(
             max_new_tokens,
             seed + ranks.rank,
             batch_size,
+            chat_kwargs,
         )
         out = s.rollout
         part = (
@@ -188,6 +194,7 @@ def evaluate_as_configured(
         problems,
         reward=reward,
         template=cfg.data.template,
+        chat_kwargs=cfg.data.chat_template_kwargs,
         k=cfg.eval.k,
         temperature=cfg.eval.temperature,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,

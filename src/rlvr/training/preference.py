@@ -25,9 +25,11 @@ import os
 import random
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,10 +104,15 @@ class PairTokens:
         return ranks.share(rows, range(len(self)), self.longest)
 
 
-def encode_pairs(pairs: list[PreferencePair], template: str, tokenizer) -> PairTokens:
+def encode_pairs(
+    pairs: list[PreferencePair],
+    template: str,
+    tokenizer,
+    chat_kwargs: Mapping[str, Any] | None = None,
+) -> PairTokens:
     """Templated prompt ids and response ids + EOS (the way SFT encodes its targets)."""
     questions = [list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt for p in pairs]
-    _, prompts = encode_prompts(template, questions, tokenizer)
+    _, prompts = encode_prompts(template, questions, tokenizer, chat_kwargs)
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -126,6 +133,7 @@ def sample_pairs(
     temperature: float,
     max_new_tokens: int,
     seed: int,
+    chat_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
     record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
@@ -140,6 +148,7 @@ def sample_pairs(
         1.0,
         max_new_tokens,
         seed,
+        chat_kwargs=chat_kwargs,
     )
     out, scores, completions, prompt_ids = s.rollout, s.scored.total, s.completions, s.prompt_ids
     chosen_rejected = pairs_from_groups(scores, samples_per_prompt, random.Random(seed))
@@ -317,11 +326,13 @@ def _training_pairs(
     data, d = cfg.data, cfg.dpo
     if not isinstance(source, Task):
         train, held_out = source
-        encoded = encode_pairs(held_out, data.template, tokenizer) if held_out else None
-        return encode_pairs(train, data.template, tokenizer), encoded, []
+        chat = data.chat_template_kwargs
+        encoded = encode_pairs(held_out, data.template, tokenizer, chat) if held_out else None
+        return encode_pairs(train, data.template, tokenizer, chat), encoded, []
     task = source
     sampling = {
         "template": data.template,
+        "chat_kwargs": data.chat_template_kwargs,
         "samples_per_prompt": d.samples_per_prompt,
         "temperature": d.temperature,
         "max_new_tokens": d.max_new_tokens,

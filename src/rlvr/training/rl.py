@@ -137,7 +137,9 @@ def without_long_prompts(task: Task, cfg: RLConfig, tokenizer, announce: bool) -
     """`task` with only the training prompts of at most `rollout.max_prompt_tokens` tokens;
     the held-out problems stay whole, so that evaluations match `rlvr eval`."""
     limit, total = cfg.rollout.max_prompt_tokens, len(task.train)
-    kept = short_prompts(cfg.data.template, task.train, tokenizer, limit)
+    kept = short_prompts(
+        cfg.data.template, task.train, tokenizer, limit, cfg.data.chat_template_kwargs
+    )
     if not kept:
         raise ConfigError(
             f"rollout.max_prompt_tokens={limit}: all {total} training prompts are longer "

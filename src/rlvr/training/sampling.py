@@ -35,7 +35,10 @@ def rollout_batch(
     """Sample G completions for each chosen problem; group g holds the samples of
     `indices[g]`."""
     problems = [task.train[i] for i in indices]
-    texts, prompt_ids = encode_prompts(cfg.data.template, [p.prompt for p in problems], tokenizer)
+    d = cfg.data
+    texts, prompt_ids = encode_prompts(
+        d.template, [p.prompt for p in problems], tokenizer, d.chat_template_kwargs
+    )
     r = cfg.rollout
     params = SamplingParams(
         r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.min_new_tokens

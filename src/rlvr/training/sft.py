@@ -132,7 +132,9 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         save_config(cfg, out_dir / CONFIG_FILE)
 
     ranks.on_main(start)
-    _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in examples], tokenizer)
+    _, prompts = encode_prompts(
+        cfg.data.template, [p.prompt for p in examples], tokenizer, cfg.data.chat_template_kwargs
+    )
     targets = [
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples
