@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import signal
 
 import pytest
 import torch
@@ -36,6 +38,7 @@ from rlvr.training.preference import (
     run_dpo,
     sample_pairs,
 )
+from rlvr.training.stopping import RunStopped
 
 SMALL_MODEL = [
     "model.tiny.hidden_size=64",
@@ -333,3 +336,44 @@ def test_cli_dpo_runs_a_preset_and_lists_it(tmp_path):
 def yaml_loss(path):
     d = yaml.safe_load(path.read_text())["dpo"]
     return d["loss"], d["beta"], d["gamma"]
+
+
+def test_dpo_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
+    """Checkpoints every 2 steps; resumed from step 4 after a crash, or from step 3 where a
+    SIGTERM stopped it, the run logs and saves what the straight run did, evaluations too
+    (the reference log-probs come from the initial model, not the checkpoint)."""
+    settings = ("dpo.steps=6", "dpo.eval_every_steps=3", "dpo.save_every=2")
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    straight = run_dpo(file_config(tmp_path / "a", "dpo", *settings), show_progress=False)
+
+    def same_as_straight(run_dir):
+        for name, drop in (("metrics.jsonl", "time/step"), ("eval.jsonl", "seconds")):
+            logs = [
+                [{k: v for k, v in r.items() if k != drop} for r in read_jsonl(d / name)]
+                for d in (straight, run_dir)
+            ]
+            assert logs[0] == logs[1], name
+        assert [r["step"] for r in read_jsonl(run_dir / "eval.jsonl")] == [0, 3, 6]
+        saved = [load_pretrained(str(d))[0].state_dict() for d in (straight, run_dir)]
+        assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+
+    crashed = tmp_path / "b" / "run"
+    shutil.copytree(straight, crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step-4")  # as if it died in step 4
+    with pytest.raises(ConfigError, match=r"dpo\.output_dir=.* holds an earlier run"):
+        run_dpo(file_config(tmp_path / "b", "dpo", *settings), show_progress=False)
+    run_dpo(file_config(tmp_path / "b", "dpo", *settings), show_progress=False, resume=True)
+    same_as_straight(crashed)
+
+    class TermAfterStep3(preference.StopOnSignal):
+        def agreed(self, ranks):
+            lines = read_jsonl(tmp_path / "c" / "run" / "metrics.jsonl")
+            return signal.SIGTERM if len(lines) == 3 else None
+
+    monkeypatch.setattr(preference, "StopOnSignal", TermAfterStep3)
+    with pytest.raises(RunStopped, match="after step 3"):
+        run_dpo(file_config(tmp_path / "c", "dpo", *settings), show_progress=False)
+    monkeypatch.undo()
+    run_dpo(file_config(tmp_path / "c", "dpo", *settings), show_progress=False, resume=True)
+    same_as_straight(tmp_path / "c" / "run")

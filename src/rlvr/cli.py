@@ -306,6 +306,9 @@ def dpo(
     preset: Annotated[
         str | None, typer.Option(help="Start from a preference preset (see `rlvr presets`)")
     ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the latest checkpoint of dpo.output_dir")
+    ] = False,
     help_config: HelpConfig = False,
 ) -> None:
     """Offline preference optimisation (DPO, LN-DPO, IPO, SimPO) on pairs from a file or on
@@ -315,9 +318,12 @@ def dpo(
         return
     cfg = _config("dpo", args, DPOConfig, preset, PREFERENCE_PRESETS)
     from rlvr.training.preference import run_dpo
+    from rlvr.training.stopping import RunStopped
 
     try:
-        out_dir = run_dpo(cfg)
+        out_dir = run_dpo(cfg, resume=resume)
+    except RunStopped as exc:
+        _stop(exc, "rlvr dpo with the same arguments and --resume continues it")
     except _user_errors() as exc:
         _fail(str(exc))
     if _main_process():

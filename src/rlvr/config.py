@@ -673,6 +673,11 @@ class DPOTrainConfig(Section):
     output_dir: str = "runs/dpo"
     """Run directory: config.yaml, pairs.jsonl (sampled pairs), metrics.jsonl, eval.jsonl and
     the final model (Hugging Face format)."""
+    save_every: int = Field(default=0, ge=0)
+    """Checkpoint every N steps into output_dir/checkpoints/step-N, which `rlvr dpo --resume`
+    continues (0 = none; the final model is written to output_dir either way)."""
+    keep_checkpoints: int = Field(default=0, ge=0)
+    """As `train.keep_checkpoints`: keep only the newest N checkpoints (0 = every one)."""
     log_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """As `train.log_to`: also send each step's metrics and each held-out evaluation to these
     (output_dir/tensorboard, a W&B run in dpo.wandb_project)."""

@@ -54,10 +54,13 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
+from rlvr.training.checkpoint import checkpoint_to_resume, keep_until_step
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 from rlvr.training.rl import NonFiniteError
+from rlvr.training.stopping import StopOnSignal
+from rlvr.training.supervised import ExampleOrder, LoopState
 
 MAX_NONFINITE_STEPS = 3
 """Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops."""
@@ -354,14 +357,15 @@ def _training_pairs(
     return train, held_out if held_out else None, records
 
 
-def run_dpo(cfg: DPOConfig, show_progress: bool = True) -> Path:
-    """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`. Under
-    `torchrun` every process runs this as one data-parallel rank."""
+def run_dpo(cfg: DPOConfig, show_progress: bool = True, resume: bool = False) -> Path:
+    """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`.
+    `resume`: continue from its latest checkpoint (`dpo.save_every`), as the run went on.
+    Under `torchrun` every process runs this as one data-parallel rank."""
     with data_parallel(resolve_device(cfg.model.device)) as ranks:
-        return _run_dpo(cfg, ranks, show_progress)
+        return _run_dpo(cfg, ranks, show_progress, resume)
 
 
-def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
+def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) -> Path:
     """`run_dpo` on this rank (rank 0 alone reads or samples the pairs, `Ranks.on_main`, and
     writes the output folder)."""
     d = cfg.dpo
@@ -381,18 +385,18 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
         source = _pair_source(cfg)
 
     ranks.on_main(read_source)
+    out_dir = Path(d.output_dir)
+    checkpoint = ranks.on_main(lambda: checkpoint_to_resume(out_dir, resume, "dpo.output_dir"))
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
     ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
-    out_dir = Path(d.output_dir)
     train_pairs, eval_pairs, records = ranks.on_main(
         lambda: _training_pairs(cfg, source, model, tokenizer)
     )
 
-    def start() -> None:  # only once the model and the pairs have loaded: a fresh run's logs
+    def start() -> None:  # only once the model and the pairs have loaded
         make_output_dir(out_dir, "dpo.output_dir")
-        for name in ("pairs.jsonl", "metrics.jsonl", "eval.jsonl"):
-            (out_dir / name).unlink(missing_ok=True)
+        (out_dir / "pairs.jsonl").unlink(missing_ok=True)  # sampled again, the same pairs
         save_config(cfg, out_dir / CONFIG_FILE)
         if records:
             with JsonlWriter(out_dir / "pairs.jsonl") as handle:
@@ -421,13 +425,17 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
         schedule=d.schedule,
         min_lr_ratio=d.min_lr_ratio,
     )
-    order_rng = random.Random(d.seed)
-    order: list[int] = []
+    loop = LoopState(model, tokenizer, optimizer, scheduler, ExampleOrder(random.Random(d.seed)))
+    start_step = loop.resume(checkpoint) if checkpoint is not None else 0  # after the reference
     bad_steps = 0
     metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
     eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
+    if ranks.main:
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            keep_until_step(out_dir / name, start_step)
     loggers = run_loggers(cfg, "dpo", out_dir, ranks.main)
-    with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev, loggers:
+    stop = StopOnSignal(announce=ranks.main)  # SIGINT/SIGTERM: end this step with a checkpoint
+    with JsonlWriter(metrics_log) as log, JsonlWriter(eval_log) as ev, loggers, stop:
 
         def held_out(step: int) -> None:
             if eval_scorer is not None:
@@ -438,15 +446,12 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
                 loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
                 model.train()
 
-        held_out(0)
+        if start_step == 0:
+            held_out(0)
         model.train()
-        for step in range(1, steps + 1):
+        for step in range(start_step + 1, steps + 1):
             start = time.perf_counter()
-            if len(order) < batch_size:
-                fresh = list(range(len(train_pairs)))
-                order_rng.shuffle(fresh)
-                order.extend(fresh)
-            rows, order = order[:batch_size], order[batch_size:]
+            rows = loop.examples.next_rows(batch_size, len(train_pairs))
             optimizer.zero_grad(set_to_none=True)
             parts = accumulate_gradients(
                 model, train_scorer, rows, d.micro_batch_tokens, pad_id, ranks
@@ -487,6 +492,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool) -> Path:
                     f"reward accuracy {record['rewards/accuracies']:.3f}",
                     flush=True,
                 )
+            loop.after_step(step, steps, out_dir, d.save_every, d.keep_checkpoints, stop, ranks)
         held_out(steps)
     sharding.check_in_sync(model, ranks, f"{d.loss} step {steps}")
     weights = sharding.whole_state(model)

@@ -21,7 +21,7 @@ from rlvr.config import ConfigError, SFTConfig, make_output_dir, save_config
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
-from rlvr.run_layout import CONFIG_FILE, checkpoint_path
+from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
 from rlvr.training import sharding
@@ -35,21 +35,16 @@ from rlvr.training.batching import (
 from rlvr.training.checkpoint import (
     checkpoint_to_resume,
     keep_until_step,
-    load_model_weights,
-    load_trainer_state,
-    restore_rng_state,
-    save_checkpoint,
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import (
     build_optimizer,
     build_scheduler,
-    load_optimizer_state,
-    optimizer_state,
     optimizer_steps,
 )
-from rlvr.training.stopping import RunStopped, StopOnSignal
+from rlvr.training.stopping import StopOnSignal
+from rlvr.training.supervised import ExampleOrder, LoopState
 
 
 def summed_nll(
@@ -151,17 +146,8 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         schedule=s.schedule,
         min_lr_ratio=s.min_lr_ratio,
     )
-    order_rng = random.Random(s.seed)
-    order: list[int] = []
-    start_step = 0
-    if checkpoint is not None:
-        load_model_weights(model, checkpoint)
-        state = load_trainer_state(checkpoint)
-        load_optimizer_state(optimizer, state["optimizer"], model)
-        scheduler.load_state_dict(state["scheduler"])
-        order_rng.setstate(state["order_rng"])
-        order, start_step = state["order"], state["step"]
-        restore_rng_state(state["rng"])
+    loop = LoopState(model, tokenizer, optimizer, scheduler, ExampleOrder(random.Random(s.seed)))
+    start_step = loop.resume(checkpoint) if checkpoint is not None else 0
     if ranks.main:
         keep_until_step(out_dir / "metrics.jsonl", start_step)
     model.train()
@@ -171,11 +157,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     metrics_log = JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull)
     with metrics_log as log, loggers, stop:
         for step in range(start_step + 1, steps + 1):
-            if len(order) < s.batch_size:
-                fresh = list(range(len(examples)))
-                order_rng.shuffle(fresh)
-                order.extend(fresh)
-            rows, order = order[: s.batch_size], order[s.batch_size :]
+            rows = loop.examples.next_rows(s.batch_size, len(examples))
             optimizer.zero_grad(set_to_none=True)
             total = sft_backward(
                 model,
@@ -204,20 +186,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             loggers.log(record, step)
             if show_progress and ranks.main and (step % 50 == 0 or step == steps):
                 print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
-            received = stop.agreed(ranks) if step < steps else None
-            if (s.save_every and step % s.save_every == 0 and step < steps) or received is not None:
-                state = {
-                    "optimizer": optimizer_state(optimizer, model),
-                    "scheduler": scheduler.state_dict(),
-                    "order_rng": order_rng.getstate(),
-                    "order": order,
-                }
-                weights = sharding.whole_state(model)
-                if ranks.main:
-                    keep = s.keep_checkpoints
-                    save_checkpoint(out_dir, step, model, tokenizer, state, weights, keep)
-            if received is not None:
-                raise RunStopped(received, step, checkpoint_path(out_dir, step))
+            loop.after_step(step, steps, out_dir, s.save_every, s.keep_checkpoints, stop, ranks)
     sharding.check_in_sync(model, ranks, f"sft step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:

@@ -1,0 +1,100 @@
+"""What the SFT and DPO loops share: the example order, checkpoints, `--resume`, and stopping
+on a signal.
+
+Both loops draw `batch_size` examples a step from a shuffled order that is refilled with a
+new permutation when it runs short. A checkpoint (`output_dir/checkpoints/step-N`, as
+`rlvr train` writes them) holds the weights, AdamW, the schedule, that order and its random
+state, and the global random states, so a resumed run continues the straight run's
+trajectory: the same examples, the same updates.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.run_layout import checkpoint_path
+from rlvr.training import sharding
+from rlvr.training.checkpoint import (
+    load_model_weights,
+    load_trainer_state,
+    restore_rng_state,
+    save_checkpoint,
+)
+from rlvr.training.distributed import Ranks
+from rlvr.training.optim import load_optimizer_state, optimizer_state
+from rlvr.training.stopping import RunStopped, StopOnSignal
+
+
+@dataclass
+class ExampleOrder:
+    """The order in which a loop draws its examples, seeded, and the step it has reached."""
+
+    rng: random.Random
+    order: list[int] = field(default_factory=list)
+    step: int = 0
+
+    def next_rows(self, batch_size: int, examples: int) -> list[int]:
+        """The next `batch_size` example indices, refilling the order with a fresh
+        permutation of range(examples) when fewer are left."""
+        if len(self.order) < batch_size:
+            fresh = list(range(examples))
+            self.rng.shuffle(fresh)
+            self.order.extend(fresh)
+        rows, self.order = self.order[:batch_size], self.order[batch_size:]
+        return rows
+
+
+@dataclass
+class LoopState:
+    """A supervised loop's model, optimizer and schedule, with its example order."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    examples: ExampleOrder
+
+    def resume(self, checkpoint: Path) -> int:
+        """Load `checkpoint` into every part (on every rank); return its step."""
+        load_model_weights(self.model, checkpoint)
+        state = load_trainer_state(checkpoint)
+        load_optimizer_state(self.optimizer, state["optimizer"], self.model)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.examples.rng.setstate(state["order_rng"])
+        self.examples.order, self.examples.step = state["order"], state["step"]
+        restore_rng_state(state["rng"])
+        return self.examples.step
+
+    def after_step(
+        self,
+        step: int,
+        steps: int,
+        out_dir: Path,
+        save_every: int,
+        keep: int,
+        stop: StopOnSignal,
+        ranks: Ranks,
+    ) -> None:
+        """Checkpoint step `step` every `save_every` steps before the last (the last saves
+        the model itself), or when a signal arrived; then raise `RunStopped` for the signal.
+        Every rank calls this."""
+        received = stop.agreed(ranks) if step < steps else None
+        due = bool(save_every) and step % save_every == 0 and step < steps
+        if not due and received is None:
+            return
+        state = {
+            "optimizer": optimizer_state(self.optimizer, self.model),
+            "scheduler": self.scheduler.state_dict(),
+            "order_rng": self.examples.rng.getstate(),
+            "order": self.examples.order,
+        }
+        weights = sharding.whole_state(self.model)
+        if ranks.main:
+            save_checkpoint(out_dir, step, self.model, self.tokenizer, state, weights, keep)
+        if received is not None:
+            raise RunStopped(received, step, checkpoint_path(out_dir, step))
