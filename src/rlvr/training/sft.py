@@ -32,17 +32,10 @@ from rlvr.training.batching import (
     to_device,
     token_budget_micro_batches,
 )
-from rlvr.training.checkpoint import (
-    checkpoint_to_resume,
-    keep_until_step,
-)
+from rlvr.training.checkpoint import checkpoint_to_resume, keep_until_step
 from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
-from rlvr.training.optim import (
-    build_optimizer,
-    build_scheduler,
-    optimizer_steps,
-)
+from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 from rlvr.training.stopping import StopOnSignal
 from rlvr.training.supervised import ExampleOrder, LoopState
 
