@@ -204,7 +204,15 @@ def test_sft_and_dpo_send_their_metrics_to_the_loggers_too(tmp_path, wandb_runs,
 def test_sft_and_dpo_name_their_own_key_for_a_missing_package(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     sft = resolve_config(
-        overrides=[*TINY_MODEL, "sft.steps=1", f"sft.output_dir={tmp_path}", "sft.log_to=[wandb]"],
+        overrides=[
+            *TINY_MODEL,
+            "data.max_digits=1",
+            "data.train_size=40",
+            "data.test_size=4",
+            "sft.steps=1",
+            f"sft.output_dir={tmp_path}",
+            "sft.log_to=[wandb]",
+        ],
         model=SFTConfig,
     )
     with pytest.raises(ConfigError, match=r"^sft\.log_to: 'wandb' needs the wandb package"):
