@@ -197,8 +197,9 @@ def data_parallel(device: torch.device) -> Iterator[Ranks]:
 
     Under `torchrun` (WORLD_SIZE > 1) the process group is started, with NCCL for a CUDA
     `device` (this rank's GPU, LOCAL_RANK, becomes the current one) and gloo on the CPU, and
-    closed at the end; a group the caller started is used and left open. Otherwise one
-    process.
+    closed at the end, after a barrier when the block ends normally (so that no rank closes
+    it while another still sends); a group the caller started is used and left open.
+    Otherwise one process.
 
     Raises:
         ConfigError: a GPU named by its index (`model.device=cuda:N`) under torchrun, where
@@ -218,6 +219,8 @@ def data_parallel(device: torch.device) -> Iterator[Ranks]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         yield Ranks(dist.get_rank(), dist.get_world_size())
+        if started:  # a normal end: no rank tears the group down while another still uses it
+            dist.barrier()
     finally:
         if started:
             dist.destroy_process_group()
