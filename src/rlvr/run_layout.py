@@ -2,7 +2,8 @@
 
 `RUN_DIR/config.yaml` is the resolved config, `RUN_DIR/checkpoints/step-N/` a checkpoint: a
 Hugging Face model folder plus `trainer_state.pt`, which is written last, so a folder without
-it is incomplete. `rlvr sft` and `rlvr dpo` write their config.yaml beside their model.
+it is incomplete. `rlvr sft` and `rlvr dpo` write their config.yaml beside their final
+model, and their checkpoints (`sft.save_every`, `dpo.save_every`) in the same layout.
 """
 
 from __future__ import annotations
