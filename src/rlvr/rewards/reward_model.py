@@ -57,12 +57,8 @@ def reward_model_scores(
     device = next(model.parameters()).device
     scores: list[float] = []
     for start in range(0, len(texts), batch_size):
-        ids = [
-            tokenizer(text, add_special_tokens=False)["input_ids"]
-            for text in texts[start : start + batch_size]
-        ]
-        if max_length is not None:
-            ids = [row[-max_length:] for row in ids]
+        batch = tokenizer(texts[start : start + batch_size], add_special_tokens=False)
+        ids = [row[-max_length:] if max_length else row for row in batch["input_ids"]]
         width = max(len(row) for row in ids)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in ids], device=device)

@@ -84,7 +84,7 @@ class MetricLoggers:
         run_dir: Path,
         config: dict,
         project: str,
-        key: str = "train.log_to",
+        key: str,
     ) -> None:
         """A `ConfigError` for a logger whose package is missing names the setting `key`."""
         self.loggers: list[TensorBoardLogger | WandbLogger] = []
