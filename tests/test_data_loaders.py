@@ -9,7 +9,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr.config import ConfigError, DataConfig, DPOConfig, RLConfig, SFTConfig, save_config
+from rlvr.config import (
+    ConfigError,
+    DataConfig,
+    DPOConfig,
+    RLConfig,
+    SFTConfig,
+    data_config,
+    save_config,
+)
 from rlvr.data import loaders
 from rlvr.data.loaders import (
     DatasetError,
@@ -419,3 +427,28 @@ def test_a_verl_data_file_loads_with_a_dotted_answer_column(tmp_path):
     by_path = load_file(path, prompt_column="q.messages", answer_column="a.gold",
                         solution_column="a.steps")  # fmt: skip
     assert by_path[0].messages == tuple(rows[0]["prompt"]) and by_path[0].solution is None
+
+
+def test_a_list_of_files_reads_them_one_after_another(tmp_path):
+    """verl's data.train_files=[a.parquet,b.jsonl]: data.path takes a list (here as a
+    command-line override) and reads its entries in the order given."""
+    pq.write_table(pa.Table.from_pylist(ROWS[1:]), tmp_path / "b.parquet")
+    write_jsonl(tmp_path / "a.jsonl", ROWS[:1])
+    listed = f"data.path=[{tmp_path / 'b.parquet'},{tmp_path / 'a.jsonl'}]"
+    base = {"task": "file", "prompt_column": "q", "answer_column": "gold", "test_size": 1}
+    task = load_task(data_config(base, [listed]))
+    assert ([p.answer for p in task.train], [p.answer for p in task.test]) == (["42"], ["5"])
+    write_jsonl(tmp_path / "c.jsonl", [*ROWS, {"q": "What is 1+1?"}])
+    with pytest.raises(
+        DatasetError, match=r"^\S+/c\.jsonl row 3 \(line 3\): missing column 'gold'"
+    ):
+        load_file(
+            [tmp_path / "a.jsonl", tmp_path / "c.jsonl"], prompt_column="q", answer_column="gold"
+        )
+    with pytest.raises(ConfigError, match=r"has 2 rows, not more than data.test_size=2") as caught:
+        load_task(data_config({**base, "test_size": 2}, [listed]))
+    assert "b.parquet + " in str(caught.value)
+    with pytest.raises(ConfigError, match=r"data.path.*an empty list names no file"):
+        data_config(base, ["data.path=[]"])
+    with pytest.raises(DatasetError, match="an empty list of dataset files"):
+        load_file([])

@@ -121,3 +121,17 @@ def test_pairs_from_groups_refuses_ragged_groups():
         pairs_from_groups([0.0] * 6, 4, random.Random(0))
     with pytest.raises(ValueError, match="groups of 1"):
         pairs_from_groups([0.0, 1.0], 1, random.Random(0))
+
+
+def test_a_list_of_pair_files_is_read_in_order_and_names_the_bad_file(tmp_path):
+    first = write_jsonl(tmp_path / "one.jsonl", ROWS[1:])
+    second = write_jsonl(
+        tmp_path / "two.jsonl", [*ROWS[:1], {**ROWS[0], "rejected": ROWS[0]["chosen"]}]
+    )
+    with pytest.raises(DatasetError, match=r"two\.jsonl row 2 \(line 2\): chosen and rejected"):
+        load_preference_file([first, second])
+    write_jsonl(second, ROWS[:1])
+    assert [p.prompt for p in load_preference_file([first, second])] == [
+        "What is 7+6?",
+        "What is 2+3?",
+    ]

@@ -100,11 +100,13 @@ class ModelConfig(Section):
 class DataConfig(Section):
     task: Literal["arithmetic", "countdown", "gsm8k", "math", "file"] = "arithmetic"
     """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
-    path: str | None = None
-    """Local JSONL/Parquet/JSON file, or a folder of them or of `datasets`' save_to_disk: the
-    data of task `file`, or a local copy for gsm8k/math."""
-    test_path: str | None = None
-    """Optional local held-out file for task `file`; otherwise the last data.test_size rows."""
+    path: str | list[str] | None = None
+    """Local JSONL/Parquet/JSON file, or a folder of them or of `datasets`' save_to_disk, or a
+    list of these read one after another (verl's data.train_files): the data of task `file`,
+    or a local copy for gsm8k/math."""
+    test_path: str | list[str] | None = None
+    """Optional local held-out file (or list, as data.path) for task `file`; otherwise the
+    last data.test_size rows."""
     prompt_column: str = "prompt"
     """Column holding the question in data.path."""
     answer_column: str | None = "answer"
@@ -154,6 +156,13 @@ class DataConfig(Section):
                 f"data.template={self.template} has none (use data.template=chat)"
             )
         return self
+
+    @field_validator("path", "test_path")
+    @classmethod
+    def _files_listed(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list names no file; give one or more paths, or null")
+        return value
 
 
 class RolloutStage(Section):

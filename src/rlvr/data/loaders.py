@@ -15,8 +15,9 @@ Hub datasets with a known field mapping (`data.task=gsm8k` or `math`):
   ``load_hub("HuggingFaceH4/MATH-500", "test", mapping=math_problem)``.
 
 `data.path` replaces the hub with a local JSONL/JSON/Parquet file of the same shape, a folder
-of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote, which is
-also the way to train where the hub cannot be reached.
+of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote, or a
+list of any of these read one after another; it is also the way to train where the hub cannot
+be reached.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ SUPPORTED_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".parquet")
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
 Row = dict[str, Any]
+DataPath = str | Path | list[str] | list[Path]
+"""One file or folder, or a list of them (their rows one after another)."""
 
 
 class DatasetError(ValueError):
@@ -127,15 +130,20 @@ def _folder_rows(path: Path) -> list[tuple[str, Any]]:
     return [(f"{shard.name} {where}", row) for shard in shards for where, row in read_rows(shard)]
 
 
-def read_rows(path: str | Path) -> list[tuple[str, Row]]:
+def read_rows(path: DataPath) -> list[tuple[str, Row]]:
     """Every row of a local JSONL/JSON/Parquet file as ``(location, row)``, in file order; or
     of a folder: one that `datasets.Dataset.save_to_disk` wrote, or of such files (shards,
-    read in name order).
+    read in name order); or of a list of files and folders, one after another.
 
     `location` names the row in messages (``"row 3 (line 5)"``, in a folder
-    ``"part-1.jsonl row 3 (line 5)"``). A missing, unreadable, empty or unsupported file,
-    malformed JSON or a row that is not an object raises `DatasetError`.
+    ``"part-1.jsonl row 3 (line 5)"``, from a list ``"data/b.jsonl row 3 (line 5)"``). A
+    missing, unreadable, empty or unsupported file, malformed JSON or a row that is not an
+    object raises `DatasetError`.
     """
+    if isinstance(path, list):
+        if not path:
+            raise DatasetError("an empty list of dataset files")
+        return [(f"{one} {where}", row) for one in path for where, row in read_rows(one)]
     path = Path(path)
     if path.is_dir():
         return _folder_rows(path)  # each shard read here, a saved dataset's rows all objects
@@ -260,26 +268,38 @@ def split_reply(value: list, column: str) -> tuple[list, str | None]:
     return value, None
 
 
+def path_label(path: DataPath) -> str:
+    """`path` for a message: the file or folder, or a list's entries joined by `` + ``."""
+    return " + ".join(map(str, path)) if isinstance(path, list) else str(path)
+
+
+def located(path: DataPath, where: str) -> str:
+    """Where a row of `read_rows(path)` is, for a message: the file and the row (a location
+    from a list of files names its file already)."""
+    return where if isinstance(path, list) else f"{path}, {where}"
+
+
 def _map_rows(
-    path: str | Path, rows: list[tuple[str, Row]], mapping: Callable[[Row], Problem]
+    path: DataPath, rows: list[tuple[str, Row]], mapping: Callable[[Row], Problem]
 ) -> list[Problem]:
     problems = []
     for where, row in rows:
         try:
             problems.append(mapping(row))
         except DatasetError as e:
-            raise DatasetError(f"{path}, {where}: {e}") from None
+            raise DatasetError(f"{located(path, where)}: {e}") from None
     return problems
 
 
 def load_file(
-    path: str | Path,
+    path: DataPath,
     *,
     prompt_column: str = "prompt",
     answer_column: str | None = "answer",
     solution_column: str | None = None,
 ) -> list[Problem]:
-    """Problems from a local ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file.
+    """Problems from a local ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file
+    (or a folder or list of them, as `read_rows` reads).
 
     Each row needs a non-empty string or number in `prompt_column` and `answer_column`
     (numbers become strings, ``42.0`` -> ``"42"``); with `answer_column` None the rows have
@@ -395,7 +415,7 @@ def load_hub(
     return problems
 
 
-def load_gsm8k(split: str = "train", path: str | None = None) -> list[Problem]:
+def load_gsm8k(split: str = "train", path: DataPath | None = None) -> list[Problem]:
     """GSM8K problems: `openai/gsm8k` (config `main`) from the hub, or a local file at `path`.
 
     A local file has GSM8K's columns (`question`, `answer` with ``####``) and is the split.
@@ -405,7 +425,7 @@ def load_gsm8k(split: str = "train", path: str | None = None) -> list[Problem]:
     return load_hub(GSM8K_HUB, split, mapping=gsm8k_problem, config=GSM8K_CONFIG)
 
 
-def load_math(split: str = "train", path: str | None = None) -> list[Problem]:
+def load_math(split: str = "train", path: DataPath | None = None) -> list[Problem]:
     """MATH problems: `DigitalLearningGmbH/MATH-lighteval` from the hub, or a local file.
 
     A local file has MATH's columns (`problem`, `solution` with ``\\boxed{}``) and is the split.

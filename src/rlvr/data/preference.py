@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
-from rlvr.data.loaders import DatasetError, missing_column, parse_messages, read_rows
+from rlvr.data.loaders import (
+    DataPath,
+    DatasetError,
+    located,
+    missing_column,
+    parse_messages,
+    read_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ def _text(row: dict, column: str, setting: str) -> str:
 
 
 def load_preference_file(
-    path: str | Path,
+    path: DataPath,
     *,
     prompt_column: str = "prompt",
     chosen_column: str = "chosen",
@@ -82,9 +88,9 @@ def load_preference_file(
                 _text(row, rejected_column, "data.rejected_column"),
             )
         except DatasetError as e:
-            raise DatasetError(f"{path}, {where}: {e}") from None
+            raise DatasetError(f"{located(path, where)}: {e}") from None
         if pair.chosen == pair.rejected:
-            raise DatasetError(f"{path}, {where}: chosen and rejected are the same text")
+            raise DatasetError(f"{located(path, where)}: chosen and rejected are the same text")
         pairs.append(pair)
     return pairs
 

@@ -64,14 +64,14 @@ def load_task(cfg: DataConfig) -> Task:
         train = load(split="train", path=cfg.path)
         test = load(split="test", path=cfg.test_path) if cfg.test_path or not cfg.path else None
         if test is None:
-            train, test = _hold_out(train, cfg.test_size, cfg.path or cfg.task)
+            train, test = _hold_out(train, cfg.test_size, loaders.path_label(cfg.path or cfg.task))
         return Task(cfg.task, train, test[: cfg.test_size], "math")
     if not cfg.path:
         raise ConfigError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
     problems = loaders.load_file(cfg.path, **_columns(cfg))
     if cfg.test_path:
         return Task("file", problems, loaders.load_file(cfg.test_path, **_columns(cfg)), "math")
-    train, test = _hold_out(problems, cfg.test_size, cfg.path)
+    train, test = _hold_out(problems, cfg.test_size, loaders.path_label(cfg.path))
     return Task("file", train, test, "math")
 
 

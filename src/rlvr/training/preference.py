@@ -37,6 +37,7 @@ from torch import Tensor
 from rlvr.algorithms.preference import REFERENCE_FREE, preference_loss
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, DPOConfig, make_output_dir, save_config
+from rlvr.data.loaders import path_label
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task, load_task
@@ -315,7 +316,7 @@ def _pair_source(cfg: DPOConfig) -> FilePairs | Task:
         return train, []
     if len(train) <= d.eval_pairs:
         raise ConfigError(
-            f"{data.path} has {len(train)} pairs, not more than dpo.eval_pairs="
+            f"{path_label(data.path)} has {len(train)} pairs, not more than dpo.eval_pairs="
             f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
         )
     return train[: -d.eval_pairs], train[-d.eval_pairs :]
