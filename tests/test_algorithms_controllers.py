@@ -189,3 +189,27 @@ def test_a_step_that_trained_no_token_leaves_the_entropy_coefficient_alone():
     assert reg.entropy_coef == 0.25
     reg.after_step(3, nn.Linear(2, 2), kl=0.0, entropy=0.1)
     assert reg.entropy_coef == 0.5
+
+
+def test_reference_resets_mix_the_policy_in_every_n_steps():
+    """TR-DPO's soft update (TRL's sync_ref_model): every 2 steps θ_ref ← 0.75·θ + 0.25·θ_ref;
+    between resets the reference stays put. Hand values on a 1×1 linear layer."""
+    from pydantic import ValidationError
+
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    kl = {"coef": 0.1, "reference_reset_every": 2, "reference_reset_mix": 0.75}
+    policy = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        policy.weight.fill_(4.0)
+    reg = Regularization(AlgorithmConfig.model_validate({"kl": kl}), policy)
+    for step, policy_weight, reference_weight in [(1, 8.0, 4.0), (2, 8.0, 7.0), (3, 0.0, 7.0)]:
+        with torch.no_grad():
+            policy.weight.fill_(policy_weight)
+        reg.after_step(step, policy, kl=0.0, entropy=0.0)
+        assert reg.reference.weight.item() == reference_weight
+    reg.after_step(4, policy, kl=0.0, entropy=0.0)
+    assert reg.reference.weight.item() == 1.75  # 0.75 · 0 + 0.25 · 7
+    with pytest.raises(ValidationError, match=r"set algorithm\.kl\.reference_reset_every too"):
+        AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reference_reset_mix": 0.5}})

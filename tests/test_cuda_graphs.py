@@ -103,8 +103,9 @@ def test_a_model_with_adapters_decodes_eagerly(tok, name, monkeypatch):
         (SamplingParams(n=4, temperature=0.7, top_k=9, max_new_tokens=40, min_new_tokens=6), 1),
         (SamplingParams(n=4, temperature=1.1, top_p=0.8, max_new_tokens=40, min_new_tokens=40), 0),
         (SamplingParams(n=2, temperature=0.0, max_new_tokens=40, min_new_tokens=4), 0),
+        (SamplingParams(n=4, temperature=1.3, max_new_tokens=40, min_new_tokens=6, min_p=0.2), 1),
     ],
-    ids=["top-k, EOS banned for 6", "top-p, EOS always banned", "greedy"],
+    ids=["top-k, EOS banned for 6", "top-p, EOS always banned", "greedy", "min-p"],
 )
 def test_sampling_inside_the_step_draws_what_eager_sampling_draws(
     tok, params, some_stop, monkeypatch

@@ -159,6 +159,41 @@ def test_filter_logits_top_k_and_top_p():
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
     # nucleus 0.7: 0.5 alone < 0.7, 0.5 + 0.3 >= 0.7, so the first two survive
     assert torch.isinf(filter_logits(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+    # min-p 0.25: the floor is 0.25 * 0.5 = 0.125, so 0.15 stays and 0.05 goes; 0.5: 0.25
+    assert torch.isinf(filter_logits(logits, 0, 1.0, 0.25)).tolist() == [
+        [False, False, False, True]
+    ]
+    assert torch.isinf(filter_logits(logits, 0, 1.0, 0.5)).tolist() == [[False, False, True, True]]
+    # after top-k 3 and top-p 0.9 (0.5 + 0.3 < 0.9: three stay), min-p 0.4 keeps two
+    both = filter_logits(logits, 3, 0.9, 0.4)
+    assert torch.isinf(both).tolist() == [[False, False, True, True]]
+
+
+def test_min_p_from_the_config_reaches_the_draws(tiny):
+    """`rollout.min_p` drops a token a fifth as likely as the best: without it the token is
+    drawn about one time in eleven, with it never."""
+    from rlvr.config import RLConfig
+    from rlvr.data.problem import Problem
+    from rlvr.data.tasks import Task
+    from rlvr.training.sampling import rollout_batch
+
+    tok = tiny[1]
+    model = eos_or_seven_model(tok)
+    eight = tok.convert_tokens_to_ids("8")
+    with torch.no_grad():
+        model.lm_head.bias[eight] = -math.log(5.0)  # p(8) / p(7) = 1/5
+    task = Task("file", [Problem(f"What is {i}+1?", str(i + 1)) for i in range(3)], [], "math")
+    counts = {}
+    for min_p in (0.0, 0.3):
+        settings = {"samples_per_prompt": 64, "max_new_tokens": 1, "min_p": min_p}
+        cfg = RLConfig.model_validate({"data": {"template": "none"}, "rollout": settings})
+        engine = HFRolloutEngine(
+            model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(2)
+        )
+        batch = rollout_batch(engine, tok, task, [0, 1, 2], cfg)
+        counts[min_p] = sum(c[0] == eight for c in batch.completion_ids)
+    assert 5 <= counts[0.0] <= 35  # 192 draws at 1/11: about 17
+    assert counts[0.3] == 0
 
 
 def _prompts(tok):

@@ -189,6 +189,9 @@ class RolloutConfig(Section):
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = Field(default=0, ge=0)
     """Top-k sampling (0 = off)."""
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Min-p sampling (Nguyen et al. 2024): drop the tokens less likely than min_p times the
+    most likely one (0.0 = off)."""
     max_new_tokens: int = Field(default=64, ge=1)
     """Generation budget per completion; longer completions are truncated."""
     min_new_tokens: int = Field(default=0, ge=0)
@@ -250,6 +253,18 @@ class KLConfig(Section):
     """EMA decay of the reference towards the policy after every step (T1); None = frozen."""
     reference_reset_every: int = Field(default=0, ge=0)
     """Reset the reference to the current policy every N steps (0 = never)."""
+    reference_reset_mix: float = Field(default=1.0, gt=0.0, le=1.0)
+    """At each reset, the policy's share alpha of the new reference, θ_ref ← α·θ + (1 − α)·θ_ref
+    (TR-DPO's soft update, TRL's ref_model_mixup_alpha); 1.0 = a copy of the policy."""
+
+    @model_validator(mode="after")
+    def _mix_needs_resets(self) -> KLConfig:
+        if self.reference_reset_mix != 1.0 and not self.reference_reset_every:
+            raise ValueError(
+                "algorithm.kl.reference_reset_mix mixes the policy into the reference at each "
+                "reset; set algorithm.kl.reference_reset_every too"
+            )
+        return self
 
 
 class EntropyConfig(Section):

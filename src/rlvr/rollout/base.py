@@ -24,6 +24,8 @@ class SamplingParams:
     """Generation budget per completion."""
     min_new_tokens: int = 0
     """EOS cannot be sampled before this many tokens (benchmarks force equal lengths with it)."""
+    min_p: float = 0.0
+    """Keep the tokens at least this fraction as likely as the most likely one (0.0 = off)."""
 
 
 @dataclass

@@ -211,7 +211,8 @@ class GraphDecoder:
     def next_tokens(self, token, attention_mask, position, draw: Draw) -> tuple[torch.Tensor, ...]:
         """Feed one token per row; the next token of each row and its log-prob, sampled inside
         the step's graph (`sample_tokens` with the draw's uniforms and ban, copied in first).
-        One graph per (batch, span, temperature, top-p, top-k, whether tokens are banned)."""
+        One graph per (batch, span, temperature, top-p, top-k, min-p, whether tokens are
+        banned)."""
         n, params, banned = token.shape[0], draw.params, draw.ban is not None
         b, batch, span = self._feed(token, attention_mask, position)
         if draw.uniform is not None:  # from page-locked memory on a GPU (`hf.staged`)
@@ -219,7 +220,7 @@ class GraphDecoder:
         if banned and draw.ban is not self.ban:  # once per rollout
             b.ban.copy_(draw.ban)
             self.ban = draw.ban
-        key = (batch, span, params.temperature, params.top_p, params.top_k, banned)
+        key = (batch, span, params.temperature, params.top_p, params.top_k, params.min_p, banned)
         run = partial(self._runner, b, batch, span, (params, banned))
         tokens, logps = self.state.step(key, run)
         return tokens[:n], logps[:n]

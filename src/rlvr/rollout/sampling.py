@@ -8,6 +8,7 @@ Randomness is one uniform per row per step from the run's generator, drawn on th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +18,13 @@ from rlvr.rollout import triton_ops
 from rlvr.rollout.base import SamplingParams
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k set and outside the top-p nucleus to -inf."""
+def filter_logits(
+    logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:
+    """Set logits outside the top-k set, outside the top-p nucleus, or (min-p, Nguyen et al.
+    2024, arXiv:2407.01082) of a probability below `min_p` times the row's largest, to -inf;
+    in this order, as transformers' warpers apply them. min-p compares exp(logit - max
+    logit), the ratio of two probabilities, with `min_p`."""
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -28,6 +34,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:
+        floor = logits.amax(-1, keepdim=True) + math.log(min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     return logits
 
 
@@ -70,9 +79,11 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row with `uniform` [b] (`draw_uniform`; None when greedy), never one
     that `ban` (`ban_bias`) bans; return (tokens, log-probs under the temperature-scaled
-    logits, before top-k/top-p truncation and the ban). Without top-k and top-p, where
+    logits, before top-k/top-p/min-p truncation and the ban). Without them, where
     Triton runs (a GPU), the same draw is two kernels (`triton_ops.sample`, lever 30)."""
-    plain = params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0
+    plain = (
+        params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0 and not params.min_p
+    )
     if plain and uniform is not None and triton_ops.usable(logits):
         uniform = uniform.to(logits.device, non_blocking=True)
         return triton_ops.sample(logits, params.temperature, uniform, ban)
@@ -84,7 +95,7 @@ def sample_tokens(
     assert uniform is not None, "sampling at a temperature > 0 needs draw_uniform's draws"
     scaled, allowed = (scale(x, params.temperature) for x in (logits, allowed))
     logprobs = scaled.log_softmax(-1)
-    probs = filter_logits(allowed, params.top_k, params.top_p).softmax(-1)
+    probs = filter_logits(allowed, params.top_k, params.top_p, params.min_p).softmax(-1)
     tokens = inverse_cdf_sample(probs, uniform.to(probs.device, non_blocking=True))
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 

@@ -2,7 +2,8 @@
 
 Fixed coefficients are the default; `algorithm.kl.adaptive_target` (Ziegler et al. 2019) and
 `algorithm.entropy.target` (Skywork-OR1) make them follow the measured KL / entropy, and
-`algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1). The fixed
+`algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1; with
+`reference_reset_mix`, TR-DPO's soft update). The fixed
 reference of a LoRA policy is the policy itself with its adapters off (TRL's choice), no
 copy; a moving one is a copy, adapters included. Everything
 here is saved in checkpoints, so a resumed run continues with the same coefficients and
@@ -65,8 +66,8 @@ class Regularization:
         if self.kl_settings.reference_ema is not None:
             ema_update_(self.reference, policy, self.kl_settings.reference_ema)
         every = self.kl_settings.reference_reset_every
-        if every and step % every == 0:
-            ema_update_(self.reference, policy, 0.0)  # a copy, of whole weights under FSDP
+        if every and step % every == 0:  # whole weights under FSDP
+            ema_update_(self.reference, policy, 1.0 - self.kl_settings.reference_reset_mix)
 
     def state_dict(self) -> dict[str, Any]:
         """Coefficients, controller states and (when it moves) the reference weights."""

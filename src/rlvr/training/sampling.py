@@ -41,7 +41,13 @@ def rollout_batch(
     )
     r = cfg.rollout
     params = SamplingParams(
-        r.samples_per_prompt, r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.min_new_tokens
+        r.samples_per_prompt,
+        r.temperature,
+        r.top_p,
+        r.top_k,
+        r.max_new_tokens,
+        r.min_new_tokens,
+        r.min_p,
     )
     out = engine.generate(prompt_ids, params)
     lengths = [len(c) for c in out.completion_ids]
