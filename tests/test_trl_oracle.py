@@ -163,9 +163,15 @@ def random_step(seed: int) -> dict[str, torch.Tensor]:
 
 
 def trl_loss_and_grad(
-    data: dict[str, torch.Tensor], loss_type: str, beta: float, accumulation: int, out_dir: Path
+    data: dict[str, torch.Tensor],
+    loss_type: str,
+    beta: float,
+    accumulation: int,
+    out_dir: Path,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL's loss of the optimizer step (summed over its micro-batches) and d loss / d logprobs."""
+    """TRL's loss of the optimizer step (summed over its micro-batches) and d loss / d logprobs
+    (`delta`: TRL's two-sided clipping)."""
     args = grpo_config(
         out_dir,
         loss_type=loss_type,
@@ -177,6 +183,7 @@ def trl_loss_and_grad(
         gradient_accumulation_steps=accumulation,
         num_generations=4,
         use_bias_correction_kl=False,
+        delta=delta,
     )
     harness = TrlLossHarness(args)
     logprobs = data["logprobs"].clone().requires_grad_(True)
@@ -200,9 +207,14 @@ def trl_loss_and_grad(
 
 
 def rlvr_loss_and_grad(
-    data: dict[str, torch.Tensor], loss_type: str, beta: float, accumulation: int
+    data: dict[str, torch.Tensor],
+    loss_type: str,
+    beta: float,
+    accumulation: int,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """rlvr's ppo_clip + aggregation (+ β k3) over the same micro-batches, and its gradient."""
+    """rlvr's ppo_clip (with `dual_clip`) + aggregation (+ β k3) over the same micro-batches,
+    and its gradient."""
     logprobs = data["logprobs"].clone().requires_grad_(True)
     mask = data["mask"].double()
     advantages = data["advantages"][:, None] * mask
@@ -224,6 +236,7 @@ def rlvr_loss_and_grad(
             m,
             clip_low=CLIP_LOW,
             clip_high=CLIP_HIGH,
+            dual_clip=dual_clip,
         )
         loss = aggregate(mode, out.token_loss, m, **norm)
         if beta:
@@ -248,6 +261,22 @@ def test_rlvr_loss_and_gradient_equal_trl(seed, loss_type, beta, accumulation, t
     # the comparison is not vacuous: gradients reach the response tokens and only them
     assert trl_grad[data["mask"].bool()].abs().sum() > 0
     assert (trl_grad[~data["mask"].bool()] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_trl_delta_is_rlvr_dual_clip(seed, tmp_path):
+    """TRL's `delta` (two-sided clipping) is `algorithm.clip.dual`: the same loss and gradient,
+    on a step where negative-advantage tokens have ratios above delta (so the cap bites)."""
+    data, delta = random_step(seed), 1.5
+    trl_loss, trl_grad = trl_loss_and_grad(data, "dapo", 0.0, 1, tmp_path, delta=delta)
+    rlvr_loss, rlvr_grad = rlvr_loss_and_grad(data, "dapo", 0.0, 1, dual_clip=delta)
+    torch.testing.assert_close(rlvr_loss, trl_loss, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rlvr_grad, trl_grad, atol=1e-6, rtol=0)
+    ratio = (data["logprobs"] - data["old"]).exp()
+    capped = (ratio > delta) & (data["advantages"][:, None] < 0) & data["mask"].bool()
+    assert capped.any()
+    plain_loss, _ = rlvr_loss_and_grad(data, "dapo", 0.0, 1)
+    assert (plain_loss - rlvr_loss).abs() > 1e-3
 
 
 def test_random_step_exercises_both_clip_edges():
