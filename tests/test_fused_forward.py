@@ -20,6 +20,7 @@ from transformers import (
 
 from rlvr.config import LoraConfig
 from rlvr.models import fused, kv_cache, lora
+from rlvr.models.loading import disable_dropout_
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -283,8 +284,10 @@ def test_unsupported_models_use_the_transformers_forward(tok):
     )
     assert not fused.supports(windowed)
     dropout = llama(tok)
-    dropout.config.attention_dropout = 0.1  # the fused attention has no dropout
+    dropout.model.layers[0].self_attn.attention_dropout = 0.1  # the fused attention has none
     assert not fused.supports(dropout)
+    disable_dropout_(dropout)  # model.disable_dropout (the default)
+    assert fused.supports(dropout)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
     assert not fused.supports(gpt2)
     # and the training path still works on the fallback

@@ -410,3 +410,42 @@ def test_shared_prefix_forward_equals_the_padded_one_in_value_and_gradient(tiny,
     assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
     assert results[0][1].abs().max() > 0
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_dropout_is_off_unless_the_config_keeps_it(tiny, tmp_path, architecture):
+    """`model.disable_dropout` (default true): a model saved with dropout (GPT-2's
+    `nn.Dropout` modules, Llama's attention dropout) gives the same log-probs on every forward
+    in training mode; with false it does not. The saved config is left as it was."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from rlvr.config import ModelConfig
+    from rlvr.models.loading import load_model_and_tokenizer
+
+    tok = tiny[1]
+    if architecture == "gpt2":
+        config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.5)
+        with_dropout = GPT2LMHeadModel(config)
+    else:
+        config = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            attention_dropout=0.5,
+        )
+        with_dropout = LlamaForCausalLM(config)
+    save_pretrained(with_dropout, tok, tmp_path / "m")
+    ids = torch.tensor([tok("What is 1+2? The answer is 3.")["input_ids"]])
+    for disable, same in ((True, True), (False, False)):
+        model, _ = load_model_and_tokenizer(
+            ModelConfig(name_or_path=str(tmp_path / "m"), disable_dropout=disable)
+        )
+        model.train()
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, model(ids).logits) is same
+    assert (
+        model.config.to_dict()["resid_pdrop" if architecture == "gpt2" else "attention_dropout"]
+        == 0.5
+    )

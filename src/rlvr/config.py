@@ -88,6 +88,9 @@ class ModelConfig(Section):
     CUDA GPU when there is one, else the CPU), `cpu`, `cuda` or `cuda:N`."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """Shape of the built-in tiny model (used only when name_or_path is `tiny`)."""
+    disable_dropout: bool = True
+    """Set the model's dropout probabilities to 0 (TRL's disable_dropout): the policy-gradient
+    ratio and the DPO margins assume that a forward pass gives the same log-probs each time."""
     fused_forward: bool = True
     """Run Llama / Mistral / Qwen2 models through rlvr's lean forward (`rlvr.models.fused`:
     padding-free training, fewer decode operations); false = the `transformers` forward. Other

@@ -36,6 +36,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "per_device_train_batch_size": ("sft.batch_size", "dpo.batch_size"),
     "num_iterations": ("train.epochs",),
     "gradient_checkpointing": ("train.gradient_checkpointing",),
+    "disable_dropout": ("model.disable_dropout",),
     "save_steps": _each_command("save_every"),
     "save_total_limit": _each_command("keep_checkpoints"),
     "report_to": _each_command("log_to"),

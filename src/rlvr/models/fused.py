@@ -94,7 +94,7 @@ def supports(model: nn.Module) -> bool:
         window = None
     if not full_attention or window is not None or getattr(cfg, "hidden_act", "") != "silu":
         return False
-    if getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "attention_dropout", 0.0):
+    if getattr(cfg, "pretraining_tp", 1) != 1:
         return False
     try:
         base, head = model.model, model.lm_head
@@ -107,6 +107,8 @@ def supports(model: nn.Module) -> bool:
     projections = [head]
     for layer in layers:
         a, m = layer.self_attn, layer.mlp
+        if getattr(a, "attention_dropout", 0.0):  # 0 after `disable_dropout_`
+            return False
         projections += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     return _plain_linear(head) and all(
         _plain_linear(p) or adapted_linear(p) for p in projections[1:]

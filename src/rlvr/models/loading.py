@@ -63,12 +63,26 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int = 0) -> tuple[PreTraine
         )
     else:
         model, tokenizer = load_pretrained(cfg.name_or_path, cfg.dtype)
+    if cfg.disable_dropout:
+        disable_dropout_(model)
     setattr(model, fused.ENABLE_ATTR, cfg.fused_forward)
     model = model.to(device=device, dtype=DTYPES[cfg.dtype])
     if cfg.lora.rank:
         base_name = None if cfg.name_or_path == "tiny" else cfg.name_or_path
         model = lora.add_lora(model, cfg.lora, base_name)
     return model, tokenizer
+
+
+def disable_dropout_(model: torch.nn.Module) -> None:
+    """Set every dropout probability of `model` to 0, in place: its `nn.Dropout` modules (as
+    TRL's `disable_dropout_in_model` does) and the `attention_dropout` that transformers'
+    attention layers pass to the attention function in training mode. The config keeps its
+    values, so a saved model is the model as it was given."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def load_pretrained(
