@@ -237,16 +237,19 @@ def same_tensors(left, right, atol: float | None = None) -> None:
 
 def test_fsdp_shards_the_weights_and_updates_as_one_process(three_ranks):
     """`train.fsdp` on 3 ranks: each rank keeps about a third of the parameters; the
-    evaluation and log-probs on the whole weights are one process's; the gradient of every
-    case, summed by reduce-scatter over uneven shares (ranks without rows run zero-weighted
-    passes), is one process's to fp32 rounding; the checkpoint's weights and AdamW state
-    after a step are one process's, and load back into another sharded model unchanged; and
-    a replicated reference reset on the whole weights holds them on every rank."""
+    evaluation and log-probs on the whole weights are one process's (to fp32 rounding); the
+    gradient of every case, summed by reduce-scatter over uneven shares (ranks without rows
+    run zero-weighted passes), is one process's to fp32 rounding; the checkpoint's weights
+    and AdamW state after a step are one process's, and load back into another sharded model
+    unchanged; and a replicated reference reset on the whole weights holds them on every
+    rank."""
     single = fsdp_results(ONE_PROCESS)
     everyone = [results["fsdp"] for results in three_ranks]
     kept = [int(results["kept"]) for results in everyone]
     assert sum(kept) == single["kept"] and max(kept) < 0.4 * single["kept"]
-    assert torch.equal(everyone[0]["logprobs"], single["logprobs"])
+    # rank 0 scores its own rows: where the CPU's matmul kernels round by row count (AVX-512
+    # EPYC, 11-29) the log-probs are one process's to fp32 rounding, elsewhere bit for bit
+    same_tensors(everyone[0]["logprobs"], single["logprobs"], atol=1e-6)
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
     same_scores_as_chunks(everyone[0], two_layers(tok), tok, 3)

@@ -222,6 +222,18 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
     metrics = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
     assert [(m["step"], m["skipped_updates"]) for m in metrics] == [(1, 1), (2, 1), (3, 1)]
     assert not (tmp_path / "run" / "model.safetensors").exists()
+    # resumed from the checkpoint of step 2, the count goes on: step 3 is the third in a row
+    (tmp_path / "saved").mkdir()
+    cfg = file_config(tmp_path / "saved", "dpo", "dpo.steps=5", "dpo.save_every=2")
+    with pytest.warns(UserWarning), pytest.raises(preference.NonFiniteError):
+        run_dpo(cfg, show_progress=False)
+    with (
+        pytest.warns(UserWarning, match="step 3: non-finite"),
+        pytest.raises(preference.NonFiniteError, match="3 consecutive steps"),
+    ):
+        run_dpo(cfg, show_progress=False, resume=True)
+    metrics = list(read_jsonl(tmp_path / "saved" / "run" / "metrics.jsonl"))
+    assert [m["step"] for m in metrics] == [1, 2, 3]
 
 
 def test_sampled_pairs_are_verified_best_against_worst(tmp_path):

@@ -428,7 +428,6 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     )
     loop = LoopState(model, tokenizer, optimizer, scheduler, ExampleOrder(random.Random(d.seed)))
     start_step = loop.resume(checkpoint) if checkpoint is not None else 0  # after the reference
-    bad_steps = 0
     metrics_log = out_dir / "metrics.jsonl" if ranks.main else os.devnull
     eval_log = out_dir / "eval.jsonl" if ranks.main else os.devnull
     if ranks.main:
@@ -463,7 +462,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             record = {"step": step, "epoch": step * batch_size / len(train_pairs)}
             record.update({**_means(parts, ranks), "grad_norm": grad_norm})
             finite = math.isfinite(record["loss"]) and math.isfinite(grad_norm)
-            bad_steps = 0 if finite else bad_steps + 1
+            loop.bad_steps = 0 if finite else loop.bad_steps + 1
             if finite:
                 optimizer.step()
                 scheduler.step()
@@ -480,10 +479,10 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             )
             log.write(record)
             loggers.log(record, step)
-            if bad_steps >= MAX_NONFINITE_STEPS:
+            if loop.bad_steps >= MAX_NONFINITE_STEPS:
                 raise NonFiniteError(
-                    f"{bad_steps} consecutive steps had a non-finite loss or gradient; stopping "
-                    "(lower dpo.lr or check the pairs)"
+                    f"{loop.bad_steps} consecutive steps had a non-finite loss or gradient; "
+                    "stopping (lower dpo.lr or check the pairs)"
                 )
             if d.eval_every_steps and step % d.eval_every_steps == 0 and step < steps:
                 held_out(step)

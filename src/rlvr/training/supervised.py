@@ -58,6 +58,9 @@ class LoopState:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     examples: ExampleOrder
+    bad_steps: int = 0
+    """Consecutive steps skipped for a non-finite loss or gradient, up to the last step (DPO's
+    guard), saved with the checkpoints so that a resumed run counts on."""
 
     def resume(self, checkpoint: Path) -> int:
         """Load `checkpoint` into every part (on every rank); return its step."""
@@ -67,6 +70,7 @@ class LoopState:
         self.scheduler.load_state_dict(state["scheduler"])
         self.examples.rng.setstate(state["order_rng"])
         self.examples.order, self.examples.step = state["order"], state["step"]
+        self.bad_steps = state.get("bad_steps", 0)  # absent from checkpoints before 11-29
         restore_rng_state(state["rng"])
         return self.examples.step
 
@@ -92,6 +96,7 @@ class LoopState:
             "scheduler": self.scheduler.state_dict(),
             "order_rng": self.examples.rng.getstate(),
             "order": self.examples.order,
+            "bad_steps": self.bad_steps,
         }
         weights = sharding.whole_state(self.model)
         if ranks.main:
