@@ -23,6 +23,28 @@ from tiny_run import TINY_RUN
 TIMING = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own Ctrl-C handler, whatever the tests were started with (a shell starts a
+    background job with SIGINT ignored); the one they had afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """`nohup rlvr train &` runs with SIGINT (and `nohup` with SIGHUP) ignored: the run keeps
+    ignoring SIGINT, as Python itself does, and still stops on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with StopOnSignal(announce=False) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received is signal.SIGTERM
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def signal_at_step(step: int, sig: signal.Signals):
     """A batch filter that sends `sig` to this process while step `step` is being trained."""
     calls = []

@@ -48,7 +48,8 @@ class StopOnSignal:
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup, `&`: stays ignored
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(
