@@ -214,7 +214,7 @@ def sample(
     ban: torch.Tensor | None,
     block: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sampling.sample_tokens` without top-k or top-p, at a temperature > 0, in two kernels
+    """`sampling.sample_tokens` without top-k, top-p or min-p, at a temperature > 0, in two kernels
     over `logits` [rows, vocab]: per (row, chunk of `block` tokens) the chunk's max and sum of
     exponentials, with and without the ban; then per row the normalisers, the chunk that
     u·total falls in (`uniform` [rows] on the logits' device; the cumulative probabilities
