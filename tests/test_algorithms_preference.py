@@ -9,9 +9,11 @@ from rlvr.algorithms import (
     PREFERENCE_LOSSES,
     REFERENCE_FREE,
     dpo_loss,
+    hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
     preference_loss,
+    robust_dpo_loss,
     simpo_loss,
 )
 
@@ -35,7 +37,7 @@ def _close(actual, expected, atol=1e-7):
 
 
 def test_registry_names_and_reference_free():
-    assert PREFERENCE_LOSSES.names() == ["dpo", "ipo", "ln_dpo", "simpo"]
+    assert PREFERENCE_LOSSES.names() == ["dpo", "hinge", "ipo", "ln_dpo", "robust", "simpo"]
     assert PREFERENCE_LOSSES.get("simpo") is simpo_loss
     assert {"simpo"} == REFERENCE_FREE
 
@@ -63,6 +65,37 @@ def test_ipo_hand_values():
     _close(out.losses, [(0.75 - 1) ** 2, (-0.75 - 1) ** 2])  # 0.0625, 3.0625
     with pytest.raises(ValueError, match="label smoothing"):
         ipo_loss(*ARGS, beta=0.5, label_smoothing=0.1)
+
+
+def test_hinge_hand_values_and_gradient():
+    # β = 0.1: margins z = 0.1·(+1 + 1) = 0.2 and -0.2, losses 1 - z
+    out = hinge_loss(*ARGS, beta=0.1)
+    _close(out.losses, [0.8, 1.2])
+    _close(out.chosen_rewards, [0.1, -0.1])
+    # β = 1: z = 2 meets the margin (no loss, no gradient), z = -2 gives 3 and gradient ∓β
+    chosen, rejected = CHOSEN.clone().requires_grad_(), REJECTED.clone().requires_grad_()
+    out = hinge_loss(chosen, rejected, *ARGS[2:], beta=1.0)
+    _close(out.losses, [0.0, 3.0])
+    out.losses.sum().backward()
+    _close(chosen.grad, [0.0, -1.0])
+    _close(rejected.grad, [0.0, 1.0])
+    with pytest.raises(ValueError, match="hinge has no label smoothing"):
+        hinge_loss(*ARGS, beta=0.1, label_smoothing=0.1)
+
+
+def test_robust_dpo_is_unbiased_under_label_flips():
+    """(1-ε)·L(z) + ε·L(-z), the expected loss when the label is flipped with probability ε,
+    is the clean DPO loss -log σ(z) = softplus(-z) (Chowdhury et al. 2024)."""
+    eps = 0.2
+    out = robust_dpo_loss(*ARGS, beta=0.1, label_smoothing=eps)
+    # z = 0.2 and -0.2: L(z) = ((1-ε)·softplus(-z) - ε·softplus(z)) / (1-2ε)
+    by_hand = [(0.8 * softplus(-z) - 0.2 * softplus(z)) / 0.6 for z in (0.2, -0.2)]
+    _close(out.losses, by_hand)
+    expected_loss = (1 - eps) * out.losses + eps * out.losses.flip(0)  # the pairs are ±z
+    _close(expected_loss, [softplus(-0.2), softplus(0.2)])
+    _close(out.chosen_rewards, [0.1, -0.1])
+    clean = robust_dpo_loss(*ARGS, beta=0.1)
+    torch.testing.assert_close(clean.losses, dpo_loss(*ARGS, beta=0.1).losses)
 
 
 def test_simpo_hand_values_ignore_the_reference():

@@ -135,7 +135,7 @@ def test_any_micro_batch_split_gives_the_same_gradient(loss):
     assert max(g.abs().max() for g in grads[0]) > 1e-4
 
 
-@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo"])
+@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust"])
 def test_preset_learns_the_held_out_preference(tmp_path, preset):
     cfg = file_config(tmp_path, preset)
     run_dir = run_dpo(cfg, show_progress=False)
@@ -145,11 +145,13 @@ def test_preset_learns_the_held_out_preference(tmp_path, preset):
     evals = list(read_jsonl(run_dir / "eval.jsonl"))
     assert [e["step"] for e in evals] == [0, 5, 10, 12] and evals[0]["pairs"] == 32
     first, last = evals[0], evals[-1]
-    if preset in ("dpo", "ln_dpo"):  # the policy is its reference at step 0: z = 0
+    if preset in ("dpo", "ln_dpo", "robust"):  # the policy is its reference at step 0: z = 0
         assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
         assert first["rewards/margins"] == 0.0 and first["rewards/accuracies"] == 0.0
     if preset == "ipo":  # (0 - 1/(2·0.1))² = 25
         assert first["loss"] == pytest.approx(25.0, abs=1e-4)
+    if preset == "hinge":  # max(0, 1 - 0)
+        assert first["loss"] == pytest.approx(1.0, abs=1e-6)
     assert last["rewards/accuracies"] >= 0.95, (preset, first, last)
     assert last["rewards/margins"] > first["rewards/margins"] + 0.1
     assert last["loss"] < first["loss"] - 0.1

@@ -644,13 +644,15 @@ class PreferenceDataConfig(DataConfig):
 
 class DPOTrainConfig(Section):
     loss: str = "dpo"
-    """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo` or `simpo`."""
+    """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `hinge`
+    (SLiC) or `robust` (robust DPO, with dpo.label_smoothing the label-noise rate)."""
     beta: float = Field(default=0.1, gt=0)
     """β: the scale of the implicit reward (DPO, LN-DPO, SimPO) or IPO's τ."""
     gamma: float = 0.0
     """SimPO's target reward margin γ (simpo only)."""
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
-    """Conservative-DPO ε: the probability that a pair's label is flipped (not for ipo)."""
+    """ε, the probability that a pair's label is flipped: conservative DPO's, or robust's
+    (not for ipo or hinge)."""
     steps: int = Field(default=100, ge=1)
     """Optimizer steps."""
     epochs: float | None = Field(default=None, gt=0)

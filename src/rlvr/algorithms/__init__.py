@@ -43,9 +43,11 @@ from rlvr.algorithms.preference import (
     REFERENCE_FREE,
     PreferenceLossOutput,
     dpo_loss,
+    hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
     preference_loss,
+    robust_dpo_loss,
     simpo_loss,
 )
 from rlvr.algorithms.registry import (
@@ -84,6 +86,7 @@ __all__ = [
     "group_normalized_advantages",
     "gspo_loss",
     "high_entropy_mask",
+    "hinge_loss",
     "informative_groups",
     "ipo_loss",
     "kimi_length_reward",
@@ -98,6 +101,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "repetition_penalty",
     "rloo_advantages",
+    "robust_dpo_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "simpo_loss",

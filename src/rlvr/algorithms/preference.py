@@ -1,4 +1,5 @@
-"""Offline pairwise preference losses: DPO, length-normalised DPO, IPO and SimPO.
+"""Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, the SLiC hinge
+and robust DPO.
 
 Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
 (y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
@@ -11,6 +12,8 @@ How this code departs from the papers:
   is taken to be flipped with probability ε, ``(1-ε)·ℓ(z) + ε·ℓ(-z)``. ε = 0 is the paper.
 - IPO scores length-averaged log-ratios, as TRL does on the IPO authors' advice; the paper's
   eq. 17 writes sums. Summed log-ratios are ``ipo`` with lengths of one.
+- The hinge loss is SLiC-HF's calibration loss on DPO's log-ratios with margin 1/β, as TRL's
+  ``hinge``; the paper compares the policy's own log-likelihoods, without a reference.
 - SimPO's γ is the paper's target margin in reward units (its repository sets γ = β·ratio
   with ``gamma_beta_ratio``): β = 2, γ = 1 is its ratio of 0.5.
 """
@@ -163,6 +166,69 @@ def simpo_loss(
     chosen = beta * chosen_logps / chosen_lengths
     rejected = beta * rejected_logps / rejected_lengths
     return _bradley_terry(chosen, rejected, gamma, label_smoothing)
+
+
+@PREFERENCE_LOSSES.register("hinge")
+def hinge_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """SLiC-HF's calibration loss (Zhao et al. 2023, arXiv:2305.10425; its margin δ = 1/β) on
+    DPO's log-ratios:
+
+        L = max(0, 1 − β log π_θ(y_w|x)/π_ref(y_w|x) + β log π_θ(y_l|x)/π_ref(y_l|x))
+
+    No loss and no gradient once the reward margin reaches 1, where DPO's logistic loss keeps
+    pushing. Implicit rewards r = β log π_θ(y|x)/π_ref(y|x), as DPO's. γ is unused, and label
+    smoothing must be 0.
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    if label_smoothing:
+        raise ValueError("hinge has no label smoothing; set it to 0")
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    losses = F.relu(1.0 - (chosen - rejected))
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
+
+
+@PREFERENCE_LOSSES.register("robust")
+def robust_dpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """Robust DPO (Chowdhury et al. 2024, Provably Robust DPO, arXiv:2403.00409), for labels
+    flipped with probability ε:
+
+        L = ((1 − ε)(−log σ(z)) − ε(−log σ(−z))) / (1 − 2ε),
+        z = β log π_θ(y_w|x)/π_ref(y_w|x) − β log π_θ(y_l|x)/π_ref(y_l|x)
+
+    with ε = `label_smoothing`: an unbiased estimate of the clean-label DPO loss, where
+    conservative DPO's average of the two labels is biased towards z = 0. ε = 0 is DPO. γ is
+    unused.
+    """
+    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    z = chosen - rejected
+    eps = label_smoothing
+    losses = (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 
 def preference_loss(
