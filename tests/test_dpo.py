@@ -135,7 +135,27 @@ def test_any_micro_batch_split_gives_the_same_gradient(loss):
     assert max(g.abs().max() for g in grads[0]) > 1e-4
 
 
-@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust"])
+def test_the_nll_term_adds_the_chosen_per_token_nll():
+    """dpo.nll_coef = α (IRPO, TRL's rpo_alpha): each pair's loss is DPO's plus α times the
+    chosen response's summed log-prob over its length, negated; logged as nll_loss."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    reference = all_pair_logps(model, PAIRS, 4096, tok.pad_token_id)
+    plain, with_nll = (
+        PairScorer(DPOConfig.model_validate({"dpo": {"nll_coef": a}}), PAIRS, reference)
+        for a in (0.0, 0.5)
+    )
+    base, base_stats = plain.loss(model, [0, 1, 2], tok.pad_token_id)
+    losses, stats = with_nll.loss(model, [0, 1, 2], tok.pad_token_id)
+    lengths = torch.tensor([len(c) for c in PAIRS.chosen], dtype=torch.float32)
+    nll = -base_stats["logps/chosen"] / lengths
+    assert (nll > 0).all() and "nll_loss" not in base_stats
+    torch.testing.assert_close(stats["nll_loss"], nll)
+    torch.testing.assert_close(losses, base + 0.5 * nll)
+    torch.testing.assert_close(stats["loss"], losses.detach())
+
+
+@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust", "irpo"])
 def test_preset_learns_the_held_out_preference(tmp_path, preset):
     cfg = file_config(tmp_path, preset)
     run_dir = run_dpo(cfg, show_progress=False)

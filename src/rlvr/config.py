@@ -653,6 +653,9 @@ class DPOTrainConfig(Section):
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
     """ε, the probability that a pair's label is flipped: conservative DPO's, or robust's
     (not for ipo or hinge)."""
+    nll_coef: float = Field(default=0.0, ge=0.0)
+    """α: add α times the chosen response's per-token negative log-likelihood to each pair's
+    loss (IRPO, Pang et al. 2024; TRL's rpo_alpha), so the chosen likelihood does not fall."""
     steps: int = Field(default=100, ge=1)
     """Optimizer steps."""
     epochs: float | None = Field(default=None, gt=0)

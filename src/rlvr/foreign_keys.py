@@ -53,6 +53,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "loss_type": ("algorithm.aggregation", "dpo.loss"),
     "mask_truncated_completions": ("algorithm.overlong.filter",),
     "label_smoothing": ("dpo.label_smoothing",),
+    "rpo_alpha": ("dpo.nll_coef",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
     "top_entropy_quantile": ("algorithm.entropy.top_frac",),

@@ -232,8 +232,17 @@ class PairScorer:
             gamma=d.gamma,
             label_smoothing=d.label_smoothing,
         )
-        stats = {
-            "loss": out.losses.detach(),
+        losses = out.losses
+        stats = {}
+        if d.nll_coef:
+            # IRPO's DPO + NLL (Pang et al. 2024): + α · (−log π_θ(y_w|x) / |y_w|), the NLL
+            # per token of the chosen response (TRL's rpo_alpha averages it over the batch's
+            # chosen tokens instead: the same when the lengths are equal)
+            nll = -chosen / self.chosen_lengths[index].to(device)
+            losses = losses + d.nll_coef * nll
+            stats["nll_loss"] = nll.detach()
+        stats |= {
+            "loss": losses.detach(),
             "rewards/chosen": out.chosen_rewards,
             "rewards/rejected": out.rejected_rewards,
             "rewards/margins": out.chosen_rewards - out.rejected_rewards,
@@ -241,7 +250,7 @@ class PairScorer:
             "logps/chosen": chosen.detach(),
             "logps/rejected": rejected.detach(),
         }
-        return out.losses, stats
+        return losses, stats
 
     @torch.no_grad()
     def evaluate(
