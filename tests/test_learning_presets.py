@@ -14,7 +14,7 @@ instead of the papers' 50 steps.
 
 The offline preference presets (`rlvr dpo`) start from the same model and train on pairs of its
 own samples, verified (a right answer chosen over a wrong one); they must raise pass@1 by the
-same margin (measured gains: DPO +11, SimPO +9 points).
+same margin (measured gains: DPO +11, SimPO +9 points; IRPO +16 on the AVX-512 EPYC).
 """
 
 import pytest
@@ -92,6 +92,8 @@ PREFERENCE = {
     # responses' likelihoods fall); a larger β keeps it closer to the start
     "dpo": ["dpo.beta=0.5", "dpo.lr=5e-5", "dpo.steps=60"],
     "simpo": ["dpo.lr=1e-4", "dpo.steps=30"],
+    # DPO plus the chosen NLL: 0.354 -> 0.510 measured (DPO at these settings 0.430)
+    "irpo": ["dpo.lr=1e-4", "dpo.steps=30"],
 }
 
 
