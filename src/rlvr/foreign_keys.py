@@ -35,6 +35,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "output_dir": _each_command("output_dir"),
     "per_device_train_batch_size": ("sft.batch_size", "dpo.batch_size"),
     "num_iterations": ("train.epochs",),
+    "steps_per_generation": ("train.mini_batches",),
+    "gradient_accumulation_steps": _each_command("micro_batch_tokens"),
     "gradient_checkpointing": ("train.gradient_checkpointing",),
     "disable_dropout": ("model.disable_dropout",),
     "save_steps": _each_command("save_every"),
