@@ -8,6 +8,7 @@ import torch
 
 from rlvr.algorithms import (
     ADVANTAGES,
+    decoupled_group_advantages,
     group_normalized_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -245,3 +246,37 @@ def test_reinforce_pp_baseline_all_constant_groups_give_zero():
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
     adv = ADVANTAGES.get("reinforce_pp_baseline")(rewards, torch.tensor([0, 0, 1, 1]))
     assert torch.equal(adv, torch.zeros(4))
+
+
+def test_gdpo_hand_values():
+    """Three groups, rewards r1 and r2 weighted 1 and 0.5 (ε = 0). Group A: r1 = [1, 0, 1, 0]
+    (±√3/2 normalised), r2 constant; group B: r1 constant, r2 = [0, 1, 0, 1] (∓√3/2, × 0.5);
+    group C: both constant. Â = [±√3/2 in A, ∓√3/4 in B, 0 in C], whose unbiased batch std
+    over 10 samples is √(3.75/9) = √(5/12): A gets ±3/√5, B ∓1.5/√5, C exactly 0. GRPO on
+    the weighted sum gives A and B advantages of one magnitude."""
+    r1 = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    r2 = [0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    parts = torch.tensor([r1, r2]).T
+    groups = torch.tensor([0] * 4 + [1] * 4 + [2] * 2)
+    adv = decoupled_group_advantages(parts, torch.tensor([1.0, 0.5]), groups, epsilon=0.0)
+    a, b = 3 / math.sqrt(5), 1.5 / math.sqrt(5)
+    _close(adv, [a, -a, a, -a, -b, b, -b, b, 0.0, 0.0])
+    assert adv.dtype == torch.float32 and (adv[8:] == 0).all()
+    summed = group_normalized_advantages(parts @ torch.tensor([1.0, 0.5]), groups, epsilon=0.0)
+    assert summed[0].abs() == pytest.approx(summed[4].abs())  # the sum loses B's smaller scale
+
+
+def test_gdpo_equals_trls_normalize_then_sum():
+    """TRL's formula (per-reward group mean and std, ε = 1e-4, the weighted sum, then minus
+    the batch mean over the batch std), written out here, on random rewards of 8 groups of 4."""
+    g = torch.Generator().manual_seed(0)
+    parts = torch.randint(0, 3, (32, 3), generator=g).double()
+    weights = torch.tensor([1.0, 0.3, -0.2], dtype=torch.float64)
+    grouped = parts.view(8, 4, 3)
+    normalized = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
+    total = (normalized.view(32, 3) * weights).sum(1)
+    trl = (total - total.mean()) / (total.std() + 1e-4)
+    ours = decoupled_group_advantages(parts, weights, torch.arange(32) // 4, epsilon=1e-4)
+    _close(ours, trl, atol=1e-9)
+    with pytest.raises(ValueError, match=r"parts must be \[N, K\] and weights \[K\]"):
+        decoupled_group_advantages(parts, weights[:2], torch.arange(32) // 4)

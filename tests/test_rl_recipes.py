@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import RLConfig, resolve_config
+from rlvr.algorithms import decoupled_group_advantages
+from rlvr.config import ConfigError, RLConfig, resolve_config
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, save_pretrained
@@ -205,3 +206,40 @@ def test_critic_from_a_missing_model_is_a_clear_error(tmp_path):
     )
     with pytest.raises(ModelLoadError, match="nope"):
         train(cfg, show_progress=False)
+
+
+def odd_length(prompts, completions, **columns):
+    """A test reward that the untrained tiny model's samples split: 1 for an odd length."""
+    return [float(len(c) % 2) for c in completions]
+
+
+def test_normalize_then_sum_trains_on_gdpo_advantages_of_the_weighted_rewards(tmp_path):
+    seen = []
+
+    def record(batch):  # the loop adds the advantages to this same object after the filters
+        seen.append(batch)
+        return batch
+
+    rewards = "[{name: math, weight: 1.0}, {name: 'test_rl_recipes:odd_length', weight: 0.5}]"
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=2",
+            f"train.output_dir={tmp_path}",
+            "algorithm.reward_aggregation=normalize_then_sum",
+            f"reward.functions={rewards}",
+        ],
+    )
+    train(cfg, filters=(record,), show_progress=False)
+    for batch in seen:
+        parts = torch.stack(
+            [batch.reward_parts["math"], batch.reward_parts["test_rl_recipes:odd_length"]], dim=1
+        )
+        weights = torch.tensor([1.0, 0.5])
+        expected = decoupled_group_advantages(parts, weights, batch.group_ids, epsilon=1e-6)
+        torch.testing.assert_close(batch.advantages[:, 0], expected)
+        assert expected.abs().sum() > 0
+    clashing = ["algorithm.std_normalization=none", "algorithm.kl.in_reward=true"]
+    with pytest.raises(ConfigError, match=r"change algorithm\.std_normalization, algorithm\.kl"):
+        resolve_config(overrides=["algorithm.reward_aggregation=normalize_then_sum", *clashing])

@@ -356,6 +356,9 @@ class AlgorithmConfig(Section):
     """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
     epsilon: float = Field(default=1e-6, ge=0.0)
     """Added to the std before dividing."""
+    reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """Several rewards: normalise their weighted sum (the default), or each reward within its
+    group, then the weighted sum over the batch (GDPO; TRL's multi_objective_aggregation)."""
     loss: str = "ppo_clip"
     """Policy loss (see `rlvr.algorithms.POLICY_LOSSES`)."""
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
@@ -382,6 +385,26 @@ class AlgorithmConfig(Section):
     """Kimi k1.5 mirror-descent tau of the `kimi_omd` loss."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
     """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
+
+    @model_validator(mode="after")
+    def _decoupled_rewards_are_grpos(self) -> AlgorithmConfig:
+        if self.reward_aggregation == "sum_then_normalize":
+            return self
+        clashes = {
+            "algorithm.advantage": self.advantage != "grpo",
+            "algorithm.std_normalization": self.std_normalization != "group",
+            "algorithm.kl.in_reward": self.kl.in_reward,
+            "algorithm.overlong.truncation_reward": self.overlong.truncation_reward is not None,
+        }
+        if any(clashes.values()):
+            keys = ", ".join(key for key, clash in clashes.items() if clash)
+            raise ValueError(
+                "algorithm.reward_aggregation=normalize_then_sum (GDPO) normalises each reward "
+                "in its group and the sum over the batch: it needs algorithm.advantage=grpo, "
+                "algorithm.std_normalization=group, no KL in the reward and no truncation "
+                f"reward; change {keys}"
+            )
+        return self
 
 
 class RewardSpec(Section):

@@ -52,6 +52,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "ref_model_sync_steps": ("algorithm.kl.reference_reset_every",),
     "ref_model_mixup_alpha": ("algorithm.kl.reference_reset_mix",),
     "scale_rewards": ("algorithm.std_normalization",),
+    "multi_objective_aggregation": ("algorithm.reward_aggregation",),
     "loss_type": ("algorithm.aggregation", "dpo.loss"),
     "mask_truncated_completions": ("algorithm.overlong.filter",),
     "label_smoothing": ("dpo.label_smoothing",),

@@ -14,6 +14,7 @@ arguments, never a config object.
 """
 
 from rlvr.algorithms.advantages import (
+    decoupled_group_advantages,
     group_normalized_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -81,6 +82,7 @@ __all__ = [
     "aggregate",
     "apply_truncation_reward",
     "cispo_loss",
+    "decoupled_group_advantages",
     "dpo_loss",
     "ema_update_",
     "group_normalized_advantages",

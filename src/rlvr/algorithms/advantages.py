@@ -133,6 +133,52 @@ def group_normalized_advantages(
     return adv.to(_out_dtype(rewards))
 
 
+def decoupled_group_advantages(
+    parts: Tensor, weights: Tensor, group_ids: Tensor, *, epsilon: float = 1e-6
+) -> Tensor:
+    r"""GDPO's advantages for several rewards: each normalised in its group, then the sum.
+
+    .. math::
+
+        \hat A_i = \sum_k w_k \frac{r_{ik} - \operatorname{mean}_g(r_k)}
+                    {\operatorname{std}_g(r_k) + \varepsilon},
+        \qquad A_i = \frac{\hat A_i}{\operatorname{std}(\hat A) + \varepsilon}
+
+    (Liu et al. 2026, *GDPO: Group reward-Decoupled Normalization Policy Optimization for
+    Multi-reward RL Optimization*, arXiv:2601.05242; TRL's
+    ``multi_objective_aggregation="normalize_then_sum"``), with std_g the unbiased std of the
+    sample's group and std(Â) that of the batch. GRPO normalises the weighted sum, in which
+    different combinations of rewards can collapse onto one advantage and a reward of wide
+    spread drowns one of narrow spread; here each reward is its own GRPO advantage first.
+
+    A reward constant in a group adds 0 there, as in ``group_normalized_advantages``. Each
+    group's Â sums to 0, so the batch mean of Â is 0 and is not subtracted (TRL subtracts it,
+    which leaves a rounding residue): a group in which every reward is constant keeps
+    advantage exactly 0.
+
+    Args:
+        parts: ``[N, K]`` unweighted reward k of sequence i.
+        weights: ``[K]`` weight of each reward.
+        group_ids: ``[N]`` integer id of each sequence's prompt group.
+        epsilon: added to each std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the parts' float dtype, without a gradient.
+    """
+    if parts.dim() != 2 or weights.shape != (parts.shape[1],):
+        raise ValueError(
+            f"parts must be [N, K] and weights [K], got {tuple(parts.shape)} and "
+            f"{tuple(weights.shape)}"
+        )
+    total = torch.zeros(parts.shape[0], dtype=torch.float64, device=parts.device)
+    for k in range(parts.shape[1]):
+        normalized = group_normalized_advantages(
+            parts[:, k].to(torch.float64), group_ids, std_normalization="group", epsilon=epsilon
+        )
+        total += float(weights[k]) * normalized
+    return (total / (_batch_std(total) + epsilon)).to(_out_dtype(parts))
+
+
 @ADVANTAGES.register("rloo")
 def rloo_advantages(
     rewards: Tensor,

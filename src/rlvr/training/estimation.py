@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS
+from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS, decoupled_group_advantages
 from rlvr.algorithms.controllers import high_entropy_mask
 from rlvr.algorithms.value import (
     gae_advantages,
@@ -42,13 +42,17 @@ def kl_reward_penalty(
 
 
 def batch_advantages(
-    batch: RolloutBatch, algo: AlgorithmConfig, kl_coef: float
+    batch: RolloutBatch,
+    algo: AlgorithmConfig,
+    kl_coef: float,
+    reward_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([N, T] advantages, [N, T] critic returns or None) for the batch.
 
     With `advantage: gae`, `batch.values` must hold the critic's values; the policy's λ is
     `critic.lam` or VAPO's length-adaptive λ, the critic's targets use `critic.critic_lam`
-    (VAPO's decoupled GAE).
+    (VAPO's decoupled GAE). With `reward_aggregation: normalize_then_sum` the advantages are
+    GDPO's over the batch's `reward_parts` of non-zero weight in `reward_weights`.
     """
     mask = batch.response_mask
     penalty = kl_reward_penalty(batch, algo, kl_coef)
@@ -66,6 +70,14 @@ def batch_advantages(
         if c.whiten_advantages:
             advantages = whiten(advantages, mask)
         return advantages, returns
+    if algo.reward_aggregation == "normalize_then_sum":
+        weights = {k: w for k, w in (reward_weights or {}).items() if w and k in batch.reward_parts}
+        columns = [batch.reward_parts[k] for k in weights]
+        parts = torch.stack(columns, dim=1) if columns else torch.zeros(len(batch), 0)
+        advantages = decoupled_group_advantages(
+            parts, torch.tensor(list(weights.values())), batch.group_ids, epsilon=algo.epsilon
+        )
+        return advantages[:, None] * mask, None
     rewards = batch.rewards if penalty is None else batch.rewards - penalty.sum(-1)
     advantages = ADVANTAGES.get(algo.advantage)(
         rewards, batch.group_ids, std_normalization=algo.std_normalization, epsilon=algo.epsilon
@@ -116,7 +128,9 @@ def prepare_update(
             batch.old_logprobs = old
     if critic is not None:
         batch.values = critic.predict(batch)
-    batch.advantages, batch.returns = batch_advantages(batch, algo, settings.kl_coef)
+    batch.advantages, batch.returns = batch_advantages(
+        batch, algo, settings.kl_coef, settings.reward_weights
+    )
     if entropy is not None:
         batch.advantages = keep_high_entropy_tokens(
             batch.advantages, entropy, batch.response_mask, top_frac

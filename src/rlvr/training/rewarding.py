@@ -72,6 +72,14 @@ class RewardScorer:
             policy, tokenizer, generator, cfg.model, cfg.train.seed, cfg.train.micro_batch_tokens
         )
         self.model_rewards = build_model_rewards(functions, context)
+        self.weights = {
+            **dict(specs),
+            **{name: weight for name, (weight, _) in self.model_rewards.items()},
+            "overlong": 1.0,
+            "length": cfg.algorithm.shaping.length_coef,
+            "repetition": cfg.algorithm.shaping.repetition_coef,
+        }
+        """The weight in the total reward of each entry of `reward_parts` (GDPO reads them)."""
         self.max_len = cfg.rollout.max_new_tokens
         """This step's generation budget (the loop sets it when a schedule changes it)."""
         self.step = 0

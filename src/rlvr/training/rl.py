@@ -251,6 +251,7 @@ def _train(
     )
     # The adaptive entropy coefficient follows the measured entropy, so it needs every sample.
     settings.skip_zero_advantage = cfg.train.skip_zero_advantage and algo.entropy.target is None
+    settings.reward_weights = rewarder.weights
 
     def checkpoint_state() -> dict:
         per_rank = None  # one process: its states are `generator` and the checkpoint's `rng`

@@ -8,7 +8,7 @@ full-batch loss.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -51,6 +51,9 @@ class LossSettings:
     """This step's entropy coefficient (fixed, or set by the adaptive controller)."""
     skip_zero_advantage: bool = False
     """Whether samples with all-zero advantages may skip forward/backward (`trainable_rows`)."""
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    """The weight of each of the batch's `reward_parts` (`RewardScorer.weights`), which
+    `algorithm.reward_aggregation=normalize_then_sum` normalises one by one."""
 
 
 def rank_share(batch: RolloutBatch, rows: list[int], ranks: Ranks) -> list[int]:
