@@ -195,6 +195,10 @@ class RolloutConfig(Section):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     """Min-p sampling (Nguyen et al. 2024): drop the tokens less likely than min_p times the
     most likely one (0.0 = off)."""
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    """CTRL's penalty on the tokens already in the prompt or the completion (TRL's
+    repetition_penalty; 1.0 = off): their positive logits divided by it, negative ones
+    multiplied. It shapes the draw only; the log-probs stay the policy's."""
     max_new_tokens: int = Field(default=64, ge=1)
     """Generation budget per completion; longer completions are truncated."""
     min_new_tokens: int = Field(default=0, ge=0)

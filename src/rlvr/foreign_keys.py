@@ -24,6 +24,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "top_p": ("rollout.top_p",),
     "top_k": ("rollout.top_k",),
     "min_p": ("rollout.min_p",),
+    "repetition_penalty": ("rollout.repetition_penalty",),
     "learning_rate": _each_command("lr"),
     "lr_scheduler_type": _each_command("schedule"),
     "warmup_steps": _each_command("warmup_steps"),

@@ -26,6 +26,9 @@ class SamplingParams:
     """EOS cannot be sampled before this many tokens (benchmarks force equal lengths with it)."""
     min_p: float = 0.0
     """Keep the tokens at least this fraction as likely as the most likely one (0.0 = off)."""
+    repetition_penalty: float = 1.0
+    """Divide the positive logits of tokens already in the prompt or the completion by this,
+    multiply the negative ones (CTRL's penalty; 1.0 = off)."""
 
 
 @dataclass

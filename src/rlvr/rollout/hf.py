@@ -169,6 +169,7 @@ class HFRolloutEngine:
             graphs is not None
             and (device.type == "cuda" or not graphs.capture)
             and not fused.has_adapted_linears(self.model)  # the captured step packs weights
+            and params.repetition_penalty == 1.0  # the step samples without seen tokens
         ):
             decoder = GraphDecoder(self.model, capacity, graphs)
         else:
@@ -180,11 +181,18 @@ class HFRolloutEngine:
         decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
         eos_ids = self.eos_ids.to(device)
         ban = ban_bias(logits.shape[-1], eos_ids) if params.min_new_tokens else None
+        seen = None  # [rows, vocab]: the tokens of each row's prompt and completion so far
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(rows, logits.shape[-1], dtype=torch.bool, device=device)
+            for i, prompt in enumerate(prompts):
+                seen[i * n : (i + 1) * n, prompt] = True
 
         def draw(step: int, live: torch.Tensor) -> Draw:
             uniform = draw_uniform(self.generator, rows, params)
             banned = ban if step < params.min_new_tokens else None
-            return Draw(params, None if uniform is None else staged(uniform[live], device), banned)
+            seen_live = None if seen is None else seen[live.to(device)]
+            uniform_live = None if uniform is None else staged(uniform[live], device)
+            return Draw(params, uniform_live, banned, seen_live)
 
         first = draw(0, torch.arange(rows)).sample(logits.repeat_interleave(n, 0))
         next_position = position_ids[:, -1].repeat_interleave(n, 0) + 1
@@ -198,6 +206,8 @@ class HFRolloutEngine:
         for step in range(budget):
             sampled[batch.on_device, step] = batch.token
             sampled_logps[batch.on_device, step] = batch.logp
+            if seen is not None:
+                seen[batch.on_device, batch.token] = True
             read_ended = host_copy(torch.isin(batch.token, eos_ids))
             last = step == budget - 1
             if overlap and not last:  # step + 1 runs while the host reads step's tokens

@@ -40,6 +40,15 @@ def filter_logits(
     return logits
 
 
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019, arXiv:1909.05858, §4.1, in the sign-aware
+    form of transformers and vLLM): the logit of each token `seen` in the row ([b, vocab]
+    bool: in its prompt or completion so far) is divided by `penalty` where positive and
+    multiplied by it where negative, so a penalty above 1 makes every seen token less likely."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
 def draw_uniform(
     generator: torch.Generator | None, rows: int, params: SamplingParams
 ) -> torch.Tensor | None:
@@ -59,16 +68,18 @@ def ban_bias(vocab: int, banned: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class Draw:
     """What one decode step draws with: the sampling settings, one uniform per row
-    (`draw_uniform`; None when greedy) and the additive EOS ban (`ban_bias`; None when EOS
-    is allowed)."""
+    (`draw_uniform`; None when greedy), the additive EOS ban (`ban_bias`; None when EOS
+    is allowed) and the tokens each row has seen ([b, vocab] bool; None without a
+    repetition penalty)."""
 
     params: SamplingParams
     uniform: torch.Tensor | None
     ban: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
 
     def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`sample_tokens` of `logits` with this draw."""
-        return sample_tokens(logits, self.params, self.uniform, self.ban)
+        return sample_tokens(logits, self.params, self.uniform, self.ban, self.seen)
 
 
 def sample_tokens(
@@ -76,19 +87,27 @@ def sample_tokens(
     params: SamplingParams,
     uniform: torch.Tensor | None,
     ban: torch.Tensor | None = None,
+    seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row with `uniform` [b] (`draw_uniform`; None when greedy), never one
-    that `ban` (`ban_bias`) bans; return (tokens, log-probs under the temperature-scaled
-    logits, before top-k/top-p/min-p truncation and the ban). Without them, where
+    that `ban` (`ban_bias`) bans, the logits of the tokens each row has `seen` penalised
+    first (`penalize_repeats`, before the temperature, as transformers orders them); return
+    (tokens, log-probs under the temperature-scaled logits, before the penalty,
+    top-k/top-p/min-p truncation and the ban). Without these, where
     Triton runs (a GPU), the same draw is two kernels (`triton_ops.sample`, lever 30)."""
     plain = (
-        params.temperature > 0 and params.top_k == 0 and params.top_p >= 1.0 and not params.min_p
+        params.temperature > 0
+        and params.top_k == 0
+        and params.top_p >= 1.0
+        and not params.min_p
+        and seen is None
     )
     if plain and uniform is not None and triton_ops.usable(logits):
         uniform = uniform.to(logits.device, non_blocking=True)
         return triton_ops.sample(logits, params.temperature, uniform, ban)
     logits = logits.float()
-    allowed = logits if ban is None else logits + ban
+    allowed = logits if seen is None else penalize_repeats(logits, seen, params.repetition_penalty)
+    allowed = allowed if ban is None else allowed + ban
     if params.temperature <= 0:
         tokens = allowed.argmax(-1)
         return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)

@@ -48,6 +48,7 @@ def rollout_batch(
         r.max_new_tokens,
         r.min_new_tokens,
         r.min_p,
+        r.repetition_penalty,
     )
     out = engine.generate(prompt_ids, params)
     lengths = [len(c) for c in out.completion_ids]
