@@ -8,13 +8,17 @@ import torch
 from rlvr.algorithms import (
     PREFERENCE_LOSSES,
     REFERENCE_FREE,
+    apo_down_loss,
+    apo_zero_loss,
     dpo_loss,
     hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
+    nca_pair_loss,
     preference_loss,
     robust_dpo_loss,
     simpo_loss,
+    sppo_hard_loss,
 )
 
 F64 = torch.float64
@@ -37,7 +41,18 @@ def _close(actual, expected, atol=1e-7):
 
 
 def test_registry_names_and_reference_free():
-    assert PREFERENCE_LOSSES.names() == ["dpo", "hinge", "ipo", "ln_dpo", "robust", "simpo"]
+    assert PREFERENCE_LOSSES.names() == [
+        "apo_down",
+        "apo_zero",
+        "dpo",
+        "hinge",
+        "ipo",
+        "ln_dpo",
+        "nca_pair",
+        "robust",
+        "simpo",
+        "sppo_hard",
+    ]
     assert PREFERENCE_LOSSES.get("simpo") is simpo_loss
     assert {"simpo"} == REFERENCE_FREE
 
@@ -163,3 +178,41 @@ def test_bad_inputs_are_refused():
         dpo_loss(*ARGS, beta=0.1, label_smoothing=0.5)
     with pytest.raises(KeyError, match="did you mean 'simpo'"):
         preference_loss("simpoo", *ARGS, beta=0.1)
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_log_ratio_losses_hand_values():
+    """Log-ratios a = [+1, -1], b = [-1, +1] at β = 0.5 (so 1/(2β) = 1)."""
+    s = sigmoid
+    apo_zero = apo_zero_loss(*ARGS, beta=0.5)  # 1 - σ(βa) + σ(βb)
+    _close(apo_zero.losses, [1 - s(0.5) + s(-0.5), 1 - s(-0.5) + s(0.5)])  # 0.755, 1.245
+    _close(apo_zero.chosen_rewards, [0.5, -0.5])
+    _close(apo_zero.rejected_rewards, [-0.5, 0.5])
+    apo_down = apo_down_loss(*ARGS, beta=0.5)  # σ(βa) + 1 - σ(β(a - b))
+    _close(apo_down.losses, [s(0.5) + 1 - s(1.0), s(-0.5) + 1 - s(-1.0)])  # 0.891, 1.109
+    # -log σ(x) = softplus(-x): softplus(-βa) + ½ softplus(βa) + ½ softplus(βb)
+    nca = nca_pair_loss(*ARGS, beta=0.5)
+    by_hand = [
+        softplus(-c) + softplus(c) / 2 + softplus(r) / 2 for c, r in ((0.5, -0.5), (-0.5, 0.5))
+    ]
+    _close(nca.losses, by_hand)
+    sppo = sppo_hard_loss(*ARGS, beta=0.5)  # (a - 1)² + (b + 1)²
+    _close(sppo.losses, [0.0, 8.0])
+    for loss in (apo_zero_loss, apo_down_loss, nca_pair_loss, sppo_hard_loss):
+        with pytest.raises(ValueError, match="has no label smoothing"):
+            loss(*ARGS, beta=0.5, label_smoothing=0.1)
+
+
+def test_anchored_losses_move_each_response_its_own_way():
+    """APO-zero raises the chosen and lowers the rejected likelihood; APO-down lowers both,
+    the rejected more: the signs of the gradient with respect to the policy's log-probs."""
+    chosen, rejected = CHOSEN.clone().requires_grad_(), REJECTED.clone().requires_grad_()
+    apo_zero_loss(chosen, rejected, *ARGS[2:], beta=0.5).losses.sum().backward()
+    assert (chosen.grad < 0).all() and (rejected.grad > 0).all()  # descent: up, down
+    chosen.grad, rejected.grad = None, None
+    apo_down_loss(chosen, rejected, *ARGS[2:], beta=0.5).losses.sum().backward()
+    assert (chosen.grad > 0).all() and (rejected.grad > 0).all()  # both down
+    assert (rejected.grad > chosen.grad).any()

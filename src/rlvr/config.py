@@ -672,7 +672,8 @@ class PreferenceDataConfig(DataConfig):
 class DPOTrainConfig(Section):
     loss: str = "dpo"
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `hinge`
-    (SLiC) or `robust` (robust DPO, with dpo.label_smoothing the label-noise rate)."""
+    (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise rate), `apo_zero`,
+    `apo_down`, `nca_pair` or `sppo_hard` (`docs/algorithms.md`)."""
     beta: float = Field(default=0.1, gt=0)
     """β: the scale of the implicit reward (DPO, LN-DPO, SimPO) or IPO's τ."""
     gamma: float = 0.0

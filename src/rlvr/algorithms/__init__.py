@@ -43,13 +43,17 @@ from rlvr.algorithms.policy_losses import (
 from rlvr.algorithms.preference import (
     REFERENCE_FREE,
     PreferenceLossOutput,
+    apo_down_loss,
+    apo_zero_loss,
     dpo_loss,
     hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
+    nca_pair_loss,
     preference_loss,
     robust_dpo_loss,
     simpo_loss,
+    sppo_hard_loss,
 )
 from rlvr.algorithms.registry import (
     ADVANTAGES,
@@ -80,6 +84,8 @@ __all__ = [
     "PreferenceLossOutput",
     "Registry",
     "aggregate",
+    "apo_down_loss",
+    "apo_zero_loss",
     "apply_truncation_reward",
     "cispo_loss",
     "decoupled_group_advantages",
@@ -96,6 +102,7 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "length_normalized_dpo_loss",
+    "nca_pair_loss",
     "overlong_mask",
     "ppo_clip_loss",
     "preference_loss",
@@ -108,5 +115,6 @@ __all__ = [
     "seq_mean_token_sum",
     "simpo_loss",
     "soft_overlong_penalty",
+    "sppo_hard_loss",
     "token_mean",
 ]
