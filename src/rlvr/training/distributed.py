@@ -23,6 +23,7 @@ of 1, whose collectives do nothing.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -220,6 +221,7 @@ def data_parallel(device: torch.device) -> Iterator[Ranks]:
     try:
         yield Ranks(dist.get_rank(), dist.get_world_size())
         if started:  # a normal end: no rank tears the group down while another still uses it
+            gc.collect()  # FSDP's modules hold the group in reference cycles: free them first
             dist.barrier()
     finally:
         if started:
