@@ -10,7 +10,10 @@ from rlvr.algorithms import (
     REFERENCE_FREE,
     apo_down_loss,
     apo_zero_loss,
+    bco_pair_loss,
+    discopop_loss,
     dpo_loss,
+    exo_pair_loss,
     hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
@@ -44,7 +47,10 @@ def test_registry_names_and_reference_free():
     assert PREFERENCE_LOSSES.names() == [
         "apo_down",
         "apo_zero",
+        "bco_pair",
+        "discopop",
         "dpo",
+        "exo_pair",
         "hinge",
         "ipo",
         "ln_dpo",
@@ -216,3 +222,54 @@ def test_anchored_losses_move_each_response_its_own_way():
     apo_down_loss(chosen, rejected, *ARGS[2:], beta=0.5).losses.sum().backward()
     assert (chosen.grad > 0).all() and (rejected.grad > 0).all()  # both down
     assert (rejected.grad > chosen.grad).any()
+
+
+def test_bco_and_discopop_hand_values():
+    """Log-ratios a = [+1, -1], b = [-1, +1] at β = 0.5: β a = [0.5, -0.5], ρ = β (a - b) =
+    [1, -1]."""
+    bco = bco_pair_loss(*ARGS, beta=0.5)  # softplus(-βa) + softplus(βb)
+    _close(bco.losses, [2 * softplus(-0.5), 2 * softplus(0.5)])  # 0.948, 1.948
+    _close(bco.chosen_rewards, [0.5, -0.5])
+    s = sigmoid
+    # (1 - σ(ρ/τ)) softplus(-ρ) + σ(ρ/τ) e^{-ρ}, τ = 0.5: σ(±2)
+    by_hand = [
+        (1 - s(2.0)) * softplus(-1.0) + s(2.0) * math.exp(-1.0),  # 0.357
+        (1 - s(-2.0)) * softplus(1.0) + s(-2.0) * math.exp(1.0),  # 1.426
+    ]
+    _close(discopop_loss(*ARGS, beta=0.5, tau=0.5).losses, by_hand)
+    # τ → 0 switches to the exponential loss when ρ > 0 and the logistic one when ρ < 0
+    _close(discopop_loss(*ARGS, beta=0.5, tau=1e-4).losses, [math.exp(-1.0), softplus(1.0)])
+    for loss in (bco_pair_loss, discopop_loss):
+        with pytest.raises(ValueError, match="has no label smoothing"):
+            loss(*ARGS, beta=0.5, label_smoothing=0.1)
+
+
+def test_exo_is_the_kl_between_two_point_distributions():
+    """EXO's pair loss is KL(p ‖ q) with p = (σ(z), σ(-z)) and q = (1 - ε, ε): checked
+    against torch's own KL of the two Bernoullis, and 0 with no gradient where p = q."""
+    eps, beta = 0.01, 0.5
+    out = exo_pair_loss(*ARGS, beta=beta, label_smoothing=eps)
+    z = torch.tensor([1.0, -1.0], dtype=F64)  # β (a - b)
+    p = torch.distributions.Bernoulli(probs=torch.sigmoid(z))
+    q = torch.distributions.Bernoulli(probs=torch.tensor(1 - eps, dtype=F64))
+    _close(out.losses, torch.distributions.kl_divergence(p, q).tolist())
+    _close(out.chosen_rewards, [0.5, -0.5])
+    # z* = log((1 - ε)/ε): chosen log-ratio z*/β, rejected 0
+    at = torch.tensor([math.log((1 - eps) / eps) / beta], dtype=F64, requires_grad=True)
+    zero = torch.zeros(1, dtype=F64)
+    loss = exo_pair_loss(at, zero, zero, zero, zero + 1, zero + 1, beta=beta, label_smoothing=eps)
+    loss.losses.sum().backward()
+    assert abs(loss.losses.item()) < 1e-12 and abs(at.grad.item()) < 1e-12
+    with pytest.raises(ValueError, match="exo_pair needs label_smoothing"):
+        exo_pair_loss(*ARGS, beta=beta)
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.1, 0.5])
+def test_discopop_slope_where_the_policy_is_its_reference(tau):
+    """At ρ = 0 (the first step) d L/d ρ = (1 - log 2)/(4τ) - 3/4: for τ below
+    (1 - log 2)/3 ≈ 0.102, the paper's 0.05 among them, descent first lowers ρ."""
+    rho = torch.zeros(1, dtype=F64, requires_grad=True)
+    zero, one = torch.zeros(1, dtype=F64), torch.ones(1, dtype=F64)
+    discopop_loss(rho, zero, zero, zero, one, one, beta=1.0, tau=tau).losses.sum().backward()
+    assert rho.grad.item() == pytest.approx((1 - math.log(2)) / (4 * tau) - 0.75, abs=1e-12)
+    assert (rho.grad.item() > 0) == (tau < (1 - math.log(2)) / 3)

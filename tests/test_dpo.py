@@ -155,7 +155,35 @@ def test_the_nll_term_adds_the_chosen_per_token_nll():
     torch.testing.assert_close(stats["loss"], losses.detach())
 
 
-@pytest.mark.parametrize("preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust", "irpo"])
+def test_a_list_of_losses_sums_them_with_their_weights():
+    """MPO (TRL's loss_type list with loss_weights): the pair loss is Σ w_k L_k of the losses
+    each scored alone, the implicit rewards are the first loss's, and the NLL term adds on."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    reference = all_pair_logps(model, PAIRS, 4096, tok.pad_token_id)
+    reference = (reference[0] + torch.tensor([1.0, -2.0, 0.5]), reference[1])  # nonzero ratios
+
+    def scored(**dpo):
+        cfg = DPOConfig.model_validate({"dpo": dpo})
+        return PairScorer(cfg, PAIRS, reference).loss(model, [0, 1, 2], tok.pad_token_id)
+
+    dpo, dpo_stats = scored(loss="dpo", beta=0.5)
+    bco, _ = scored(loss="bco_pair", beta=0.5)
+    mixed, stats = scored(loss=["dpo", "bco_pair"], loss_weights=[0.8, 0.2], beta=0.5)
+    torch.testing.assert_close(mixed, 0.8 * dpo + 0.2 * bco)
+    assert not torch.allclose(dpo, bco)
+    torch.testing.assert_close(stats["rewards/margins"], dpo_stats["rewards/margins"])
+    mpo, mpo_stats = scored(
+        loss=["dpo", "bco_pair"], loss_weights=[0.8, 0.2], beta=0.5, nll_coef=1.0
+    )
+    torch.testing.assert_close(mpo, mixed + mpo_stats["nll_loss"])
+    unweighted, _ = scored(loss=["dpo", "bco_pair"], beta=0.5)
+    torch.testing.assert_close(unweighted, dpo + bco)
+
+
+@pytest.mark.parametrize(
+    "preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust", "irpo", "exo", "mpo"]
+)
 def test_preset_learns_the_held_out_preference(tmp_path, preset):
     cfg = file_config(tmp_path, preset)
     run_dir = run_dpo(cfg, show_progress=False)
@@ -172,16 +200,33 @@ def test_preset_learns_the_held_out_preference(tmp_path, preset):
         assert first["loss"] == pytest.approx(25.0, abs=1e-4)
     if preset == "hinge":  # max(0, 1 - 0)
         assert first["loss"] == pytest.approx(1.0, abs=1e-6)
+    if preset == "exo":  # KL((½, ½) ‖ (1 - ε, ε)) = log ½ - ½ log(ε (1 - ε)), ε = 1e-3
+        assert first["loss"] == pytest.approx(math.log(0.5) - 0.5 * math.log(1e-3 * 0.999))
+    if preset == "mpo":  # 0.8 log 2 + 0.2 · 2 log 2 + the chosen NLL
+        assert first["loss"] == pytest.approx(1.2 * math.log(2) + first["nll_loss"], abs=1e-5)
     assert last["rewards/accuracies"] >= 0.95, (preset, first, last)
     assert last["rewards/margins"] > first["rewards/margins"] + 0.1
     assert last["loss"] < first["loss"] - 0.1
 
 
-@pytest.mark.parametrize("loss", ["apo_zero", "apo_down", "nca_pair", "sppo_hard"])
-def test_log_ratio_losses_learn_the_held_out_preference(tmp_path, loss):
+@pytest.mark.parametrize(
+    "loss, extra",
+    [
+        ("apo_zero", []),
+        ("apo_down", []),
+        ("nca_pair", []),
+        ("sppo_hard", []),
+        ("bco_pair", []),
+        # τ above (1 - log 2)/3: at the paper's 0.05 the slope at ρ = 0 lowers ρ first
+        # (test_algorithms_preference), and this run ends at 0.09 accuracy
+        ("discopop", ["dpo.discopop_tau=0.5"]),
+    ],
+)
+def test_log_ratio_losses_learn_the_held_out_preference(tmp_path, loss, extra):
     """TRL's other losses, through the dpo preset with dpo.loss: the held-out pairs end up
     ranked right, by a margin the first evaluation did not have."""
-    run_dir = run_dpo(file_config(tmp_path, "dpo", f"dpo.loss={loss}"), show_progress=False)
+    cfg = file_config(tmp_path, "dpo", f"dpo.loss={loss}", *extra)
+    run_dir = run_dpo(cfg, show_progress=False)
     evals = list(read_jsonl(run_dir / "eval.jsonl"))
     first, last = evals[0], evals[-1]
     assert first["rewards/margins"] == 0.0  # the policy is its reference at step 0
@@ -348,12 +393,24 @@ def test_bad_settings_name_their_key(tmp_path):
     # one new token cannot be a right answer: every sample scores 0, no pair
     message = run_error(tmp_path, "data.train_size=50", "dpo.prompts=8", "dpo.max_new_tokens=1")
     assert "dpo.prompts: none of 8 arithmetic problems" in message
-    for override, key in (
-        ("dpo.gamma=0.5", "dpo.gamma is SimPO's margin"),
-        ("dpo.label_smoothing=0.1", "ipo has no label smoothing"),
+    assert "dpo.loss: unknown preference loss 'bco_par'; did you mean 'bco_pair'" in run_error(
+        tmp_path, "dpo.loss=[dpo,bco_par]"
+    )
+    for overrides, message in (
+        (["dpo.loss=ipo", "dpo.label_smoothing=0.1"], "loss ipo has no label smoothing"),
+        (["dpo.loss=[hinge,nca_pair]", "dpo.label_smoothing=0.1"], "loss hinge+nca_pair has no"),
+        (["dpo.loss=exo_pair"], "exo_pair needs EXO's ε > 0"),
+    ):
+        assert f"dpo.label_smoothing: {message}" in run_error(tmp_path, *overrides)
+    for overrides, key in (
+        (["dpo.gamma=0.5"], "dpo.gamma is SimPO's margin"),
+        (["dpo.discopop_tau=0.1"], "dpo.discopop_tau is DiscoPOP's; loss 'ipo'"),
+        (["dpo.loss=[ipo,hinge]", "dpo.loss_weights=[1]"], "1 weights for 2 losses"),
+        (["dpo.loss=[ipo,ipo]"], r"a loss is listed twice in \['ipo', 'ipo'\]"),
+        (["dpo.loss=[]"], "an empty list"),
     ):
         with pytest.raises(ConfigError, match=key):
-            resolve_config(None, "ipo", [override], DPOConfig, preset_package=PREFERENCE_PRESETS)
+            resolve_config(None, "ipo", overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
 
 
 runner = CliRunner()

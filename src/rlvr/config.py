@@ -670,17 +670,24 @@ class PreferenceDataConfig(DataConfig):
 
 
 class DPOTrainConfig(Section):
-    loss: str = "dpo"
+    loss: str | list[str] = "dpo"
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `hinge`
     (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise rate), `apo_zero`,
-    `apo_down`, `nca_pair` or `sppo_hard` (`docs/algorithms.md`)."""
+    `apo_down`, `nca_pair`, `sppo_hard`, `bco_pair`, `exo_pair` or `discopop`
+    (`docs/algorithms.md`); or a list of them, whose losses are summed with dpo.loss_weights
+    (MPO; TRL's list of loss types)."""
+    loss_weights: list[float] | None = None
+    """Weight of each loss of a dpo.loss list, in its order (TRL's loss_weights); unset: 1
+    each."""
     beta: float = Field(default=0.1, gt=0)
     """β: the scale of the implicit reward (DPO, LN-DPO, SimPO) or IPO's τ."""
     gamma: float = 0.0
     """SimPO's target reward margin γ (simpo only)."""
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
-    """ε, the probability that a pair's label is flipped: conservative DPO's, or robust's
-    (not for ipo or hinge)."""
+    """ε, the probability that a pair's label is flipped: conservative DPO's, robust's, or
+    EXO's label distribution (1 − ε, ε); read by dpo, ln_dpo, simpo, robust and exo_pair."""
+    discopop_tau: float = Field(default=0.05, gt=0)
+    """τ, the temperature of DiscoPOP's switch between its two losses (discopop only)."""
     nll_coef: float = Field(default=0.0, ge=0.0)
     """α: add α times the chosen response's per-token negative log-likelihood to each pair's
     loss (IRPO, Pang et al. 2024; TRL's rpo_alpha), so the chosen likelihood does not fall."""
@@ -748,12 +755,33 @@ class DPOTrainConfig(Section):
     keep_freed_memory: bool = True
     """As `train.keep_freed_memory`: glibc malloc keeps freed activations for reuse."""
 
+    @property
+    def losses(self) -> list[tuple[str, float]]:
+        """Each preference loss with its weight: one loss weighs 1."""
+        names = [self.loss] if isinstance(self.loss, str) else self.loss
+        return list(zip(names, self.loss_weights or [1.0] * len(names), strict=True))
+
+    @property
+    def loss_name(self) -> str:
+        """The loss, or the losses joined by `+`, for messages."""
+        return "+".join(name for name, _ in self.losses)
+
     @model_validator(mode="after")
     def _settings_the_loss_uses(self) -> DPOTrainConfig:
-        if self.gamma and self.loss != "simpo":
+        names = [self.loss] if isinstance(self.loss, str) else self.loss
+        if not names:
+            raise ValueError("dpo.loss: an empty list; name at least one loss")
+        if len(set(names)) < len(names):
+            raise ValueError(f"dpo.loss: a loss is listed twice in {names}")
+        if self.loss_weights is not None and len(self.loss_weights) != len(names):
+            raise ValueError(
+                f"dpo.loss_weights: {len(self.loss_weights)} weights for {len(names)} losses "
+                f"{names}; give one per loss"
+            )
+        if self.gamma and "simpo" not in names:
             raise ValueError(f"dpo.gamma is SimPO's margin; loss {self.loss!r} does not use it")
-        if self.label_smoothing and self.loss == "ipo":
-            raise ValueError("dpo.label_smoothing: ipo has no label smoothing")
+        if self.discopop_tau != 0.05 and "discopop" not in names:
+            raise ValueError(f"dpo.discopop_tau is DiscoPOP's; loss {self.loss!r} does not use it")
         return self
 
 

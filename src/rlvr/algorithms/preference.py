@@ -1,5 +1,5 @@
 """Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, the SLiC hinge,
-robust DPO, APO-zero and APO-down, NCA and SPPO (hard labels).
+robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO and DiscoPOP.
 
 Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
 (y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
@@ -16,10 +16,13 @@ How this code departs from the papers:
   ``hinge``; the paper compares the policy's own log-likelihoods, without a reference.
 - SimPO's γ is the paper's target margin in reward units (its repository sets γ = β·ratio
   with ``gamma_beta_ratio``): β = 2, γ = 1 is its ratio of 0.5.
+- BCO on a pair leaves out the paper's reward shift δ (a running mean of the rewards), as TRL's
+  ``bco_pair`` now does.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +34,9 @@ from rlvr.algorithms.registry import PREFERENCE_LOSSES
 
 REFERENCE_FREE = frozenset({"simpo"})
 """Losses that never read the reference log-probs: the trainer skips the reference pass."""
+
+SMOOTHED = frozenset({"dpo", "ln_dpo", "simpo", "robust", "exo_pair"})
+"""Losses that read ``label_smoothing`` ε; the others refuse an ε above 0."""
 
 
 @dataclass
@@ -234,11 +240,12 @@ def robust_dpo_loss(
 
 
 def _on_log_ratios(name: str) -> Callable[[Callable], Callable]:
-    """Register `core(a, b, beta) -> [P] losses`, a loss of the log-ratios a = log π_θ(y_w|x) −
-    log π_ref(y_w|x) and b (the same for y_l), as preference loss `name`, with DPO's implicit
-    rewards β a and β b. Lengths and γ are unused, and label smoothing must be 0."""
+    """Register `core(a, b, beta, **settings) -> [P] losses`, a loss of the log-ratios
+    a = log π_θ(y_w|x) − log π_ref(y_w|x) and b (the same for y_l), as preference loss `name`,
+    with DPO's implicit rewards β a and β b. Lengths and γ are unused, and label smoothing must
+    be 0; other keyword settings go to `core`."""
 
-    def register(core: Callable[[Tensor, Tensor, float], Tensor]) -> Callable:
+    def register(core: Callable[..., Tensor]) -> Callable:
         def loss(
             chosen_logps: Tensor,
             rejected_logps: Tensor,
@@ -250,13 +257,15 @@ def _on_log_ratios(name: str) -> Callable[[Callable], Callable]:
             beta: float,
             gamma: float = 0.0,
             label_smoothing: float = 0.0,
+            **settings: float,
         ) -> PreferenceLossOutput:
             tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
             _check(label_smoothing, *tensors)
             if label_smoothing:
                 raise ValueError(f"{name} has no label smoothing; set it to 0")
             a, b = chosen_logps - ref_chosen_logps, rejected_logps - ref_rejected_logps
-            return PreferenceLossOutput(core(a, b, beta), (beta * a).detach(), (beta * b).detach())
+            losses = core(a, b, beta, **settings)
+            return PreferenceLossOutput(losses, (beta * a).detach(), (beta * b).detach())
 
         loss.__name__, loss.__qualname__ = core.__name__, core.__qualname__
         loss.__doc__ = core.__doc__
@@ -310,6 +319,66 @@ def sppo_hard_loss(a: Tensor, b: Tensor, beta: float) -> Tensor:
 
     pushes each log-ratio to its own target, ± 1/(2β)."""
     return (a - 0.5 / beta) ** 2 + (b + 0.5 / beta) ** 2
+
+
+@_on_log_ratios("bco_pair")
+def bco_pair_loss(a: Tensor, b: Tensor, beta: float) -> Tensor:
+    """BCO on a pair (Jung et al. 2024, Binary Classifier Optimization, arXiv:2404.04656,
+    without its reward shift δ; TRL's ``bco_pair``): a binary classifier whose logit is the
+    implicit reward, the chosen response labelled 1 and the rejected one 0,
+
+        L = −log σ(β a) − log σ(−β b)."""
+    return -F.logsigmoid(beta * a) - F.logsigmoid(-beta * b)
+
+
+@_on_log_ratios("discopop")
+def discopop_loss(a: Tensor, b: Tensor, beta: float, tau: float = 0.05) -> Tensor:
+    """DiscoPOP, the log-ratio modulated loss (Lu et al. 2024, Discovering Preference
+    Optimization Algorithms, arXiv:2406.08414, eq. 5; TRL's ``discopop``): with
+    ρ = β (a − b),
+
+        L = (1 − σ(ρ/τ)) · (−log σ(ρ)) + σ(ρ/τ) · exp(−ρ)
+
+    DPO's logistic loss for pairs ranked wrong, the exponential loss for pairs ranked right;
+    τ (the paper's 0.05) sets how sharply it switches."""
+    rho = beta * (a - b)
+    mix = torch.sigmoid(rho / tau)
+    return (1 - mix) * -F.logsigmoid(rho) + mix * torch.exp(-rho)
+
+
+@PREFERENCE_LOSSES.register("exo_pair")
+def exo_pair_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """EXO on a pair (Ji et al. 2024, Towards Efficient Exact Optimization of Language Model
+    Alignment, arXiv:2402.00856, eq. 16 with K = 2; TRL's ``exo_pair``): the reverse KL from
+    the policy's preference p = softmax(β a, β b) = (σ(z), σ(−z)) over the pair to the labels'
+    (1 − ε, ε), with z = β (a − b) and ε = ``label_smoothing``:
+
+        L = σ(z) (log σ(z) − log(1 − ε)) + σ(−z) (log σ(−z) − log ε)
+
+    It is 0 where σ(z) = 1 − ε, so ε must be above 0 (the paper uses 1e-3)."""
+    tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    _check(label_smoothing, *tensors)
+    if label_smoothing <= 0:
+        raise ValueError("exo_pair needs label_smoothing ε > 0 (the EXO paper's is 1e-3)")
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    z = chosen - rejected
+    eps = label_smoothing
+    losses = torch.sigmoid(z) * (F.logsigmoid(z) - math.log1p(-eps)) + torch.sigmoid(-z) * (
+        F.logsigmoid(-z) - math.log(eps)
+    )
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 
 def preference_loss(

@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlvr.algorithms.preference import REFERENCE_FREE, preference_loss
+from rlvr.algorithms.preference import REFERENCE_FREE, SMOOTHED, preference_loss
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
-from rlvr.config import ConfigError, DPOConfig, make_output_dir, save_config
+from rlvr.config import ConfigError, DPOConfig, DPOTrainConfig, make_output_dir, save_config
 from rlvr.data.loaders import path_label
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem
@@ -221,18 +221,28 @@ class PairScorer:
         ref = [None, None] if self.reference is None else [t[index] for t in self.reference]
         d = self.cfg.dpo
         device = chosen.device
-        out = preference_loss(
-            d.loss,
-            chosen,
-            rejected,
-            *(None if t is None else t.to(device) for t in ref),
-            self.chosen_lengths[index].to(device),
-            self.rejected_lengths[index].to(device),
-            beta=d.beta,
-            gamma=d.gamma,
-            label_smoothing=d.label_smoothing,
-        )
-        losses = out.losses
+        ref = [None if t is None else t.to(device) for t in ref]
+        lengths = self.chosen_lengths[index].to(device), self.rejected_lengths[index].to(device)
+        outs = []
+        for name, _ in d.losses:
+            settings = {"tau": d.discopop_tau} if name == "discopop" else {}
+            eps = d.label_smoothing if name in SMOOTHED else 0.0
+            outs.append(
+                preference_loss(
+                    name,
+                    chosen,
+                    rejected,
+                    *ref,
+                    *lengths,
+                    beta=d.beta,
+                    gamma=d.gamma,
+                    label_smoothing=eps,
+                    **settings,
+                )
+            )
+        # MPO (Wang et al. 2024, arXiv:2411.10442): Σ_k w_k L_k; the first loss's rewards
+        losses = sum(weight * o.losses for (_, weight), o in zip(d.losses, outs, strict=True))
+        out = outs[0]
         stats = {}
         if d.nll_coef:
             # IRPO's DPO + NLL (Pang et al. 2024): + α · (−log π_θ(y_w|x) / |y_w|), the NLL
@@ -367,6 +377,26 @@ def _training_pairs(
     return train, held_out if held_out else None, records
 
 
+def check_loss_settings(d: DPOTrainConfig) -> None:
+    """Refuse, before anything loads, a `dpo.loss` not registered, an ε no listed loss reads,
+    and EXO without its ε."""
+    names = [name for name, _ in d.losses]
+    for name in names:
+        try:
+            PREFERENCE_LOSSES.get(name)
+        except KeyError as exc:
+            raise ConfigError(f"dpo.loss: {exc.args[0]}") from None
+    if d.label_smoothing and not SMOOTHED.intersection(names):
+        raise ConfigError(
+            f"dpo.label_smoothing: loss {d.loss_name} has no label smoothing; set it to 0 "
+            f"(read by {', '.join(sorted(SMOOTHED))})"
+        )
+    if "exo_pair" in names and not d.label_smoothing:
+        raise ConfigError(
+            "dpo.label_smoothing: exo_pair needs EXO's ε > 0 (the paper's 1e-3; the exo preset)"
+        )
+
+
 def run_dpo(cfg: DPOConfig, show_progress: bool = True, resume: bool = False) -> Path:
     """Optimise the preference loss; save the model and logs to `cfg.dpo.output_dir`.
     `resume`: continue from its latest checkpoint (`dpo.save_every`), as the run went on.
@@ -379,10 +409,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     """`run_dpo` on this rank (rank 0 alone reads or samples the pairs, `Ranks.on_main`, and
     writes the output folder)."""
     d = cfg.dpo
-    try:
-        PREFERENCE_LOSSES.get(d.loss)
-    except KeyError as exc:
-        raise ConfigError(f"dpo.loss: {exc.args[0]}") from None
+    check_loss_settings(d)
     if d.threads:
         torch.set_num_threads(d.threads)
     if d.keep_freed_memory:
@@ -416,7 +443,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     ranks.on_main(start)
 
     def scorer(pairs: PairTokens) -> PairScorer:
-        if d.loss in REFERENCE_FREE:
+        if all(name in REFERENCE_FREE for name, _ in d.losses):
             return PairScorer(cfg, pairs, None)
         reference = all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id, ranks)
         return PairScorer(cfg, pairs, reference)
@@ -477,7 +504,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
                 scheduler.step()
             else:
                 warnings.warn(
-                    f"{d.loss} step {step}: non-finite loss or gradient, skipped", stacklevel=1
+                    f"{d.loss_name} step {step}: non-finite loss or gradient, skipped", stacklevel=1
                 )
             record.update(
                 {
@@ -497,13 +524,13 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
                 held_out(step)
             if show_progress and ranks.main and (step % 10 == 0 or step == steps):
                 print(
-                    f"{d.loss} step {step}/{steps}  loss {record['loss']:.4f}  "
+                    f"{d.loss_name} step {step}/{steps}  loss {record['loss']:.4f}  "
                     f"reward accuracy {record['rewards/accuracies']:.3f}",
                     flush=True,
                 )
             loop.after_step(step, steps, out_dir, d.save_every, d.keep_checkpoints, stop, ranks)
         held_out(steps)
-    sharding.check_in_sync(model, ranks, f"{d.loss} step {steps}")
+    sharding.check_in_sync(model, ranks, f"{d.loss_name} step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:
         save_pretrained(model, tokenizer, out_dir, weights)
