@@ -12,6 +12,7 @@ from rlvr.algorithms import (
     gspo_loss,
     ppo_clip_loss,
     reinforce_loss,
+    sapo_loss,
     seq_mean_token_mean,
 )
 
@@ -312,6 +313,45 @@ def test_cispo_without_lower_clip_as_minimax_uses_it():
 def test_new_losses_are_registered():
     assert POLICY_LOSSES.get("gspo") is gspo_loss
     assert POLICY_LOSSES.get("cispo") is cispo_loss
+    assert POLICY_LOSSES.get("sapo") is sapo_loss
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_hand_values_and_gradient_weight():
+    """ℓ = -(4/τ) σ(τ(ρ - 1)) A, τ = 1 for A = +2 and 1.05 for A = -1; the gradient with
+    respect to log π is -4 p (1 - p) ρ A, p = σ(τ(ρ - 1)); nothing is clipped."""
+    logprobs, old = _inputs()
+    out = sapo_loss(logprobs, old, ADV, MASK, tau_pos=1.0, tau_neg=1.05)
+    want, grad = [], []
+    for ratios, a in zip(RATIOS.tolist(), (2.0, -1.0), strict=True):
+        tau = 1.0 if a > 0 else 1.05
+        want.append([-(4 / tau) * sigmoid(tau * (r - 1)) * a for r in ratios])
+        p = [sigmoid(tau * (r - 1)) for r in ratios]
+        grad.append([-4 * q * (1 - q) * r * a for q, r in zip(p, ratios, strict=True)])
+    _close(out.token_loss, want, atol=1e-12)  # e.g. ρ = 1.1, A = 2: -8 σ(0.1) = -4.200
+    out.token_loss.sum().backward()
+    _close(logprobs.grad, grad, atol=1e-12)
+    assert not out.clipped.any()
+    _close(out.ratio, RATIOS)
+    # off-policy the weight decays smoothly: at ρ = 1.5, A = +2 the gradient is 0.94 of the
+    # unclipped -A ρ, where PPO's clip at 1.28 gives 0
+    assert logprobs.grad[0, 1] / (-2.0 * 1.5) == pytest.approx(0.9400, abs=1e-4)
+    with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
+        sapo_loss(logprobs, old, ADV, MASK, tau_neg=0.0)
+
+
+def test_on_policy_sapo_gradient_is_reinforce_gradient():
+    """At ρ = 1 the gate's weight 4 p (1 - p) ρ is 1 whatever τ: the policy gradient."""
+    gen = torch.Generator().manual_seed(1)
+    logprobs = -torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    adv = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(3, 5, generator=gen) > 0.3).double()
+    lp = logprobs.clone().requires_grad_(True)
+    sapo_loss(lp, lp.detach(), adv, mask, tau_pos=0.7, tau_neg=2.0).token_loss.sum().backward()
+    _close(lp.grad, -adv * mask, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES.names()))

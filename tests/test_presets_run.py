@@ -33,6 +33,7 @@ ALL_PRESETS = {
     "ppo",
     "reinforce_pp",
     "rloo",
+    "sapo",
     "skywork_or1",
     "t1",
     "vapo",

@@ -21,6 +21,7 @@ CASES = {
         "positive_lm_coef": 0.1,
     },
     "kimi_omd": {"aggregation": "seq_mean_token_sum", "loss": "kimi_omd", "omd_tau": 0.5},
+    "sapo": {"aggregation": "seq_mean_token_mean", "loss": "sapo", "sapo_tau_neg": 2.0},
 }
 
 

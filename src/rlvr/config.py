@@ -387,6 +387,10 @@ class AlgorithmConfig(Section):
     """Weight of VAPO's NLL loss on correct samples (paper: 0.1); 0 = off."""
     omd_tau: float = Field(default=0.1, gt=0.0)
     """Kimi k1.5 mirror-descent tau of the `kimi_omd` loss."""
+    sapo_tau_pos: float = Field(default=1.0, gt=0.0)
+    """τ_pos of the `sapo` loss's gate on tokens with a positive advantage."""
+    sapo_tau_neg: float = Field(default=1.05, gt=0.0)
+    """τ_neg of the `sapo` loss's gate on the other tokens (the paper's is above τ_pos)."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
     """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
 

@@ -64,6 +64,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "reward_weights": ("reward.functions",),
     "top_entropy_quantile": ("algorithm.entropy.top_frac",),
     "importance_sampling_level": ("algorithm.loss",),
+    "sapo_temperature_pos": ("algorithm.sapo_tau_pos",),
+    "sapo_temperature_neg": ("algorithm.sapo_tau_neg",),
     "vllm_importance_sampling_cap": ("algorithm.rollout_is.max_ratio",),
     "max_prompt_length": ("rollout.max_prompt_tokens",),
 }

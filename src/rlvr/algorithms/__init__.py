@@ -39,6 +39,7 @@ from rlvr.algorithms.policy_losses import (
     gspo_loss,
     ppo_clip_loss,
     reinforce_loss,
+    sapo_loss,
 )
 from rlvr.algorithms.preference import (
     REFERENCE_FREE,
@@ -119,6 +120,7 @@ __all__ = [
     "repetition_penalty",
     "rloo_advantages",
     "robust_dpo_loss",
+    "sapo_loss",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "simpo_loss",

@@ -14,6 +14,7 @@ How this code departs from the papers:
   is strictly the larger, or the dual-clip cap is active), so ``clip_frac`` and "this token
   gets no gradient" are the same statement. CISPO is the exception by design: it clips a
   stop-gradient weight, so its ``clipped`` tokens keep a (smaller) gradient.
+- SAPO's tokens with advantage exactly 0 take τ_neg, as TRL's do; their loss is 0 either way.
 - GSPO's sequence-level loss is laid out on the tokens (the sequence's value on each of its
   tokens, with GSPO-token's gradient form) so that the loop's aggregation applies unchanged.
 """
@@ -30,7 +31,7 @@ from rlvr.algorithms.registry import POLICY_LOSSES
 LOG_RATIO_CLAMP = 20.0
 """|log π_θ − log π_old| is clamped to this before exponentiating (numerical safety)."""
 
-VANISH_AT_ZERO_ADVANTAGE = frozenset({"ppo_clip", "reinforce", "gspo", "cispo"})
+VANISH_AT_ZERO_ADVANTAGE = frozenset({"ppo_clip", "reinforce", "gspo", "cispo", "sapo"})
 """Losses whose value and gradient on a sample are 0 when all of its advantages are 0 (every
 term is a multiple of A). The update skips such samples (`train.skip_zero_advantage`); a loss
 with another term (`kimi_omd`'s squared log-ratio) or a user-registered loss is never skipped."""
@@ -322,6 +323,62 @@ def cispo_loss(
         token_loss=-weight * adv * safe_logprobs,
         clipped=clipped & mask,
         ratio=ratio,
+    )
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""SAPO: a smooth, temperature-controlled gate on the importance ratio instead of a clip.
+
+    .. math::
+
+        \ell_t = -\frac{4}{\tau}\,\sigma\bigl(\tau(\rho_t - 1)\bigr)\,A_t,
+        \qquad \nabla_\theta\ell_t = -4\,p_t(1-p_t)\,\rho_t\,A_t\,
+        \nabla_\theta\log\pi_\theta(o_t),\quad p_t = \sigma\bigl(\tau(\rho_t-1)\bigr)
+
+    with τ = τ_pos where A_t > 0 and τ_neg otherwise (Qwen Team 2025, *Soft Adaptive Policy
+    Optimization*, arXiv:2511.20347; τ_pos = 1, τ_neg = 1.05 there, the negative side damped
+    faster). At ρ = 1 the gradient weight 4p(1 − p)ρ is 1, the on-policy policy gradient; it
+    decays smoothly as ρ leaves 1, where PPO's clip cuts the gradient to 0. Nothing is
+    clipped, so ``clipped`` is all False. The log-ratio is clamped to [−20, 20] before ``exp``.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
+        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
+        advantages: ``[B, T]`` advantage of each token.
+        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
+        tau_pos: τ of tokens with a positive advantage (> 0).
+        tau_neg: τ of the other tokens (> 0).
+        **kwargs: ignored.
+
+    Returns:
+        ``PolicyLossOutput(token_loss, clipped, ratio)``.
+    """
+    _check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    return PolicyLossOutput(
+        token_loss=torch.where(mask, -gate * adv, zero),
+        clipped=torch.zeros_like(mask),
+        ratio=ratio.detach(),
     )
 
 

@@ -266,6 +266,8 @@ def minibatch_backward(
             clip_high=algo.clip.high,
             dual_clip=algo.clip.dual,
             tau=algo.omd_tau,
+            tau_pos=algo.sapo_tau_pos,
+            tau_neg=algo.sapo_tau_neg,
         )
         rollout = rows_on(batch.rollout_logprobs, mb_rows, width, device)
         token_loss, mismatch = out.token_loss, rollout_mismatch(old, rollout, mask, algo)
