@@ -11,6 +11,7 @@ from rlvr.algorithms import (
     apo_down_loss,
     apo_zero_loss,
     bco_pair_loss,
+    cpo_loss,
     discopop_loss,
     dpo_loss,
     exo_pair_loss,
@@ -18,6 +19,7 @@ from rlvr.algorithms import (
     ipo_loss,
     length_normalized_dpo_loss,
     nca_pair_loss,
+    orpo_loss,
     preference_loss,
     robust_dpo_loss,
     simpo_loss,
@@ -48,6 +50,7 @@ def test_registry_names_and_reference_free():
         "apo_down",
         "apo_zero",
         "bco_pair",
+        "cpo",
         "discopop",
         "dpo",
         "exo_pair",
@@ -55,12 +58,13 @@ def test_registry_names_and_reference_free():
         "ipo",
         "ln_dpo",
         "nca_pair",
+        "orpo",
         "robust",
         "simpo",
         "sppo_hard",
     ]
     assert PREFERENCE_LOSSES.get("simpo") is simpo_loss
-    assert {"simpo"} == REFERENCE_FREE
+    assert {"simpo", "cpo", "orpo"} == REFERENCE_FREE
 
 
 def test_dpo_hand_values():
@@ -273,3 +277,44 @@ def test_discopop_slope_where_the_policy_is_its_reference(tau):
     discopop_loss(rho, zero, zero, zero, one, one, beta=1.0, tau=tau).losses.sum().backward()
     assert rho.grad.item() == pytest.approx((1 - math.log(2)) / (4 * tau) - 0.75, abs=1e-12)
     assert (rho.grad.item() > 0) == (tau < (1 - math.log(2)) / 3)
+
+
+def test_cpo_and_orpo_hand_values_without_a_reference():
+    """CPO: -log σ(β ℓ_w - β ℓ_l) on the summed log-probs [-10, -20] vs [-12, -18]; ORPO:
+    -β log σ(log odds_w - log odds_l) with odds = P/(1 - P), P = exp(ℓ/|y|). Neither reads
+    the reference (None)."""
+    none = (CHOSEN, REJECTED, None, None, LEN_CHOSEN, LEN_REJECTED)
+    cpo = cpo_loss(*none, beta=0.5)
+    _close(cpo.losses, [softplus(-1.0), softplus(1.0)])  # z = 0.5·(+2), 0.5·(-2)
+    _close(cpo.chosen_rewards, [-5.0, -10.0])
+
+    def log_odds(mean_logp):
+        p = math.exp(mean_logp)
+        return math.log(p / (1 - p))
+
+    # mean token log-probs: chosen -10/2, -20/4 = -5, -5; rejected -12/4, -18/2 = -3, -9
+    by_hand = [
+        0.5 * softplus(-(log_odds(c) - log_odds(r))) for c, r in ((-5.0, -3.0), (-5.0, -9.0))
+    ]
+    orpo = orpo_loss(*none, beta=0.5)
+    _close(orpo.losses, by_hand)
+    _close(orpo.chosen_rewards, [-2.5, -2.5])
+    _close(orpo.rejected_rewards, [-1.5, -4.5])
+    with pytest.raises(ValueError, match="orpo has no label smoothing"):
+        orpo_loss(*none, beta=0.5, label_smoothing=0.1)
+
+
+def test_orpo_odds_stay_finite_when_a_response_is_certain():
+    """A response of probability 1 (every token log-prob 0) has infinite odds; ORPO holds P
+    below 1 - 1e-6, so its loss and gradient stay finite."""
+    chosen = torch.tensor([0.0, -1.0], dtype=F64, requires_grad=True)
+    rejected = torch.tensor([-2.0, 0.0], dtype=F64)
+    ones = torch.ones(2, dtype=F64)
+    out = orpo_loss(chosen, rejected, None, None, ones, ones, beta=0.1)
+    out.losses.sum().backward()
+    assert torch.isfinite(out.losses).all() and torch.isfinite(chosen.grad).all()
+    # log odds of 1 - 1e-6 is log(1e6 - 1): the pair ranked right by about 13.8 - log odds(e^-2)
+    assert out.losses[0].item() == pytest.approx(
+        0.1 * softplus(-(math.log(1e6 - 1) - math.log(math.exp(-2) / (1 - math.exp(-2))))),
+        rel=1e-6,
+    )

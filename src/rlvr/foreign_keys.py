@@ -58,6 +58,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "mask_truncated_completions": ("algorithm.overlong.filter",),
     "label_smoothing": ("dpo.label_smoothing",),
     "rpo_alpha": ("dpo.nll_coef",),
+    "cpo_alpha": ("dpo.nll_coef",),
     "loss_weights": ("dpo.loss_weights",),
     "discopop_tau": ("dpo.discopop_tau",),
     "simpo_gamma": ("dpo.gamma",),

@@ -1,5 +1,5 @@
-"""Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, the SLiC hinge,
-robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO and DiscoPOP.
+"""Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, CPO, ORPO, the
+SLiC hinge, robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO and DiscoPOP.
 
 Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
 (y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
@@ -16,6 +16,8 @@ How this code departs from the papers:
   ``hinge``; the paper compares the policy's own log-likelihoods, without a reference.
 - SimPO's γ is the paper's target margin in reward units (its repository sets γ = β·ratio
   with ``gamma_beta_ratio``): β = 2, γ = 1 is its ratio of 0.5.
+- ORPO's probability of a response, exp of its mean token log-prob, is held below 1 − 1e-6 so
+  that its odds stay finite (a response every token of which has probability 1 in fp32).
 - BCO on a pair leaves out the paper's reward shift δ (a running mean of the rewards), as TRL's
   ``bco_pair`` now does.
 """
@@ -32,10 +34,10 @@ from torch import Tensor
 
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 
-REFERENCE_FREE = frozenset({"simpo"})
+REFERENCE_FREE = frozenset({"simpo", "cpo", "orpo"})
 """Losses that never read the reference log-probs: the trainer skips the reference pass."""
 
-SMOOTHED = frozenset({"dpo", "ln_dpo", "simpo", "robust", "exo_pair"})
+SMOOTHED = frozenset({"dpo", "ln_dpo", "simpo", "cpo", "robust", "exo_pair"})
 """Losses that read ``label_smoothing`` ε; the others refuse an ε above 0."""
 
 
@@ -174,6 +176,69 @@ def simpo_loss(
     chosen = beta * chosen_logps / chosen_lengths
     rejected = beta * rejected_logps / rejected_lengths
     return _bradley_terry(chosen, rejected, gamma, label_smoothing)
+
+
+@PREFERENCE_LOSSES.register("cpo")
+def cpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor | None,
+    ref_rejected_logps: Tensor | None,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """CPO's preference term (Xu et al. 2024, Contrastive Preference Optimization,
+    arXiv:2401.08417; TRL's ``CPOTrainer``), DPO with a uniform reference:
+
+        L = -log σ( β log π_θ(y_w|x) - β log π_θ(y_l|x) )
+
+    CPO adds the chosen response's NLL (``dpo.nll_coef``, the ``cpo`` preset). The reference
+    log-probs are ignored (may be None)."""
+    _check(label_smoothing, chosen_logps, rejected_logps)
+    return _bradley_terry(beta * chosen_logps, beta * rejected_logps, 0.0, label_smoothing)
+
+
+ORPO_MAX_LOG_P = math.log1p(-1e-6)
+"""ORPO's mean token log-prob is clamped to at most this: P(y|x) ≤ 1 − 1e-6, finite odds."""
+
+
+@PREFERENCE_LOSSES.register("orpo")
+def orpo_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor | None,
+    ref_rejected_logps: Tensor | None,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> PreferenceLossOutput:
+    """ORPO's odds-ratio term (Hong et al. 2024, ORPO: Monolithic Preference Optimization
+    without Reference Model, arXiv:2403.07691; TRL's ``ORPOTrainer``), with
+    P(y|x) = exp(log π_θ(y|x) / |y|) and odds(y) = P / (1 − P):
+
+        L = -λ log σ( log odds(y_w) - log odds(y_l) ),    λ = β
+
+    ORPO adds the chosen response's NLL (``dpo.nll_coef``, the ``orpo`` preset). The implicit
+    rewards are β times the mean token log-probs, as TRL logs them; the reference log-probs
+    are ignored (may be None)."""
+    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    if label_smoothing:
+        raise ValueError("orpo has no label smoothing; set it to 0")
+
+    def log_odds(mean_logp: Tensor) -> Tensor:  # log P - log(1 - P), stable as P -> 1
+        mean_logp = mean_logp.clamp(max=ORPO_MAX_LOG_P)
+        return mean_logp - torch.log(-torch.expm1(mean_logp))
+
+    chosen, rejected = chosen_logps / chosen_lengths, rejected_logps / rejected_lengths
+    losses = -beta * F.logsigmoid(log_odds(chosen) - log_odds(rejected))
+    return PreferenceLossOutput(losses, (beta * chosen).detach(), (beta * rejected).detach())
 
 
 @PREFERENCE_LOSSES.register("hinge")
