@@ -9,6 +9,7 @@ from rlvr.algorithms import (
     POLICY_LOSSES,
     PolicyLossOutput,
     cispo_loss,
+    gmpo_loss,
     gspo_loss,
     ppo_clip_loss,
     reinforce_loss,
@@ -314,6 +315,7 @@ def test_new_losses_are_registered():
     assert POLICY_LOSSES.get("gspo") is gspo_loss
     assert POLICY_LOSSES.get("cispo") is cispo_loss
     assert POLICY_LOSSES.get("sapo") is sapo_loss
+    assert POLICY_LOSSES.get("gmpo") is gmpo_loss
 
 
 def sigmoid(x: float) -> float:
@@ -376,3 +378,53 @@ def test_losses_said_to_vanish_at_zero_advantage_do_and_the_others_do_not(name):
     out.token_loss.sum().backward()
     vanishes = not out.token_loss.detach().any() and not logprobs.grad.any()
     assert vanishes == (name in VANISH_AT_ZERO_ADVANTAGE)
+
+
+def test_gmpo_hand_values_clip_each_token_before_the_geometric_mean():
+    """GSPO's inputs (log-ratios [0.1, 0.3 | pad] with A = +1 and [-0.3, -0.6, -0.3] with
+    A = -2) at ε = 0.4 in log space: sequence 0 is inside, r_0 = e^0.2; in sequence 1 the
+    -0.6 is floored at -0.4 (A < 0), r_1 = e^((-0.3 - 0.4 - 0.3)/3) = e^(-1/3)."""
+    logprobs, old = _gspo_inputs()
+    out = gmpo_loss(logprobs, old, GSPO_ADV, GSPO_MASK, clip_low=0.4, clip_high=0.4)
+    r1 = math.exp(-1 / 3)
+    _close(out.token_loss, [[-S0, -S0, 0.0], [2 * r1] * 3])
+    _close(out.ratio, [[S0, S0, 1.0], [r1] * 3])
+    assert out.clipped.tolist() == [[False, False, False], [False, True, False]]
+    # the paper's objective by autograd: -(1/G) Σ_i A_i exp(mean_t clip_t(l)), one-sided clip
+    lp = logprobs.detach().clone().requires_grad_(True)
+    m = GSPO_MASK.bool()
+    a = GSPO_ADV[:, :1]
+    log_ratio = torch.where(m, lp - old, torch.zeros((), dtype=lp.dtype))
+    one_sided = torch.where(a > 0, log_ratio.clamp(max=0.4), log_ratio.clamp(min=-0.4))
+    r = torch.exp(torch.where(m, one_sided, 0.0).sum(-1) / m.sum(-1))
+    (-(a[:, 0] * r).mean()).backward()
+    seq_mean_token_mean(out.token_loss, GSPO_MASK, num_tokens=5, num_seqs=2, max_len=3).backward()
+    torch.testing.assert_close(logprobs.grad, lp.grad, atol=1e-12, rtol=0)
+    # unclipped tokens: -A_i r_i / (G |o_i|); the clipped one 0
+    _close(logprobs.grad, [[-S0 / 4, -S0 / 4, 0.0], [2 * r1 / 6, 0.0, 2 * r1 / 6]])
+
+
+def test_gmpo_one_sided_clip_keeps_the_pessimistic_side():
+    """A > 0 caps the log-ratio above only, A < 0 floors it below only (PPO's trust region):
+    a log-ratio of -0.9 with A > 0, or +0.9 with A < 0, keeps its gradient."""
+    log_ratio = torch.tensor([[0.9, -0.9], [0.9, -0.9]], dtype=torch.float64)
+    logprobs = log_ratio.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    out = gmpo_loss(logprobs, torch.zeros_like(log_ratio), adv, torch.ones(2, 2))
+    assert out.clipped.tolist() == [[True, False], [False, True]]
+    _close(out.ratio, [[math.exp(-0.25)] * 2, [math.exp(0.25)] * 2])  # (0.4 - 0.9)/2, (0.9 - 0.4)/2
+
+
+def test_gmpo_on_policy_matches_grpo_gradient():
+    gen = torch.Generator().manual_seed(2)
+    logprobs = -torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    adv = torch.randn(3, 1, generator=gen, dtype=torch.float64).expand(3, 5)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    grads = []
+    for loss in (gmpo_loss, ppo_clip_loss):
+        lp = logprobs.clone().requires_grad_(True)
+        out = loss(lp, lp.detach(), adv, mask, clip_low=0.4, clip_high=0.4)
+        _close(out.token_loss, -adv * mask)
+        seq_mean_token_mean(out.token_loss, mask, num_tokens=9, num_seqs=3, max_len=5).backward()
+        grads.append(lp.grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)

@@ -25,6 +25,7 @@ ALL_PRESETS = {
     "cispo",
     "dapo",
     "dr_grpo",
+    "gmpo",
     "grpo",
     "gspo",
     "kimi",

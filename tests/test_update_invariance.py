@@ -22,6 +22,7 @@ CASES = {
     },
     "kimi_omd": {"aggregation": "seq_mean_token_sum", "loss": "kimi_omd", "omd_tau": 0.5},
     "sapo": {"aggregation": "seq_mean_token_mean", "loss": "sapo", "sapo_tau_neg": 2.0},
+    "gmpo": {"aggregation": "seq_mean_token_mean", "loss": "gmpo", "clip": {"low": 0.05}},
 }
 
 

@@ -36,6 +36,7 @@ from rlvr.algorithms.kl import kl_k1, kl_k2, kl_k3
 from rlvr.algorithms.policy_losses import (
     PolicyLossOutput,
     cispo_loss,
+    gmpo_loss,
     gspo_loss,
     ppo_clip_loss,
     reinforce_loss,
@@ -103,6 +104,7 @@ __all__ = [
     "dpo_loss",
     "ema_update_",
     "exo_pair_loss",
+    "gmpo_loss",
     "group_normalized_advantages",
     "gspo_loss",
     "high_entropy_mask",

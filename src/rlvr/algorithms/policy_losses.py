@@ -15,8 +15,9 @@ How this code departs from the papers:
   gets no gradient" are the same statement. CISPO is the exception by design: it clips a
   stop-gradient weight, so its ``clipped`` tokens keep a (smaller) gradient.
 - SAPO's tokens with advantage exactly 0 take τ_neg, as TRL's do; their loss is 0 either way.
-- GSPO's sequence-level loss is laid out on the tokens (the sequence's value on each of its
-  tokens, with GSPO-token's gradient form) so that the loop's aggregation applies unchanged.
+- GSPO's and GMPO's sequence-level losses are laid out on the tokens (the sequence's value on
+  each of its tokens, with GSPO-token's gradient form) so that the loop's aggregation applies
+  unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rlvr.algorithms.registry import POLICY_LOSSES
 LOG_RATIO_CLAMP = 20.0
 """|log π_θ − log π_old| is clamped to this before exponentiating (numerical safety)."""
 
-VANISH_AT_ZERO_ADVANTAGE = frozenset({"ppo_clip", "reinforce", "gspo", "cispo", "sapo"})
+VANISH_AT_ZERO_ADVANTAGE = frozenset({"ppo_clip", "reinforce", "gspo", "gmpo", "cispo", "sapo"})
 """Losses whose value and gradient on a sample are 0 when all of its advantages are 0 (every
 term is a multiple of A). The update skips such samples (`train.skip_zero_advantage`); a loss
 with another term (`kimi_omd`'s squared log-ratio) or a user-registered loss is never skipped."""
@@ -259,6 +260,73 @@ def gspo_loss(
     return PolicyLossOutput(
         token_loss=torch.where(mask, loss, zero),
         clipped=clipped & mask,
+        ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
+    )
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.4,
+    clip_high: float = 0.4,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""GMPO: the geometric mean of the token ratios, each clipped in log space first.
+
+    With :math:`l_t = \log\pi_\theta(o_t) - \log\pi_{\text{old}}(o_t)` and the PPO trust
+    region taken one-sidedly by the sign of the advantage,
+    :math:`\tilde l_t = \min(l_t, \varepsilon_{\text{high}})` where A > 0 and
+    :math:`\max(l_t, -\varepsilon_{\text{low}})` where A < 0, GMPO maximises
+    :math:`\frac{1}{G}\sum_i A_i \exp\bigl(\frac{1}{|o_i|}\sum_t \tilde l_{i,t}\bigr)`
+    (Zhao et al. 2025, *Geometric-Mean Policy Optimization*, arXiv:2507.20673; ε = 0.4 in
+    log space there, ratios within (e^−0.4, e^0.4)): an outlier token moves the geometric mean
+    far less than the arithmetic mean GRPO takes, so the range can be wider. A token whose
+    log-ratio is clipped gets no gradient; the others get
+    :math:`-A_i r_i / |o_i|` (r_i the sequence's clipped geometric-mean ratio).
+
+    Token layout as :func:`gspo_loss`: each response token carries
+    :math:`-A\,\operatorname{sg}[r_i]\,\exp(\tilde l_t - \operatorname{sg}[\tilde l_t])`,
+    the sequence's loss in value with the token's own gradient, so ``seq_mean_token_mean``
+    gives the paper's objective and gradient. ``clip_low`` / ``clip_high`` are log-space
+    bounds here (``algorithm.clip``; the ``gmpo`` preset sets 0.4). ``clipped`` marks the
+    tokens whose log-ratio was clipped; ``ratio`` is r_i on each token.
+
+    Args:
+        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
+        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
+        advantages: ``[B, T]`` advantage of each token (sequence-constant).
+        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
+        clip_low: ε_low, the log-ratio's floor −ε_low where A < 0.
+        clip_high: ε_high, its cap where A > 0.
+        **kwargs: ignored.
+
+    Returns:
+        ``PolicyLossOutput(token_loss, clipped, ratio)``.
+    """
+    _check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    _check_clip(clip_low, clip_high)
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)
+    positive = adv > 0
+    clipped = torch.where(positive, log_ratio > clip_high, log_ratio < -clip_low) & mask
+    kept = torch.where(clipped, log_ratio.detach().clamp(-clip_low, clip_high), log_ratio)
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
+    seq_log_ratio = (kept.detach().sum(dim=-1, keepdim=True) / lengths).clamp(
+        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+    )
+    seq_ratio = torch.exp(seq_log_ratio)  # [B, 1], sg[r_i]
+    token_ratio = seq_ratio * torch.exp(kept - kept.detach())
+    return PolicyLossOutput(
+        token_loss=torch.where(mask, -adv * token_ratio, zero),
+        clipped=clipped,
         ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
     )
 
