@@ -9,8 +9,10 @@ from rlvr.algorithms import (
     POLICY_LOSSES,
     PolicyLossOutput,
     cispo_loss,
+    clip_cov_loss,
     gmpo_loss,
     gspo_loss,
+    kl_cov_loss,
     ppo_clip_loss,
     reinforce_loss,
     sapo_loss,
@@ -374,6 +376,7 @@ def test_losses_said_to_vanish_at_zero_advantage_do_and_the_others_do_not(name):
         clip_high=0.28,
         dual_clip=3.0,
         tau=0.5,
+        selected=torch.ones(3, 5, dtype=torch.bool),
     )
     out.token_loss.sum().backward()
     vanishes = not out.token_loss.detach().any() and not logprobs.grad.any()
@@ -428,3 +431,47 @@ def test_gmpo_on_policy_matches_grpo_gradient():
         seq_mean_token_mean(out.token_loss, mask, num_tokens=9, num_seqs=3, max_len=5).backward()
         grads.append(lp.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)
+
+
+def test_clip_cov_is_ppo_clip_with_the_selected_tokens_left_out():
+    logprobs, old = _inputs()
+    selected = torch.zeros(2, 4, dtype=torch.bool)
+    selected[0, 0] = selected[1, 2] = True  # ρ = 1.1 (A = +2) and ρ = 0.9 (A = -1): inside
+    out = clip_cov_loss(logprobs, old, ADV, MASK, clip_low=0.2, clip_high=0.28, selected=selected)
+    ppo = ppo_clip_loss(logprobs, old, ADV, MASK, clip_low=0.2, clip_high=0.28)
+    want = ppo.token_loss.detach().clone()
+    want[selected] = 0.0
+    _close(out.token_loss, want)
+    assert out.clipped.tolist() == [[True, True, False, False], [False, True, True, True]]
+    out.token_loss.sum().backward()
+    assert (logprobs.grad[selected] == 0).all()
+    # the others keep PPO's gradient: -A ρ where unclipped
+    _close(logprobs.grad[0, 2:], [-2.0 * 0.5, -2.0 * 1.25])
+    _close(logprobs.grad[1, 0], 1.5)
+    without = clip_cov_loss(logprobs, old, ADV, MASK, clip_low=0.2, clip_high=0.28)
+    _close(without.token_loss, ppo.token_loss.detach())
+
+
+def test_kl_cov_penalises_the_selected_tokens_log_ratio():
+    """ℓ = -A ρ + β |log ρ| on the selected tokens, -A ρ elsewhere, nothing clipped; the
+    penalty's gradient is β sign(log ρ)."""
+    logprobs, old = _inputs()
+    selected = torch.zeros(2, 4, dtype=torch.bool)
+    selected[0, 1] = selected[1, 1] = True  # ρ = 1.5 (A = +2) and ρ = 0.5 (A = -1)
+    out = kl_cov_loss(logprobs, old, ADV, MASK, kl_coef=0.5, selected=selected)
+    want = (-ADV * RATIOS).clone()
+    want[0, 1] += 0.5 * math.log(1.5)
+    want[1, 1] += 0.5 * math.log(2.0)  # |log 0.5|
+    _close(out.token_loss, want, atol=1e-12)
+    assert not out.clipped.any()
+    out.token_loss.sum().backward()
+    grad = (-ADV * RATIOS).clone()
+    grad[0, 1] += 0.5
+    grad[1, 1] -= 0.5
+    _close(logprobs.grad, grad, atol=1e-12)
+    # on-policy the penalty is 0 with no gradient: the policy gradient
+    lp = torch.full((1, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    every = torch.ones(1, 3, dtype=torch.bool)
+    kl_cov_loss(lp, lp.detach(), adv, torch.ones(1, 3), selected=every).token_loss.sum().backward()
+    _close(lp.grad, -adv, atol=1e-12)

@@ -23,12 +23,14 @@ def recording(seen: list):
 
 ALL_PRESETS = {
     "cispo",
+    "clip_cov",
     "dapo",
     "dr_grpo",
     "gmpo",
     "grpo",
     "gspo",
     "kimi",
+    "kl_cov",
     "lite_ppo",
     "orz",
     "ppo",

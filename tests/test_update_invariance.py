@@ -23,6 +23,8 @@ CASES = {
     "kimi_omd": {"aggregation": "seq_mean_token_sum", "loss": "kimi_omd", "omd_tau": 0.5},
     "sapo": {"aggregation": "seq_mean_token_mean", "loss": "sapo", "sapo_tau_neg": 2.0},
     "gmpo": {"aggregation": "seq_mean_token_mean", "loss": "gmpo", "clip": {"low": 0.05}},
+    "clip_cov": {"loss": "clip_cov", "covariance": {"fraction": 0.3, "low": -9.0, "high": 9.0}},
+    "kl_cov": {"loss": "kl_cov", "covariance": {"fraction": 0.3, "kl_coef": 0.5}},
 }
 
 

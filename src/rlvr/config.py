@@ -243,6 +243,27 @@ class ClipConfig(Section):
     """Dual-clip constant c > 1 capping the loss of negative-advantage tokens (None = off)."""
 
 
+class CovarianceConfig(Section):
+    fraction: float = Field(default=0.0002, gt=0.0, le=1.0)
+    """Share of a mini-batch's response tokens that `clip_cov` leaves out or `kl_cov`
+    penalises (at least one; verl's clip_cov_ratio / kl_cov_ratio)."""
+    low: float = 1.0
+    """`clip_cov` draws from the tokens whose log-prob/advantage covariance is above this."""
+    high: float = 5.0
+    """... and below this (the paper's ω_low = 1, ω_high = 5)."""
+    kl_coef: float = Field(default=1.0, ge=0.0)
+    """`kl_cov`'s weight β of |log π_θ − log π_old| on the picked tokens."""
+
+    @model_validator(mode="after")
+    def _band(self) -> CovarianceConfig:
+        if self.low >= self.high:
+            raise ValueError(
+                f"algorithm.covariance.low ({self.low}) must be below "
+                f"algorithm.covariance.high ({self.high})"
+            )
+        return self
+
+
 class KLConfig(Section):
     coef: float = Field(default=0.0, ge=0.0)
     """KL coefficient beta to the frozen reference (0 = no reference model is loaded)."""
@@ -391,6 +412,8 @@ class AlgorithmConfig(Section):
     """τ_pos of the `sapo` loss's gate on tokens with a positive advantage."""
     sapo_tau_neg: float = Field(default=1.05, gt=0.0)
     """τ_neg of the `sapo` loss's gate on the other tokens (the paper's is above τ_pos)."""
+    covariance: CovarianceConfig = Field(default_factory=CovarianceConfig)
+    """Which tokens the `clip_cov` and `kl_cov` losses treat, and `kl_cov`'s weight."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
     """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
 

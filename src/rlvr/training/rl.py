@@ -252,6 +252,7 @@ def _train(
     # The adaptive entropy coefficient follows the measured entropy, so it needs every sample.
     settings.skip_zero_advantage = cfg.train.skip_zero_advantage and algo.entropy.target is None
     settings.reward_weights = rewarder.weights
+    settings.seed = cfg.train.seed
 
     def checkpoint_state() -> dict:
         per_rank = None  # one process: its states are `generator` and the checkpoint's `rng`
@@ -291,6 +292,7 @@ def _train(
             t0 = time.perf_counter()
             step_cfg = config_for_step(cfg, step)
             settings.temperature = step_cfg.rollout.temperature
+            settings.step = step
             settings.max_len = rewarder.max_len = step_cfg.rollout.max_new_tokens
             rewarder.step = step
             with sharding.full_weights(model):  # FSDP: the rollout and scoring on whole weights

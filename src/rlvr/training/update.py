@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.algorithms.covariance import clip_cov_tokens, kl_cov_tokens, token_covariance
 from rlvr.algorithms.kl import kl_k3
-from rlvr.algorithms.policy_losses import VANISH_AT_ZERO_ADVANTAGE
+from rlvr.algorithms.policy_losses import COVARIANCE_LOSSES, VANISH_AT_ZERO_ADVANTAGE
 from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weights
 from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
@@ -54,6 +55,10 @@ class LossSettings:
     reward_weights: dict[str, float] = field(default_factory=dict)
     """The weight of each of the batch's `reward_parts` (`RewardScorer.weights`), which
     `algorithm.reward_aggregation=normalize_then_sum` normalises one by one."""
+    seed: int = 0
+    """The run's seed (`train.seed`): with `step`, it seeds `clip_cov`'s draw."""
+    step: int = 0
+    """The step being trained."""
 
 
 def rank_share(batch: RolloutBatch, rows: list[int], ranks: Ranks) -> list[int]:
@@ -208,6 +213,25 @@ def zero_weighted_backward(
     (logprobs.sum() * 0.0).backward()
 
 
+def covariance_pick(batch: RolloutBatch, rows: list[int], s: LossSettings) -> torch.Tensor:
+    """``[N, T]`` bool: the tokens of mini-batch `rows` that `clip_cov` leaves out or `kl_cov`
+    penalises, picked over the whole mini-batch from the sampling policy's log-probs (π_old if
+    computed, else the rollout engine's), so the pick does not depend on the micro-batches."""
+    algo, cov = s.algorithm, s.algorithm.covariance
+    logprobs = batch.rollout_logprobs if batch.old_logprobs is None else batch.old_logprobs
+    index = torch.tensor(rows)
+    mask = batch.response_mask[index]
+    covariance = token_covariance(batch.advantages[index], logprobs[index], mask)
+    if algo.loss == "kl_cov":
+        mine = kl_cov_tokens(covariance, mask, cov.fraction)
+    else:  # a draw every rank and a resumed run repeat: seeded by the run, step and rows
+        generator = torch.Generator().manual_seed(hash((s.seed, s.step, *rows)) & (2**62 - 1))
+        mine = clip_cov_tokens(covariance, mask, cov.fraction, cov.low, cov.high, generator)
+    picked = torch.zeros(batch.response_mask.shape, dtype=torch.bool)
+    picked[index] = mine
+    return picked
+
+
 def minibatch_backward(
     model: nn.Module,
     batch: RolloutBatch,
@@ -241,6 +265,7 @@ def minibatch_backward(
             if param.requires_grad:
                 param.grad = torch.zeros_like(param)
     device = model_device(model)
+    picked = covariance_pick(batch, rows, s) if algo.loss in COVARIANCE_LOSSES else None
     sums = torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
     for i, mb_rows in enumerate(every):
         sharding.sync_gradients(model, last=i == len(every) - 1)
@@ -268,6 +293,8 @@ def minibatch_backward(
             tau=algo.omd_tau,
             tau_pos=algo.sapo_tau_pos,
             tau_neg=algo.sapo_tau_neg,
+            kl_coef=algo.covariance.kl_coef,
+            selected=None if picked is None else rows_on(picked, mb_rows, width, device),
         )
         rollout = rows_on(batch.rollout_logprobs, mb_rows, width, device)
         token_loss, mismatch = out.token_loss, rollout_mismatch(old, rollout, mask, algo)
