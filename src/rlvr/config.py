@@ -626,6 +626,10 @@ class SFTTrainConfig(Section):
     epochs: float | None = Field(default=None, gt=0)
     """Passes over the worked solutions instead of sft.steps (TRL's num_train_epochs): the
     steps are then ceil(epochs × solutions / batch_size), and sft.steps is not used."""
+    max_length: int | None = Field(default=None, ge=2)
+    """Cut each example to this many tokens, prompt and solution together, from the
+    solution's end (TRL's max_length, keep_start; TRL's default is 1024); an example whose
+    prompt alone is as long is left out, with a warning. None: nothing is cut."""
     batch_size: int = Field(default=64, ge=1)
     """Worked solutions per optimizer step."""
     lr: float = Field(default=1e-3, ge=0.0)
@@ -724,6 +728,11 @@ class DPOTrainConfig(Section):
     epochs: float | None = Field(default=None, gt=0)
     """Passes over the training pairs instead of dpo.steps (TRL's num_train_epochs): the
     steps are then ceil(epochs × pairs / batch_size), and dpo.steps is not used."""
+    max_length: int | None = Field(default=None, ge=2)
+    """Pairs from a file (`data.task=file`): cut each response from its end so that it and
+    the prompt hold at most this many tokens (TRL's max_length, keep_start; TRL's default is
+    1024); a pair whose prompt alone is as long is left out, with a warning. None: nothing is
+    cut. (Sampled pairs are bounded by dpo.max_new_tokens.)"""
     batch_size: int = Field(default=32, ge=1)
     """Preference pairs per optimizer step; the loss is their mean."""
     lr: float = Field(default=1e-6, ge=0.0)

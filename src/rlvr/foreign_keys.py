@@ -69,6 +69,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "sapo_temperature_neg": ("algorithm.sapo_tau_neg",),
     "vllm_importance_sampling_cap": ("algorithm.rollout_is.max_ratio",),
     "max_prompt_length": ("rollout.max_prompt_tokens",),
+    "max_length": ("sft.max_length", "dpo.max_length"),
+    "max_seq_length": ("sft.max_length",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;

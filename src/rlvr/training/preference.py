@@ -61,7 +61,7 @@ from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 from rlvr.training.rl import NonFiniteError
 from rlvr.training.stopping import StopOnSignal
-from rlvr.training.supervised import ExampleOrder, LoopState
+from rlvr.training.supervised import ExampleOrder, LoopState, cut_to_length
 
 MAX_NONFINITE_STEPS = 3
 """Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops."""
@@ -82,6 +82,17 @@ class PairTokens:
     def head(self, n: int) -> PairTokens:
         """The first `n` pairs."""
         return PairTokens(self.prompts[:n], self.chosen[:n], self.rejected[:n])
+
+    def cut(self, max_length: int | None, key: str) -> PairTokens:
+        """The pairs with each response cut to fit `max_length` with its prompt
+        (`supervised.cut_to_length`: a pair whose prompt leaves no room is left out)."""
+        kept, cut = cut_to_length(
+            self.prompts, [[c, r] for c, r in zip(self.chosen, self.rejected)], max_length, key
+        )
+        if not kept:
+            return PairTokens([], [], [])
+        chosen, rejected = zip(*cut)
+        return PairTokens([self.prompts[i] for i in kept], list(chosen), list(rejected))
 
     def lengths(self) -> tuple[Tensor, Tensor]:
         """Response lengths in tokens, [P] each (the |y| of the length-normalised losses)."""
@@ -350,8 +361,15 @@ def _training_pairs(
     if not isinstance(source, Task):
         train, held_out = source
         chat = data.chat_template_kwargs
+        pairs = encode_pairs(train, data.template, tokenizer, chat).cut(
+            d.max_length, "dpo.max_length"
+        )
+        if not len(pairs):
+            raise ConfigError(f"dpo.max_length={d.max_length} leaves no room for any response")
         encoded = encode_pairs(held_out, data.template, tokenizer, chat) if held_out else None
-        return encode_pairs(train, data.template, tokenizer, chat), encoded, []
+        if encoded is not None:
+            encoded = encoded.cut(d.max_length, "dpo.max_length (held-out pairs)")
+        return pairs, encoded if encoded else None, []
     task = source
     sampling = {
         "template": data.template,

@@ -37,7 +37,7 @@ from rlvr.training.distributed import ONE_PROCESS, Ranks, data_parallel
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.optim import build_optimizer, build_scheduler, optimizer_steps
 from rlvr.training.stopping import StopOnSignal
-from rlvr.training.supervised import ExampleOrder, LoopState
+from rlvr.training.supervised import ExampleOrder, LoopState, cut_to_length
 
 
 def summed_nll(
@@ -127,6 +127,11 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         for p in examples
     ]
+    kept, cut = cut_to_length(prompts, [[t] for t in targets], s.max_length, "sft.max_length")
+    if not kept:
+        raise ConfigError(f"sft.max_length={s.max_length} leaves no room for any solution")
+    examples = [examples[i] for i in kept]
+    prompts, targets = [prompts[i] for i in kept], [t for (t,) in cut]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     if s.fsdp:
         sharding.shard(model, ranks, s.fsdp_reshard_after_forward, announce=show_progress)

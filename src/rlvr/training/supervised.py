@@ -1,5 +1,5 @@
-"""What the SFT and DPO loops share: the example order, checkpoints, `--resume`, and stopping
-on a signal.
+"""What the SFT and DPO loops share: cutting examples to a length, the example order,
+checkpoints, `--resume`, and stopping on a signal.
 
 Both loops draw `batch_size` examples a step from a shuffled order that is refilled with a
 new permutation when it runs short. A checkpoint (`output_dir/checkpoints/step-N`, as
@@ -11,6 +11,8 @@ trajectory: the same examples, the same updates.
 from __future__ import annotations
 
 import random
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,45 @@ from rlvr.training.checkpoint import (
 from rlvr.training.distributed import Ranks
 from rlvr.training.optim import load_optimizer_state, optimizer_state
 from rlvr.training.stopping import RunStopped, StopOnSignal
+
+
+def keep_start(
+    prompt: Sequence[int], responses: Sequence[list[int]], max_length: int | None
+) -> list[list[int]] | None:
+    """Each response cut so that the prompt and it hold at most `max_length` tokens, keeping
+    its start (TRL's ``truncation_mode="keep_start"``); None when the prompt leaves no room
+    for a response token. `max_length` None: the responses as they are."""
+    if max_length is None:
+        return list(responses)
+    room = max_length - len(prompt)
+    return [response[:room] for response in responses] if room > 0 else None
+
+
+def cut_to_length(
+    prompts: list[list[int]],
+    responses: list[list[list[int]]],
+    max_length: int | None,
+    key: str,
+) -> tuple[list[int], list[list[list[int]]]]:
+    """`keep_start` on every example (a prompt and its responses): the indices of the examples
+    kept and their responses. Examples whose prompt leaves no room are left out, and a warning
+    names `key` and says how many were left out and how many responses were cut."""
+    kept, cut_responses, dropped, cut = [], [], 0, 0
+    for i, (prompt, theirs) in enumerate(zip(prompts, responses, strict=True)):
+        short = keep_start(prompt, theirs, max_length)
+        if short is None:
+            dropped += 1
+            continue
+        cut += sum(len(a) < len(b) for a, b in zip(short, theirs, strict=True))
+        kept.append(i)
+        cut_responses.append(short)
+    if dropped or cut:
+        warnings.warn(
+            f"{key}={max_length}: {cut} response(s) cut to fit; {dropped} of {len(prompts)} "
+            f"example(s) left out, their prompt alone {max_length} tokens or more",
+            stacklevel=2,
+        )
+    return kept, cut_responses
 
 
 @dataclass
