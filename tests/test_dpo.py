@@ -33,6 +33,7 @@ from rlvr.training.preference import (
     PairTokens,
     accumulate_gradients,
     all_pair_logps,
+    desensitized_weights,
     encode_pairs,
     pair_logps,
     run_dpo,
@@ -88,10 +89,14 @@ def file_config(tmp_path, preset, *extra):
     )
 
 
-def logp_alone(model, prompt, response):
+def token_logps_alone(model, prompt, response):
     ids = torch.tensor([prompt + response])
     logp = model(input_ids=ids).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
-    return logp.gather(-1, torch.tensor(response)[:, None]).sum()
+    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def logp_alone(model, prompt, response):
+    return token_logps_alone(model, prompt, response).sum()
 
 
 @pytest.mark.parametrize("lean_forward", [True, False])
@@ -107,6 +112,40 @@ def test_pair_logps_equal_each_response_scored_alone(lean_forward):
         assert chosen[i].item() == pytest.approx(want_c.item(), rel=1e-5)
         assert rejected[i].item() == pytest.approx(want_r.item(), rel=1e-5)
     assert chosen.requires_grad and chosen.abs().min() > 3.0  # about log(vocab) per token
+
+
+def test_ld_dpo_weighs_the_tokens_past_the_shared_length():
+    """LD-DPO (TRL's ld_alpha): weights 1 on the first min(|y_w|, |y_l|) tokens of each
+    response, α past them; pair_logps is the weighted sum of the tokens' log-probs scored
+    alone, and α = 1 is plain DPO's sum."""
+    weights = desensitized_weights([4, 1], [2, 3], 5, 0.5)
+    assert weights.tolist() == [
+        [1, 1, 0.5, 0.5, 0],  # chosen of pair 0: 4 tokens, 2 shared
+        [1, 1, 0, 0, 0],  # its rejected: 2 tokens, all shared
+        [1, 0, 0, 0, 0],  # chosen of pair 1: 1 token
+        [1, 0.5, 0.5, 0, 0],  # its rejected: 3 tokens, 1 shared
+    ]
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    rows = [0, 1, 2]
+    chosen, rejected = pair_logps(model, PAIRS, rows, tok.pad_token_id, ld_alpha=0.25)
+    for i, r in enumerate(rows):
+        shared = min(len(PAIRS.chosen[r]), len(PAIRS.rejected[r]))
+        for got, response in ((chosen[i], PAIRS.chosen[r]), (rejected[i], PAIRS.rejected[r])):
+            each = token_logps_alone(model, PAIRS.prompts[r], response)
+            want = each[:shared].sum() + 0.25 * each[shared:].sum()
+            assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    plain = pair_logps(model, PAIRS, rows, tok.pad_token_id)
+    whole = pair_logps(model, PAIRS, rows, tok.pad_token_id, ld_alpha=1.0)
+    torch.testing.assert_close(plain, whole)
+
+
+def test_ld_dpo_starts_at_log_2_and_learns(tmp_path):
+    """The reference log-probs are weighted as the policy's: the first held-out loss is log 2."""
+    run_dir = run_dpo(file_config(tmp_path, "dpo", "dpo.ld_alpha=0.3"), show_progress=False)
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert evals[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[-1]["rewards/accuracies"] >= 0.95 and evals[-1]["rewards/margins"] > 0.1
 
 
 @pytest.mark.parametrize("loss", ["dpo", "simpo"])

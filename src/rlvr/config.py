@@ -720,6 +720,10 @@ class DPOTrainConfig(Section):
     exo_pair."""
     discopop_tau: float = Field(default=0.05, gt=0)
     """τ, the temperature of DiscoPOP's switch between its two losses (discopop only)."""
+    ld_alpha: float | None = Field(default=None, ge=0.0, le=1.0)
+    """LD-DPO's α (TRL's ld_alpha): each response's tokens past the length the pair's two
+    responses share count α-fold in its log-likelihood, policy's and reference's alike, so a
+    longer response does not win by its length; None (1.0) counts them whole."""
     nll_coef: float = Field(default=0.0, ge=0.0)
     """α: add α times the chosen response's per-token negative log-likelihood to each pair's
     loss (IRPO, Pang et al. 2024; TRL's rpo_alpha), so the chosen likelihood does not fall."""

@@ -61,6 +61,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "cpo_alpha": ("dpo.nll_coef",),
     "loss_weights": ("dpo.loss_weights",),
     "discopop_tau": ("dpo.discopop_tau",),
+    "ld_alpha": ("dpo.ld_alpha",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
     "top_entropy_quantile": ("algorithm.entropy.top_frac",),

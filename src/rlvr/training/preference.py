@@ -185,11 +185,31 @@ def sample_pairs(
     return tokens, records
 
 
+def desensitized_weights(
+    chosen: list[int], rejected: list[int], width: int, alpha: float
+) -> Tensor:
+    """``[2P, width]`` token weights of LD-DPO (Liu et al. 2024, *Length Desensitization in
+    Direct Preference Optimization*, arXiv:2409.06411; TRL's ``ld_alpha``), rows alternating
+    chosen and rejected: 1 on a response's first min(|y_w|, |y_l|) tokens, the length the two
+    share, and α on the tokens past it, so the longer response's surplus counts α-fold."""
+    lengths = torch.tensor([n for pair in zip(chosen, rejected) for n in pair])
+    shared = torch.tensor([min(c, r) for c, r in zip(chosen, rejected) for _ in range(2)])
+    position = torch.arange(width)[None, :]
+    weights = torch.where(position < shared[:, None], 1.0, alpha)
+    return torch.where(position < lengths[:, None], weights, 0.0)
+
+
 def pair_logps(
-    model: torch.nn.Module, pairs: PairTokens, rows: list[int], pad_id: int
+    model: torch.nn.Module,
+    pairs: PairTokens,
+    rows: list[int],
+    pad_id: int,
+    ld_alpha: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Σ_t log π(y_t | x, y_<t) of the chosen and of the rejected response of pairs `rows`,
-    [len(rows)] each (differentiable), from one forward that computes each prompt once."""
+    [len(rows)] each (differentiable), from one forward that computes each prompt once;
+    `ld_alpha` weighs each token past the length the pair's responses share by α (LD-DPO,
+    `desensitized_weights`)."""
     prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
     responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
     each = list(range(len(responses)))
@@ -197,6 +217,11 @@ def pair_logps(
     logprobs, _ = completion_token_stats(
         model, to_device(sb, model_device(model)), 1.0, with_entropy=False
     )
+    if ld_alpha is not None:
+        chosen = [len(pairs.chosen[r]) for r in rows]
+        rejected = [len(pairs.rejected[r]) for r in rows]
+        weights = desensitized_weights(chosen, rejected, logprobs.shape[1], ld_alpha)
+        logprobs = logprobs * weights.to(logprobs.device, logprobs.dtype)
     summed = logprobs.sum(-1)
     return summed[0::2], summed[1::2]
 
@@ -208,12 +233,13 @@ def all_pair_logps(
     max_tokens: int,
     pad_id: int,
     ranks: Ranks = ONE_PROCESS,
+    ld_alpha: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`pair_logps` of every pair, on the CPU, without gradients (the reference pass); each
     rank scores its share and every rank gets them all."""
     chosen, rejected = torch.zeros(len(pairs)), torch.zeros(len(pairs))
     for rows in pairs.micro_batches(pairs.share(list(range(len(pairs))), ranks), max_tokens):
-        c, r = pair_logps(model, pairs, rows, pad_id)
+        c, r = pair_logps(model, pairs, rows, pad_id, ld_alpha)
         chosen[rows], rejected[rows] = c.float().cpu(), r.float().cpu()
     return ranks.sum_(chosen), ranks.sum_(rejected)
 
@@ -227,7 +253,7 @@ class PairScorer:
 
     def loss(self, model: torch.nn.Module, rows: list[int], pad_id: int) -> tuple[Tensor, dict]:
         """Per-pair losses [len(rows)] (differentiable) and their detached statistics."""
-        chosen, rejected = pair_logps(model, self.pairs, rows, pad_id)
+        chosen, rejected = pair_logps(model, self.pairs, rows, pad_id, self.cfg.dpo.ld_alpha)
         index = torch.tensor(rows)
         ref = [None, None] if self.reference is None else [t[index] for t in self.reference]
         d = self.cfg.dpo
@@ -463,7 +489,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     def scorer(pairs: PairTokens) -> PairScorer:
         if all(name in REFERENCE_FREE for name, _ in d.losses):
             return PairScorer(cfg, pairs, None)
-        reference = all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id, ranks)
+        reference = all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id, ranks, d.ld_alpha)
         return PairScorer(cfg, pairs, reference)
 
     train_scorer = scorer(train_pairs)
