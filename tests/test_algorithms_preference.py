@@ -15,6 +15,7 @@ from rlvr.algorithms import (
     discopop_loss,
     dpo_loss,
     exo_pair_loss,
+    f_divergence_scores,
     hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
@@ -318,3 +319,19 @@ def test_orpo_odds_stay_finite_when_a_response_is_certain():
         0.1 * softplus(-(math.log(1e6 - 1) - math.log(math.exp(-2) / (1 - math.exp(-2))))),
         rel=1e-6,
     )
+
+
+def test_f_divergence_scores_are_f_prime_of_the_ratio():
+    """f'(t) at t = π/π_ref = e^u, written in t: forward KL 1 - 1/t, JS log(2t/(t + 1)),
+    α-divergence (t^(α-1) - 1)/(α - 1); reverse KL (DPO) and α = 1 give u itself."""
+    u = torch.tensor([-1.0, 0.0, 0.5, 3.0], dtype=F64)
+    t = u.exp()
+    _close(f_divergence_scores(u, "reverse_kl"), u.tolist())
+    _close(f_divergence_scores(u, "forward_kl"), (1 - 1 / t).tolist())
+    _close(f_divergence_scores(u, "js_divergence"), (2 * t / (t + 1)).log().tolist())
+    _close(f_divergence_scores(u, "alpha_divergence", 0.5), ((t**-0.5 - 1) / -0.5).tolist())
+    _close(f_divergence_scores(u, "alpha_divergence", 1.0), u.tolist())
+    for kind in ("forward_kl", "js_divergence", "alpha_divergence"):
+        assert f_divergence_scores(u, kind)[1] == 0  # the policy is its reference: score 0
+    with pytest.raises(ValueError, match="unknown f-divergence 'kl'"):
+        f_divergence_scores(u, "kl")

@@ -148,6 +148,17 @@ def test_ld_dpo_starts_at_log_2_and_learns(tmp_path):
     assert evals[-1]["rewards/accuracies"] >= 0.95 and evals[-1]["rewards/margins"] > 0.1
 
 
+@pytest.mark.parametrize("divergence", ["forward_kl", "js_divergence", "alpha_divergence"])
+def test_f_dpo_starts_at_log_2_and_learns(tmp_path, divergence):
+    """f-DPO (TRL's f_divergence_type): every f'(π/π_ref) is 0 where the policy is its
+    reference, so DPO's first held-out loss is log 2; each learns the held-out preference."""
+    cfg = file_config(tmp_path, "dpo", f"dpo.f_divergence={divergence}")
+    run_dir = run_dpo(cfg, show_progress=False)
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    assert evals[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert evals[-1]["rewards/accuracies"] >= 0.95 and evals[-1]["loss"] < evals[0]["loss"] - 0.1
+
+
 @pytest.mark.parametrize("loss", ["dpo", "simpo"])
 def test_any_micro_batch_split_gives_the_same_gradient(loss):
     tok = build_tiny_tokenizer()
@@ -462,6 +473,8 @@ def test_bad_settings_name_their_key(tmp_path):
         (["dpo.loss=exo_pair"], "exo_pair needs EXO's ε > 0"),
     ):
         assert f"dpo.label_smoothing: {message}" in run_error(tmp_path, *overrides)
+    message = run_error(tmp_path, "dpo.loss=[dpo,apo_zero]", "dpo.f_divergence=forward_kl")
+    assert "dpo.f_divergence=forward_kl: loss dpo+apo_zero is not a function of" in message
     for overrides, key in (
         (["dpo.gamma=0.5"], "dpo.gamma is SimPO's margin"),
         (["dpo.discopop_tau=0.1"], "dpo.discopop_tau is DiscoPOP's; loss 'ipo'"),

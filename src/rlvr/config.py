@@ -720,6 +720,14 @@ class DPOTrainConfig(Section):
     exo_pair."""
     discopop_tau: float = Field(default=0.05, gt=0)
     """τ, the temperature of DiscoPOP's switch between its two losses (discopop only)."""
+    f_divergence: Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"] = (
+        "reverse_kl"
+    )
+    """f-DPO's divergence to the reference (TRL's f_divergence_type): the log-ratio u in the
+    loss becomes f'(e^u) (`docs/algorithms.md`); for dpo, ipo, hinge, robust, exo_pair and
+    discopop. reverse_kl is DPO."""
+    f_alpha: float = 0.5
+    """α of f_divergence=alpha_divergence (TRL's f_alpha_divergence_coef)."""
     ld_alpha: float | None = Field(default=None, ge=0.0, le=1.0)
     """LD-DPO's α (TRL's ld_alpha): each response's tokens past the length the pair's two
     responses share count α-fold in its log-likelihood, policy's and reference's alike, so a

@@ -62,6 +62,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "loss_weights": ("dpo.loss_weights",),
     "discopop_tau": ("dpo.discopop_tau",),
     "ld_alpha": ("dpo.ld_alpha",),
+    "f_divergence_type": ("dpo.f_divergence",),
+    "f_alpha_divergence_coef": ("dpo.f_alpha",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
     "top_entropy_quantile": ("algorithm.entropy.top_frac",),

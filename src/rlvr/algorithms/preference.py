@@ -446,6 +446,34 @@ def exo_pair_loss(
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 
+F_DIVERGENCE_LOSSES = frozenset({"dpo", "ipo", "hinge", "robust", "exo_pair", "discopop"})
+"""Losses of the chosen-minus-rejected difference alone, which f-DPO generalises: the
+β log Z(x) its reparameterisation leaves cancels only in that difference."""
+
+
+def f_divergence_scores(log_ratio: Tensor, divergence: str, alpha: float = 0.5) -> Tensor:
+    """f'(π_θ/π_ref) as a function of u = log π_θ/π_ref, which f-DPO puts where DPO has u
+    (Wang et al. 2023, *Beyond Reverse KL: Generalizing Direct Preference Optimization with
+    Diverse Divergence Constraints*, arXiv:2309.16240; TRL's ``f_divergence_type``):
+
+        reverse_kl: u    forward_kl: 1 − e^(−u)    js_divergence: log 2 + log σ(u)
+        alpha_divergence: (e^((α−1) u) − 1)/(α − 1), u at α = 1
+
+    (the α-divergence as TRL parameterises it, ``f_alpha_divergence_coef``). Each is 0 at
+    u = 0, so a loss still starts where the policy is its reference."""
+    if divergence == "reverse_kl":
+        return log_ratio
+    if divergence == "forward_kl":
+        return -torch.expm1(-log_ratio)
+    if divergence == "js_divergence":
+        return math.log(2) + F.logsigmoid(log_ratio)
+    if divergence == "alpha_divergence":
+        if abs(alpha - 1.0) < 1e-6:
+            return log_ratio
+        return torch.expm1((alpha - 1.0) * log_ratio) / (alpha - 1.0)
+    raise ValueError(f"unknown f-divergence {divergence!r}")
+
+
 def preference_loss(
     name: str,
     chosen_logps: Tensor,

@@ -34,7 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlvr.algorithms.preference import REFERENCE_FREE, SMOOTHED, preference_loss
+from rlvr.algorithms.preference import (
+    F_DIVERGENCE_LOSSES,
+    REFERENCE_FREE,
+    SMOOTHED,
+    f_divergence_scores,
+    preference_loss,
+)
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, DPOConfig, DPOTrainConfig, make_output_dir, save_config
 from rlvr.data.loaders import path_label
@@ -260,6 +266,13 @@ class PairScorer:
         device = chosen.device
         ref = [None if t is None else t.to(device) for t in ref]
         lengths = self.chosen_lengths[index].to(device), self.rejected_lengths[index].to(device)
+        policy = chosen, rejected
+        if d.f_divergence != "reverse_kl":  # f-DPO: f'(π/π_ref) in place of log π/π_ref
+            policy = tuple(
+                f_divergence_scores(logp - r, d.f_divergence, d.f_alpha)
+                for logp, r in zip(policy, ref)
+            )
+            ref = [torch.zeros_like(chosen), torch.zeros_like(chosen)]
         outs = []
         for name, _ in d.losses:
             settings = {"tau": d.discopop_tau} if name == "discopop" else {}
@@ -267,8 +280,7 @@ class PairScorer:
             outs.append(
                 preference_loss(
                     name,
-                    chosen,
-                    rejected,
+                    *policy,
                     *ref,
                     *lengths,
                     beta=d.beta,
@@ -423,7 +435,7 @@ def _training_pairs(
 
 def check_loss_settings(d: DPOTrainConfig) -> None:
     """Refuse, before anything loads, a `dpo.loss` not registered, an ε no listed loss reads,
-    and EXO without its ε."""
+    an f-divergence a listed loss cannot take, and EXO without its ε."""
     names = [name for name, _ in d.losses]
     for name in names:
         try:
@@ -434,6 +446,12 @@ def check_loss_settings(d: DPOTrainConfig) -> None:
         raise ConfigError(
             f"dpo.label_smoothing: loss {d.loss_name} has no label smoothing; set it to 0 "
             f"(read by {', '.join(sorted(SMOOTHED))})"
+        )
+    if d.f_divergence != "reverse_kl" and not F_DIVERGENCE_LOSSES.issuperset(names):
+        raise ConfigError(
+            f"dpo.f_divergence={d.f_divergence}: loss {d.loss_name} is not a function of the "
+            f"chosen-minus-rejected log-ratio alone (f-DPO applies to "
+            f"{', '.join(sorted(F_DIVERGENCE_LOSSES))})"
         )
     if "exo_pair" in names and not d.label_smoothing:
         raise ConfigError(
