@@ -6,8 +6,12 @@ import math
 import pytest
 import torch
 
-from batches import token_batch
-from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weights
+from batches import token_batch, two_group_batch
+from rlvr.algorithms.rollout_correction import (
+    off_policy_sequence_mask,
+    rollout_is_ratio,
+    rollout_is_weights,
+)
 from rlvr.config import AlgorithmConfig, ConfigError, resolve_config
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
@@ -138,3 +142,63 @@ def test_bad_settings_are_config_errors_naming_the_keys():
         resolve_config(preset="grpo", overrides=["algorithm.rollout_is.min_ratio=3"])
     with pytest.raises(ConfigError, match=r"algorithm\.rollout_is\.mode"):
         resolve_config(preset="grpo", overrides=["algorithm.rollout_is.mode=tis"])
+
+
+def test_off_policy_sequence_mask_drops_negative_samples_the_policy_left():
+    """Mean log π_sampling − log π_θ over each sample's tokens: [0.3, 0.3, 0.05, 0.3]; with
+    δ = 0.1, the samples above it with A < 0 are dropped, the positive one kept."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    logprobs = torch.full((4, 3), -1.0)
+    sampling = logprobs + torch.tensor(
+        [[0.2, 0.4, 9.0], [0.3, 0.3, 0.3], [0.1, 0.0, 0.05], [0.3, -9.0, -9.0]]
+    )  # the masked positions carry garbage
+    advantages = torch.tensor([[-1.0] * 3, [0.5] * 3, [-2.0] * 3, [-0.1] * 3]) * mask
+    keep = off_policy_sequence_mask(advantages, logprobs, sampling, mask, 0.1)
+    assert keep.tolist() == [[0.0], [1.0], [1.0], [0.0]]
+    assert off_policy_sequence_mask(advantages, logprobs, sampling, mask, 0.5).all()
+
+
+def test_off_policy_masking_in_the_update_is_zeroing_those_samples_advantages():
+    """Through the real update: the gradient with rows 1 and 3 (A < 0) masked is the gradient
+    with their advantages set to 0, and the masked tokens are counted."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = two_group_batch()
+    current = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id)
+    gap = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.5, 0.0])[:, None]  # rows 1, 3 negative; 4 positive
+    batch.rollout_logprobs = (current + gap) * batch.response_mask
+    rows = list(range(len(batch)))
+
+    def gradient(algo: dict, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        batch.advantages = advantages
+        model.zero_grad()
+        settings = LossSettings(AlgorithmConfig.model_validate(algo), 1.0, 12, 24, 0)
+        stats = minibatch_backward(model, batch, rows, settings)
+        return torch.cat([q.grad.flatten() for q in model.parameters()]), stats
+
+    advantages = batch.advantages.clone()
+    masked, stats = gradient({"off_policy_mask": 0.2}, advantages)
+    zeroed = advantages.clone()
+    zeroed[[1, 3]] = 0.0
+    by_hand, plain_stats = gradient({}, zeroed)
+    torch.testing.assert_close(masked, by_hand, atol=1e-6, rtol=1e-5)
+    assert stats["off_policy_masked_tokens"] == 9 + 6  # rows 1 and 3's completion tokens
+    assert plain_stats["off_policy_masked_tokens"] == 0
+    unmasked, _ = gradient({}, advantages)
+    assert not torch.allclose(masked, unmasked, atol=1e-6)
+
+
+def raise_rollout_logprobs(batch):
+    """log π_rollout − log π_trainer = log 3 on every token: every sample looks off-policy."""
+    batch.rollout_logprobs = batch.rollout_logprobs + math.log(3.0) * batch.response_mask
+    return batch
+
+
+def test_off_policy_masking_in_a_run_drops_the_negative_samples_only(tmp_path):
+    """Every sample's gap is log 3 > δ = 0.5: the negative ones are masked and only they, a
+    share of the trained tokens below 1 (a step whose groups all scored alike has none; the
+    update-level test above checks which samples)."""
+    records = run(tmp_path, "algorithm.off_policy_mask=0.5", filters=(raise_rollout_logprobs,))
+    shares = [record["rollout/off_policy_masked_frac"] for record in records]
+    assert max(shares) > 0.0 and all(share < 1.0 for share in shares), shares
+    assert "rollout/off_policy_masked_frac" not in run(tmp_path / "off")[0]

@@ -412,6 +412,10 @@ class AlgorithmConfig(Section):
     """τ_pos of the `sapo` loss's gate on tokens with a positive advantage."""
     sapo_tau_neg: float = Field(default=1.05, gt=0.0)
     """τ_neg of the `sapo` loss's gate on the other tokens (the paper's is above τ_pos)."""
+    off_policy_mask: float | None = Field(default=None, ge=0.0)
+    """δ of DeepSeek-V3.2's off-policy sequence masking (TRL's off_policy_mask_threshold): a
+    sample with a negative advantage whose mean log π_rollout − log π_θ over its tokens is
+    above δ is left out of the policy loss; None = off."""
     covariance: CovarianceConfig = Field(default_factory=CovarianceConfig)
     """Which tokens the `clip_cov` and `kl_cov` losses treat, and `kl_cov`'s weight."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)

@@ -71,6 +71,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "sapo_temperature_pos": ("algorithm.sapo_tau_pos",),
     "sapo_temperature_neg": ("algorithm.sapo_tau_neg",),
     "vllm_importance_sampling_cap": ("algorithm.rollout_is.max_ratio",),
+    "off_policy_mask_threshold": ("algorithm.off_policy_mask",),
     "vllm_importance_sampling_mode": ("algorithm.rollout_is.mode",),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_is.max_ratio",),
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_is.min_ratio",),

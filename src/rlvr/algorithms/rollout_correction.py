@@ -17,6 +17,9 @@ ratios (the sum of their log-ratios), as TRL's `sequence_*` modes do.
 
 Departure: the log-ratio is clamped to ±`LOG_RATIO_CLAMP` before `exp`, so a token the
 trainer finds impossible cannot overflow to inf (its weight is the cap, or 0 when masked).
+
+Off-policy sequence masking (`off_policy_sequence_mask`) drops whole samples instead: those
+with a negative advantage that the policy being trained has moved far from.
 """
 
 from __future__ import annotations
@@ -55,3 +58,25 @@ def rollout_is_weights(
     else:
         weights = ratio.masked_fill((ratio < min_ratio) | (ratio > max_ratio), 0.0)
     return weights.expand_as(mask) * mask
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor, logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """``[B, 1]`` 1.0 to keep a sample, 0.0 to leave it out of the policy loss: off-policy
+    sequence masking (DeepSeek-AI 2025, *DeepSeek-V3.2*, §3.1; TRL's
+    ``off_policy_mask_threshold``) drops a sample when both its advantage is negative and
+
+        (1/|o|) Σ_t (log π_sampling(o_t) − log π_θ(o_t)) > δ,
+
+    the sampled tokens' estimate of KL(π_sampling ‖ π_θ): a negative sample the policy has
+    moved far from teaches little and destabilises. `advantages` ``[B, T]``: a sample is
+    negative when a token's advantage is below 0 (they are sequence-constant in the loop);
+    `logprobs` are the current policy's (detached here), `sampling_logprobs` the rollout
+    engine's."""
+    valid = mask.bool()
+    lengths = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    gap = (sampling_logprobs - logprobs.detach()).masked_fill(~valid, 0.0)
+    far = gap.sum(dim=-1, keepdim=True) / lengths > threshold
+    negative = (advantages.masked_fill(~valid, 0.0) < 0).any(dim=-1, keepdim=True)
+    return (~(far & negative)).to(logprobs.dtype)

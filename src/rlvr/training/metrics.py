@@ -64,6 +64,9 @@ def step_metrics(
             metrics["rollout/is_capped_frac"] = (
                 totals.get("rollout_capped_tokens", 0.0) / trained_tokens
             )
+        if cfg.algorithm.off_policy_mask is not None:
+            masked = totals.get("off_policy_masked_tokens", 0.0)
+            metrics["rollout/off_policy_masked_frac"] = masked / trained_tokens
     if "value_loss" in totals:
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
         metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)

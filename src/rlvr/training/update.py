@@ -18,7 +18,11 @@ from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
 from rlvr.algorithms.covariance import clip_cov_tokens, kl_cov_tokens, token_covariance
 from rlvr.algorithms.kl import kl_k3
 from rlvr.algorithms.policy_losses import COVARIANCE_LOSSES, VANISH_AT_ZERO_ADVANTAGE
-from rlvr.algorithms.rollout_correction import rollout_is_ratio, rollout_is_weights
+from rlvr.algorithms.rollout_correction import (
+    off_policy_sequence_mask,
+    rollout_is_ratio,
+    rollout_is_weights,
+)
 from rlvr.algorithms.value import positive_example_nll
 from rlvr.config import AlgorithmConfig
 from rlvr.models import fused
@@ -195,6 +199,7 @@ SUMMED = (
     "rollout_kl_sum",
     "rollout_weight_sum",
     "rollout_capped_tokens",
+    "off_policy_masked_tokens",
 )
 """`minibatch_backward`'s statistics summed over the micro-batches on the model's device and
 read back once, after the last backward: a read per micro-batch would make the host wait for
@@ -300,6 +305,13 @@ def minibatch_backward(
         token_loss, mismatch = out.token_loss, rollout_mismatch(old, rollout, mask, algo)
         if algo.rollout_is.mode != "none":
             token_loss = token_loss * mismatch.weights
+        dropped = mask * 0
+        if algo.off_policy_mask is not None:
+            advantages = rows_on(batch.advantages, mb_rows, width, device)
+            keep = off_policy_sequence_mask(
+                advantages, logprobs, rollout, mask, algo.off_policy_mask
+            )
+            token_loss, dropped = token_loss * keep, mask * (1 - keep)
         loss = aggregate(algo.aggregation, token_loss, mask, **norm)
         if positive_tokens:
             nll = positive_example_nll(logprobs, mask, on_device(batch.correct[mb_rows], device))
@@ -322,6 +334,7 @@ def minibatch_backward(
             kl_sum,
             mask,
             *mismatch.sums,
+            dropped,
         )
         sums += torch.stack([x.sum().double() for x in summed])
     sharding.sum_gradients(model, ranks)
