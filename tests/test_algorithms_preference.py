@@ -18,6 +18,7 @@ from rlvr.algorithms import (
     f_divergence_scores,
     hinge_loss,
     ipo_loss,
+    kto_loss,
     length_normalized_dpo_loss,
     nca_pair_loss,
     orpo_loss,
@@ -57,6 +58,7 @@ def test_registry_names_and_reference_free():
         "exo_pair",
         "hinge",
         "ipo",
+        "kto",
         "ln_dpo",
         "nca_pair",
         "orpo",
@@ -335,3 +337,17 @@ def test_f_divergence_scores_are_f_prime_of_the_ratio():
         assert f_divergence_scores(u, kind)[1] == 0  # the policy is its reference: score 0
     with pytest.raises(ValueError, match="unknown f-divergence 'kl'"):
         f_divergence_scores(u, "kl")
+
+
+def test_kto_values_each_response_against_the_reference_point():
+    """Log-ratios a = [+1, -1], b = [-1, +1] at β = 0.5 and z0 = 0.4 (β z0 = 0.2):
+    ½ [λ_D (1 - σ(β a - 0.2)) + λ_U (1 - σ(0.2 - β b))]."""
+    s = sigmoid
+    out = kto_loss(*ARGS, beta=0.5, z0=0.4)
+    _close(out.losses, [0.5 * (2 - s(0.3) - s(0.7)), 0.5 * (2 - s(-0.7) - s(-0.3))])
+    _close(out.chosen_rewards, [0.5, -0.5])
+    weighted = kto_loss(*ARGS, beta=0.5, z0=0.4, desirable_weight=2.0, undesirable_weight=0.5)
+    _close(weighted.losses, [0.5 * (2 * (1 - s(0.3)) + 0.5 * (1 - s(0.7))),
+                             0.5 * (2 * (1 - s(-0.7)) + 0.5 * (1 - s(-0.3)))])  # fmt: skip
+    with pytest.raises(ValueError, match="kto has no label smoothing"):
+        kto_loss(*ARGS, beta=0.5, z0=0.0, label_smoothing=0.1)

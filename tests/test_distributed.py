@@ -469,10 +469,14 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
     same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl",))
 
 
-@pytest.mark.parametrize("sharding", ["shard_optimizer", "fsdp"])
-def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding):
+@pytest.mark.parametrize(
+    "sharding, preset", [("shard_optimizer", "dpo"), ("fsdp", "dpo"), ("fsdp", "kto")]
+)
+def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding, preset):
     """Pairs from a file: two ranks end with one process's weights and held-out metrics, with
-    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2)."""
+    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2);
+    KTO's per-step reference point (a no-grad pass on whole weights, summed over the ranks)
+    comes out as one process's."""
     rows = [
         {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
         for a in range(40)
@@ -493,13 +497,13 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
     ]
     one = resolve_config(
         None,
-        "dpo",
+        preset,
         [*settings, f"dpo.output_dir={tmp_path / 'one'}"],
         model=DPOConfig,
         preset_package=PREFERENCE_PRESETS,
     )
     run_dpo(one, show_progress=False)
-    command = ["-m", "rlvr", "dpo", "--preset", "dpo", *settings]
+    command = ["-m", "rlvr", "dpo", "--preset", preset, *settings]
     done = torchrun(2, *command, f"dpo.output_dir={tmp_path / 'two'}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("model and logs saved to") == 1
@@ -507,4 +511,6 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
         sharded_in_halves(done.stdout)
     metrics = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it trained
+    if preset == "kto":
+        assert metrics[-1]["kl"] > 0.0  # the reference point moved off 0
     same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl", "eval.jsonl"))

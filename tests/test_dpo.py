@@ -185,6 +185,37 @@ def test_any_micro_batch_split_gives_the_same_gradient(loss):
     assert max(g.abs().max() for g in grads[0]) > 1e-4
 
 
+def test_kto_reference_point_is_the_mismatched_pairs_clamped_mean_log_ratio():
+    """z0 over rows [0, 2]: their prompts with the next pair's responses (pair 0 with pair 1's,
+    pair 2 with pair 0's), the mean of those 4 log-ratios against a reference shifted by
+    hand; clamped at 0 when negative. The loss's gradient does not depend on the micro-batch
+    split, z0 being set once per step over all its pairs."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    cfg = DPOConfig.model_validate({"dpo": {"loss": "kto", "beta": 0.5}})
+    mismatched = PAIRS.mismatched()
+    assert mismatched.chosen == [PAIRS.chosen[1], PAIRS.chosen[2], PAIRS.chosen[0]]
+    assert mismatched.rejected == [PAIRS.rejected[1], PAIRS.rejected[2], PAIRS.rejected[0]]
+    exact = all_pair_logps(model, mismatched, 4096, tok.pad_token_id)
+    shift = (torch.tensor([-0.4, 9.0, -0.2]), torch.tensor([0.1, 9.0, -0.3]))  # row 1 unused
+    reference = all_pair_logps(model, PAIRS, 4096, tok.pad_token_id)
+    scorer = PairScorer(cfg, PAIRS, reference, tuple(e + d for e, d in zip(exact, shift)))
+    scorer.set_z0(model, [0, 2], tok.pad_token_id)
+    assert scorer.z0 == pytest.approx((0.4 + 0.2 - 0.1 + 0.3) / 4, abs=1e-5)
+    scorer.mismatched_reference = tuple(e + 1.0 for e in exact)
+    scorer.set_z0(model, [0, 2], tok.pad_token_id)
+    assert scorer.z0 == 0.0
+    scorer = PairScorer(cfg, PAIRS, reference, tuple(e + d for e, d in zip(exact, shift)))
+    grads = []
+    for budget in (4096, 8):
+        model.zero_grad()
+        parts = accumulate_gradients(model, scorer, [0, 1, 2], budget, tok.pad_token_id)
+        grads.append([q.grad.clone() for q in model.parameters()])
+        assert parts[0]["kl"][0].item() == pytest.approx(scorer.z0)
+    for whole, split in zip(*grads, strict=True):
+        torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
+
+
 def test_the_nll_term_adds_the_chosen_per_token_nll():
     """dpo.nll_coef = α (IRPO, TRL's rpo_alpha): each pair's loss is DPO's plus α times the
     chosen response's summed log-prob over its length, negated; logged as nll_loss."""
@@ -232,7 +263,7 @@ def test_a_list_of_losses_sums_them_with_their_weights():
 
 
 @pytest.mark.parametrize(
-    "preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust", "irpo", "exo", "mpo"]
+    "preset", ["dpo", "ln_dpo", "ipo", "simpo", "hinge", "robust", "irpo", "exo", "mpo", "kto"]
 )
 def test_preset_learns_the_held_out_preference(tmp_path, preset):
     cfg = file_config(tmp_path, preset)
@@ -252,6 +283,8 @@ def test_preset_learns_the_held_out_preference(tmp_path, preset):
         assert first["loss"] == pytest.approx(1.0, abs=1e-6)
     if preset == "exo":  # KL((½, ½) ‖ (1 - ε, ε)) = log ½ - ½ log(ε (1 - ε)), ε = 1e-3
         assert first["loss"] == pytest.approx(math.log(0.5) - 0.5 * math.log(1e-3 * 0.999))
+    if preset == "kto":  # a = b = z0 = 0: ½ (1 - σ(0) + 1 - σ(0))
+        assert first["loss"] == pytest.approx(0.5, abs=1e-6) and first["kl"] == 0.0
     if preset == "mpo":  # 0.8 log 2 + 0.2 · 2 log 2 + the chosen NLL
         assert first["loss"] == pytest.approx(1.2 * math.log(2) + first["nll_loss"], abs=1e-5)
     assert last["rewards/accuracies"] >= 0.95, (preset, first, last)
@@ -478,6 +511,7 @@ def test_bad_settings_name_their_key(tmp_path):
     for overrides, key in (
         (["dpo.gamma=0.5"], "dpo.gamma is SimPO's margin"),
         (["dpo.discopop_tau=0.1"], "dpo.discopop_tau is DiscoPOP's; loss 'ipo'"),
+        (["dpo.kto_desirable_weight=2"], "dpo.kto_\\*_weight are KTO's; loss 'ipo'"),
         (["dpo.loss=[ipo,hinge]", "dpo.loss_weights=[1]"], "1 weights for 2 losses"),
         (["dpo.loss=[ipo,ipo]"], r"a loss is listed twice in \['ipo', 'ipo'\]"),
         (["dpo.loss=[]"], "an empty list"),

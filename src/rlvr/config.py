@@ -708,8 +708,8 @@ class DPOTrainConfig(Section):
     loss: str | list[str] = "dpo"
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `cpo`,
     `orpo`, `hinge` (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise
-    rate), `apo_zero`, `apo_down`, `nca_pair`, `sppo_hard`, `bco_pair`, `exo_pair` or
-    `discopop` (`docs/algorithms.md`); or a list of them, whose losses are summed with
+    rate), `apo_zero`, `apo_down`, `nca_pair`, `sppo_hard`, `bco_pair`, `exo_pair`,
+    `discopop` or `kto` (`docs/algorithms.md`); or a list of them, whose losses are summed with
     dpo.loss_weights (MPO; TRL's list of loss types)."""
     loss_weights: list[float] | None = None
     """Weight of each loss of a dpo.loss list, in its order (TRL's loss_weights); unset: 1
@@ -722,6 +722,12 @@ class DPOTrainConfig(Section):
     """ε, the probability that a pair's label is flipped: conservative DPO's, robust's, or
     EXO's label distribution (1 − ε, ε); read by dpo, ln_dpo, simpo, cpo, robust and
     exo_pair."""
+    kto_desirable_weight: float = Field(default=1.0, gt=0)
+    """KTO's λ_D, the weight of the desirable (chosen) examples' loss (TRL's
+    desirable_weight; kto only)."""
+    kto_undesirable_weight: float = Field(default=1.0, gt=0)
+    """KTO's λ_U, the weight of the undesirable (rejected) examples' loss (TRL's
+    undesirable_weight; kto only)."""
     discopop_tau: float = Field(default=0.05, gt=0)
     """τ, the temperature of DiscoPOP's switch between its two losses (discopop only)."""
     f_divergence: Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"] = (
@@ -833,6 +839,9 @@ class DPOTrainConfig(Section):
             )
         if self.gamma and "simpo" not in names:
             raise ValueError(f"dpo.gamma is SimPO's margin; loss {self.loss!r} does not use it")
+        kto_weights = (self.kto_desirable_weight, self.kto_undesirable_weight)
+        if kto_weights != (1.0, 1.0) and "kto" not in names:
+            raise ValueError(f"dpo.kto_*_weight are KTO's; loss {self.loss!r} does not use them")
         if self.discopop_tau != 0.05 and "discopop" not in names:
             raise ValueError(f"dpo.discopop_tau is DiscoPOP's; loss {self.loss!r} does not use it")
         return self

@@ -59,6 +59,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "label_smoothing": ("dpo.label_smoothing",),
     "rpo_alpha": ("dpo.nll_coef",),
     "cpo_alpha": ("dpo.nll_coef",),
+    "desirable_weight": ("dpo.kto_desirable_weight",),
+    "undesirable_weight": ("dpo.kto_undesirable_weight",),
     "loss_weights": ("dpo.loss_weights",),
     "discopop_tau": ("dpo.discopop_tau",),
     "ld_alpha": ("dpo.ld_alpha",),

@@ -1,5 +1,6 @@
 """Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, CPO, ORPO, the
-SLiC hinge, robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO and DiscoPOP.
+SLiC hinge, robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO, DiscoPOP and
+KTO (on pairs).
 
 Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
 (y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
@@ -442,6 +443,51 @@ def exo_pair_loss(
     eps = label_smoothing
     losses = torch.sigmoid(z) * (F.logsigmoid(z) - math.log1p(-eps)) + torch.sigmoid(-z) * (
         F.logsigmoid(-z) - math.log(eps)
+    )
+    return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
+
+
+REFERENCE_POINT = frozenset({"kto"})
+"""Losses that read KTO's reference point z0 (``z0``), which the trainer estimates each step
+from mismatched prompt/response pairs."""
+
+
+@PREFERENCE_LOSSES.register("kto")
+def kto_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    z0: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> PreferenceLossOutput:
+    """KTO on a pair (Ethayarajh et al. 2024, *KTO: Model Alignment as Prospect Theoretic
+    Optimization*, arXiv:2402.01306, eq. 8; TRL's ``KTOTrainer`` on a paired dataset made
+    unpaired): the chosen response is a desirable example and the rejected one an undesirable
+    example, each valued against the reference point z0 rather than against each other,
+
+        L = ½ [λ_D (1 − σ(β (a − z0))) + λ_U (1 − σ(β (z0 − b)))]
+
+    with a and b the log-ratios and z0 ≥ 0 the detached estimate of KL(π_θ ‖ π_ref) the
+    trainer makes (the mean log-ratio of mismatched pairs, clamped at 0). The ½ makes the mean
+    over pairs the mean over the 2P examples, as TRL averages them."""
+    tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    _check(label_smoothing, *tensors)
+    if label_smoothing:
+        raise ValueError("kto has no label smoothing; set it to 0")
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    point = beta * z0
+    losses = 0.5 * (
+        desirable_weight * (1 - torch.sigmoid(chosen - point))
+        + undesirable_weight * (1 - torch.sigmoid(point - rejected))
     )
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 

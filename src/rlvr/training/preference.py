@@ -37,6 +37,7 @@ from torch import Tensor
 from rlvr.algorithms.preference import (
     F_DIVERGENCE_LOSSES,
     REFERENCE_FREE,
+    REFERENCE_POINT,
     SMOOTHED,
     f_divergence_scores,
     preference_loss,
@@ -99,6 +100,14 @@ class PairTokens:
             return PairTokens([], [], [])
         chosen, rejected = zip(*cut)
         return PairTokens([self.prompts[i] for i in kept], list(chosen), list(rejected))
+
+    def mismatched(self) -> PairTokens:
+        """Each prompt with the next pair's responses (the last with the first's): the
+        prompt/response pairs of no preference whose log-ratios estimate KL(π_θ ‖ π_ref) for
+        KTO's reference point, as TRL shifts its completions by one."""
+        return PairTokens(
+            self.prompts, self.chosen[1:] + self.chosen[:1], self.rejected[1:] + self.rejected[:1]
+        )
 
     def lengths(self) -> tuple[Tensor, Tensor]:
         """Response lengths in tokens, [P] each (the |y| of the length-normalised losses)."""
@@ -251,11 +260,42 @@ def all_pair_logps(
 
 
 class PairScorer:
-    """The configured loss on pairs of one set, with that set's reference log-probs."""
+    """The configured loss on pairs of one set, with that set's reference log-probs (and, for
+    KTO, those of its mismatched pairs, and the reference point `z0` set by `set_z0`)."""
 
-    def __init__(self, cfg: DPOConfig, pairs: PairTokens, reference: tuple[Tensor, Tensor] | None):
+    def __init__(
+        self,
+        cfg: DPOConfig,
+        pairs: PairTokens,
+        reference: tuple[Tensor, Tensor] | None,
+        mismatched_reference: tuple[Tensor, Tensor] | None = None,
+    ):
         self.cfg, self.pairs, self.reference = cfg, pairs, reference
         self.chosen_lengths, self.rejected_lengths = pairs.lengths()
+        self.mismatched = pairs.mismatched()
+        self.mismatched_reference = mismatched_reference
+        self.z0: float | None = None
+
+    @torch.no_grad()
+    def set_z0(
+        self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
+    ) -> None:
+        """KTO's reference point for pairs `rows`: max(0, the mean log-ratio of their
+        mismatched pairs' 2·len(rows) responses) under the current policy, detached (Ethayarajh
+        et al. 2024, §4.2). Each rank scores its share, on whole weights when sharded (as the
+        RL loop's no-grad passes run; every rank calls this)."""
+        if self.mismatched_reference is None:
+            return
+        d, pairs = self.cfg.dpo, self.mismatched
+        total = torch.zeros((), dtype=torch.float64)
+        with sharding.full_weights(model):
+            for mb in pairs.micro_batches(pairs.share(rows, ranks), d.micro_batch_tokens):
+                chosen, rejected = pair_logps(model, pairs, mb, pad_id, d.ld_alpha)
+                index = torch.tensor(mb)
+                ref_chosen, ref_rejected = (t[index] for t in self.mismatched_reference)
+                total += (chosen.double().cpu() - ref_chosen).sum()
+                total += (rejected.double().cpu() - ref_rejected).sum()
+        self.z0 = max(float(ranks.sum_(total)) / (2 * len(rows)), 0.0)
 
     def loss(self, model: torch.nn.Module, rows: list[int], pad_id: int) -> tuple[Tensor, dict]:
         """Per-pair losses [len(rows)] (differentiable) and their detached statistics."""
@@ -276,6 +316,14 @@ class PairScorer:
         outs = []
         for name, _ in d.losses:
             settings = {"tau": d.discopop_tau} if name == "discopop" else {}
+            if name in REFERENCE_POINT:
+                if self.z0 is None:
+                    raise RuntimeError("KTO's reference point is not set (PairScorer.set_z0)")
+                settings = {
+                    "z0": self.z0,
+                    "desirable_weight": d.kto_desirable_weight,
+                    "undesirable_weight": d.kto_undesirable_weight,
+                }
             eps = d.label_smoothing if name in SMOOTHED else 0.0
             outs.append(
                 preference_loss(
@@ -309,6 +357,8 @@ class PairScorer:
             "logps/chosen": chosen.detach(),
             "logps/rejected": rejected.detach(),
         }
+        if self.mismatched_reference is not None:  # KTO's z0, as TRL logs it
+            stats["kl"] = torch.full_like(stats["loss"], self.z0)
         return losses, stats
 
     @torch.no_grad()
@@ -317,6 +367,7 @@ class PairScorer:
     ) -> dict[str, float]:
         """Mean pair statistics over the whole set (the held-out metrics); each rank scores its
         share."""
+        self.set_z0(model, list(range(len(self.pairs))), pad_id, ranks)
         rows = self.pairs.share(list(range(len(self.pairs))), ranks)
         parts = [
             self.loss(model, mb, pad_id)[1]
@@ -337,6 +388,7 @@ def accumulate_gradients(
     adds Σ losses / len(rows), so any split gives the same gradient. Returns each micro-batch's
     statistics. Each rank runs its share of `rows`; the gradients are summed over the ranks
     (under FSDP each rank runs as many passes, `sharding.passes`)."""
+    scorer.set_z0(model, rows, pad_id, ranks)
     parts = []
     mine = scorer.pairs.micro_batches(scorer.pairs.share(rows, ranks), max_tokens)
     every = sharding.passes(model, mine, ranks)
@@ -508,7 +560,12 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         if all(name in REFERENCE_FREE for name, _ in d.losses):
             return PairScorer(cfg, pairs, None)
         reference = all_pair_logps(model, pairs, d.micro_batch_tokens, pad_id, ranks, d.ld_alpha)
-        return PairScorer(cfg, pairs, reference)
+        mismatched = None
+        if REFERENCE_POINT.intersection(name for name, _ in d.losses):
+            mismatched = all_pair_logps(
+                model, pairs.mismatched(), d.micro_batch_tokens, pad_id, ranks, d.ld_alpha
+            )
+        return PairScorer(cfg, pairs, reference, mismatched)
 
     train_scorer = scorer(train_pairs)
     eval_scorer = scorer(eval_pairs) if eval_pairs is not None else None

@@ -123,20 +123,26 @@ def full_weights(model: nn.Module) -> Iterator[None]:
     they are.
 
     Read the weights within, never write them: the shards are what the optimizer steps and
-    what is sharded again."""
-    if not is_sharded(model):
+    what is sharded again. Nested in another such block, it leaves the weights whole."""
+    if not is_sharded(model) or getattr(model, _WHOLE, False):
         yield
         return
     groups = _groups(model)
     for group in groups:
         group.set_reshard_after_forward(False, recurse=False)
         group.unshard()
+    setattr(model, _WHOLE, True)
     try:
         yield
     finally:
+        setattr(model, _WHOLE, False)
         for group in groups:
             group.reshard()
         _reshard_after_forward_as_set(model)
+
+
+_WHOLE = "_rlvr_whole_weights"
+"""Set on a sharded model while `full_weights` holds its whole weights."""
 
 
 def passes(model: nn.Module, parts: list[T], ranks: Ranks) -> list[T | None]:
