@@ -216,6 +216,35 @@ def test_kto_reference_point_is_the_mismatched_pairs_clamped_mean_log_ratio():
         torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("loss", ["aot", "aot_unpaired"])
+def test_aot_matches_over_the_whole_step_whatever_the_split(loss):
+    """AOT's rank matching is made over all of a step's pairs before its micro-batches: one
+    micro-batch or one pair each give the same gradient, and the mean loss is the sorted
+    batch loss (`aot_matching` against the policy's log-probs scored alone)."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    cfg = DPOConfig.model_validate({"dpo": {"loss": loss, "beta": 0.5}})
+    reference = all_pair_logps(model, PAIRS, 4096, tok.pad_token_id)
+    reference = (reference[0] + torch.tensor([1.0, -2.0, 0.5]), reference[1] - 0.3)
+    scorer = PairScorer(cfg, PAIRS, reference)
+    grads, losses = [], []
+    for budget in (4096, 8):
+        model.zero_grad()
+        parts = accumulate_gradients(model, scorer, [0, 1, 2], budget, tok.pad_token_id)
+        grads.append([q.grad.clone() for q in model.parameters()])
+        losses.append(torch.cat([part["loss"] for part in parts]).mean())
+    for whole, split in zip(*grads, strict=True):
+        torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
+    chosen, rejected = pair_logps(model, PAIRS, [0, 1, 2], tok.pad_token_id)
+    left, right = (chosen - rejected, reference[0] - reference[1])
+    if loss == "aot_unpaired":
+        left, right = chosen - reference[0], rejected - reference[1]
+    z = 0.5 * (torch.sort(left.detach()).values - torch.sort(right).values)
+    batch = -torch.nn.functional.logsigmoid(z).mean()
+    assert losses[0].item() == pytest.approx(batch.item(), rel=1e-5)
+    assert losses[1].item() == pytest.approx(batch.item(), rel=1e-5)
+
+
 def test_the_nll_term_adds_the_chosen_per_token_nll():
     """dpo.nll_coef = α (IRPO, TRL's rpo_alpha): each pair's loss is DPO's plus α times the
     chosen response's summed log-prob over its length, negated; logged as nll_loss."""
@@ -324,6 +353,8 @@ def test_cpo_and_orpo_presets_learn_the_held_out_preference(tmp_path):
         # τ above (1 - log 2)/3: at the paper's 0.05 the slope at ρ = 0 lowers ρ first
         # (test_algorithms_preference), and this run ends at 0.09 accuracy
         ("discopop", ["dpo.discopop_tau=0.5"]),
+        ("aot", []),
+        ("aot_unpaired", []),
     ],
 )
 def test_log_ratio_losses_learn_the_held_out_preference(tmp_path, loss, extra):
@@ -392,7 +423,7 @@ def test_simpo_needs_no_reference_pass(tmp_path, monkeypatch):
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
-    def nan_reference(model, pairs, max_tokens, pad_id, ranks):
+    def nan_reference(model, pairs, *args):
         return torch.full((len(pairs),), float("nan")), torch.zeros(len(pairs))
 
     monkeypatch.setattr(preference, "all_pair_logps", nan_reference)
@@ -506,6 +537,8 @@ def test_bad_settings_name_their_key(tmp_path):
         (["dpo.loss=exo_pair"], "exo_pair needs EXO's ε > 0"),
     ):
         assert f"dpo.label_smoothing: {message}" in run_error(tmp_path, *overrides)
+    message = run_error(tmp_path, "dpo.loss=[aot,aot_unpaired]")
+    assert "dpo.loss: aot and aot_unpaired are two matchings; list one of them" in message
     message = run_error(tmp_path, "dpo.loss=[dpo,apo_zero]", "dpo.f_divergence=forward_kl")
     assert "dpo.f_divergence=forward_kl: loss dpo+apo_zero is not a function of" in message
     for overrides, key in (

@@ -709,8 +709,8 @@ class DPOTrainConfig(Section):
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `cpo`,
     `orpo`, `hinge` (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise
     rate), `apo_zero`, `apo_down`, `nca_pair`, `sppo_hard`, `bco_pair`, `exo_pair`,
-    `discopop` or `kto` (`docs/algorithms.md`); or a list of them, whose losses are summed with
-    dpo.loss_weights (MPO; TRL's list of loss types)."""
+    `discopop`, `kto`, `aot` or `aot_unpaired` (`docs/algorithms.md`); or a list of them,
+    whose losses are summed with dpo.loss_weights (MPO; TRL's list of loss types)."""
     loss_weights: list[float] | None = None
     """Weight of each loss of a dpo.loss list, in its order (TRL's loss_weights); unset: 1
     each."""
@@ -720,8 +720,8 @@ class DPOTrainConfig(Section):
     """SimPO's target reward margin γ (simpo only)."""
     label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
     """ε, the probability that a pair's label is flipped: conservative DPO's, robust's, or
-    EXO's label distribution (1 − ε, ε); read by dpo, ln_dpo, simpo, cpo, robust and
-    exo_pair."""
+    EXO's label distribution (1 − ε, ε); read by dpo, ln_dpo, simpo, cpo, robust, exo_pair,
+    aot and aot_unpaired."""
     kto_desirable_weight: float = Field(default=1.0, gt=0)
     """KTO's λ_D, the weight of the desirable (chosen) examples' loss (TRL's
     desirable_weight; kto only)."""

@@ -1,6 +1,6 @@
 """Offline pairwise preference losses: DPO, length-normalised DPO, IPO, SimPO, CPO, ORPO, the
-SLiC hinge, robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO, DiscoPOP and
-KTO (on pairs).
+SLiC hinge, robust DPO, APO-zero and APO-down, NCA, SPPO (hard labels), BCO, EXO, DiscoPOP,
+KTO (on pairs) and AOT.
 
 Each loss takes, for P pairs (x, y_w, y_l), the policy's summed log-probabilities of the chosen
 (y_w) and rejected (y_l) responses, the reference model's, and the response lengths in tokens,
@@ -38,7 +38,7 @@ from rlvr.algorithms.registry import PREFERENCE_LOSSES
 REFERENCE_FREE = frozenset({"simpo", "cpo", "orpo"})
 """Losses that never read the reference log-probs: the trainer skips the reference pass."""
 
-SMOOTHED = frozenset({"dpo", "ln_dpo", "simpo", "cpo", "robust", "exo_pair"})
+SMOOTHED = frozenset({"dpo", "ln_dpo", "simpo", "cpo", "robust", "exo_pair", "aot", "aot_unpaired"})
 """Losses that read ``label_smoothing`` ε; the others refuse an ε above 0."""
 
 
@@ -445,6 +445,103 @@ def exo_pair_loss(
         F.logsigmoid(-z) - math.log(eps)
     )
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
+
+
+SORTED_ACROSS_PAIRS = frozenset({"aot", "aot_unpaired"})
+"""Losses that match each pair to others by rank over the optimizer step's pairs (``matched``,
+from `aot_matching`), which the trainer computes before the step's micro-batches."""
+
+
+def aot_matching(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    unpaired: bool,
+) -> Tensor:
+    """``[P, 2]``: for each of the step's P pairs, what AOT compares it with once each
+    distribution is sorted (Melnyk et al. 2024, *Distributional Preference Alignment of LLMs
+    via Optimal Transport*, arXiv:2406.05882; TRL's ``aot`` and ``aot_unpaired``). AOT sorts
+    the P values of each side and scores the i-th smallest against the i-th smallest (the 1-D
+    optimal transport plan). Paired: column 0 is the sorted reference margin at the rank of
+    this pair's policy margin ℓ_w − ℓ_l. Unpaired: column 0 is the sorted rejected log-ratio
+    at the rank of this pair's chosen log-ratio, column 1 the sorted chosen log-ratio at the
+    rank of its rejected one. Values, without gradient."""
+    with torch.no_grad():
+        if unpaired:
+            left = chosen_logps - ref_chosen_logps
+            right = rejected_logps - ref_rejected_logps
+        else:
+            left = chosen_logps - rejected_logps
+            right = ref_chosen_logps - ref_rejected_logps
+        left_rank = torch.argsort(torch.argsort(left, stable=True), stable=True)
+        right_rank = torch.argsort(torch.argsort(right, stable=True), stable=True)
+        sorted_left, sorted_right = torch.sort(left).values, torch.sort(right).values
+        return torch.stack([sorted_right[left_rank], sorted_left[right_rank]], dim=-1)
+
+
+def _smoothed_logistic(z: Tensor, label_smoothing: float) -> Tensor:
+    return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+
+
+@PREFERENCE_LOSSES.register("aot")
+def aot_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    matched: Tensor,
+) -> PreferenceLossOutput:
+    """AOT on paired data (Melnyk et al. 2024, arXiv:2406.05882; TRL's ``aot``): DPO's
+    (smoothed) logistic loss on β (u_(i) − v_(i)), the i-th smallest policy margin
+    u = ℓ_θ(y_w) − ℓ_θ(y_l) against the i-th smallest reference margin, over the step's pairs.
+    Per pair: u_j against ``matched[:, 0]``, the reference margin at u_j's rank
+    (`aot_matching`), so the pairs' mean is the step's loss in value and gradient."""
+    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    z = beta * ((chosen_logps - rejected_logps) - matched[:, 0].to(chosen_logps))
+    chosen = beta * (chosen_logps - ref_chosen_logps)
+    rejected = beta * (rejected_logps - ref_rejected_logps)
+    return PreferenceLossOutput(
+        _smoothed_logistic(z, label_smoothing), chosen.detach(), rejected.detach()
+    )
+
+
+@PREFERENCE_LOSSES.register("aot_unpaired")
+def aot_unpaired_loss(
+    chosen_logps: Tensor,
+    rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    *,
+    beta: float,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    matched: Tensor,
+) -> PreferenceLossOutput:
+    """AOT on unpaired data (TRL's ``aot_unpaired``, formerly ``aot_pair``): the logistic
+    loss on β (a_(i) − b_(i)), the i-th smallest chosen log-ratio against the i-th smallest
+    rejected one. Pair j holds two terms, a_j against the rejected log-ratio at a_j's rank and
+    the chosen log-ratio at b_j's rank against b_j, each with the other side fixed: their sum
+    S_j has the step loss's gradient (each side's value enters one sorted term) but twice its
+    value, so the pair's loss is S_j − ½ sg[S_j]: the step's value and gradient."""
+    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    a = chosen_logps - ref_chosen_logps
+    b = rejected_logps - ref_rejected_logps
+    matched = matched.to(a)
+    both = _smoothed_logistic(beta * (a - matched[:, 0]), label_smoothing) + _smoothed_logistic(
+        beta * (matched[:, 1] - b), label_smoothing
+    )
+    return PreferenceLossOutput(
+        both - 0.5 * both.detach(), (beta * a).detach(), (beta * b).detach()
+    )
 
 
 REFERENCE_POINT = frozenset({"kto"})

@@ -39,6 +39,8 @@ from rlvr.algorithms.preference import (
     REFERENCE_FREE,
     REFERENCE_POINT,
     SMOOTHED,
+    SORTED_ACROSS_PAIRS,
+    aot_matching,
     f_divergence_scores,
     preference_loss,
 )
@@ -261,7 +263,8 @@ def all_pair_logps(
 
 class PairScorer:
     """The configured loss on pairs of one set, with that set's reference log-probs (and, for
-    KTO, those of its mismatched pairs, and the reference point `z0` set by `set_z0`)."""
+    KTO, those of its mismatched pairs). `prepare` sets what a step's losses read from all of
+    its pairs: KTO's reference point `z0`, AOT's rank matching `matched`."""
 
     def __init__(
         self,
@@ -275,6 +278,41 @@ class PairScorer:
         self.mismatched = pairs.mismatched()
         self.mismatched_reference = mismatched_reference
         self.z0: float | None = None
+        self.matched = torch.zeros(len(pairs), 2)
+        """AOT's `aot_matching` of the prepared step's pairs, by pair index."""
+
+    def prepare(
+        self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
+    ) -> None:
+        """What the losses of pairs `rows` read from the whole set of them, computed before
+        any micro-batch so that the split does not change it: KTO's `z0` (`set_z0`), AOT's
+        `matched` (`set_matched`). Every rank calls this with the same rows."""
+        self.set_z0(model, rows, pad_id, ranks)
+        self.set_matched(model, rows, pad_id, ranks)
+
+    @torch.no_grad()
+    def set_matched(
+        self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
+    ) -> None:
+        """AOT's rank matching of pairs `rows` under the current policy (`aot_matching`): a
+        no-grad pass of the pairs, each rank its share on whole weights, gathered by sum."""
+        names = {name for name, _ in self.cfg.dpo.losses} & SORTED_ACROSS_PAIRS
+        if not names:
+            return
+        d = self.cfg.dpo
+        chosen, rejected = torch.zeros(len(rows)), torch.zeros(len(rows))
+        position = {row: i for i, row in enumerate(rows)}
+        with sharding.full_weights(model):
+            for mb in self.pairs.micro_batches(self.pairs.share(rows, ranks), d.micro_batch_tokens):
+                c, r = pair_logps(model, self.pairs, mb, pad_id, d.ld_alpha)
+                at = torch.tensor([position[row] for row in mb])
+                chosen[at], rejected[at] = c.float().cpu(), r.float().cpu()
+        chosen, rejected = ranks.sum_(chosen), ranks.sum_(rejected)
+        index = torch.tensor(rows)
+        ref_chosen, ref_rejected = (t[index] for t in self.reference)
+        self.matched[index] = aot_matching(
+            chosen, rejected, ref_chosen, ref_rejected, unpaired="aot_unpaired" in names
+        )
 
     @torch.no_grad()
     def set_z0(
@@ -316,6 +354,8 @@ class PairScorer:
         outs = []
         for name, _ in d.losses:
             settings = {"tau": d.discopop_tau} if name == "discopop" else {}
+            if name in SORTED_ACROSS_PAIRS:
+                settings = {"matched": self.matched[index].to(device)}
             if name in REFERENCE_POINT:
                 if self.z0 is None:
                     raise RuntimeError("KTO's reference point is not set (PairScorer.set_z0)")
@@ -367,7 +407,7 @@ class PairScorer:
     ) -> dict[str, float]:
         """Mean pair statistics over the whole set (the held-out metrics); each rank scores its
         share."""
-        self.set_z0(model, list(range(len(self.pairs))), pad_id, ranks)
+        self.prepare(model, list(range(len(self.pairs))), pad_id, ranks)
         rows = self.pairs.share(list(range(len(self.pairs))), ranks)
         parts = [
             self.loss(model, mb, pad_id)[1]
@@ -388,7 +428,7 @@ def accumulate_gradients(
     adds Σ losses / len(rows), so any split gives the same gradient. Returns each micro-batch's
     statistics. Each rank runs its share of `rows`; the gradients are summed over the ranks
     (under FSDP each rank runs as many passes, `sharding.passes`)."""
-    scorer.set_z0(model, rows, pad_id, ranks)
+    scorer.prepare(model, rows, pad_id, ranks)
     parts = []
     mine = scorer.pairs.micro_batches(scorer.pairs.share(rows, ranks), max_tokens)
     every = sharding.passes(model, mine, ranks)
@@ -505,6 +545,8 @@ def check_loss_settings(d: DPOTrainConfig) -> None:
             f"chosen-minus-rejected log-ratio alone (f-DPO applies to "
             f"{', '.join(sorted(F_DIVERGENCE_LOSSES))})"
         )
+    if SORTED_ACROSS_PAIRS.issubset(names):
+        raise ConfigError("dpo.loss: aot and aot_unpaired are two matchings; list one of them")
     if "exo_pair" in names and not d.label_smoothing:
         raise ConfigError(
             "dpo.label_smoothing: exo_pair needs EXO's ε > 0 (the paper's 1e-3; the exo preset)"
