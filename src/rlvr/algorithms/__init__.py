@@ -48,9 +48,6 @@ from rlvr.algorithms.preference import (
     REFERENCE_FREE,
     SMOOTHED,
     PreferenceLossOutput,
-    aot_loss,
-    aot_matching,
-    aot_unpaired_loss,
     apo_down_loss,
     apo_zero_loss,
     bco_pair_loss,
@@ -58,10 +55,8 @@ from rlvr.algorithms.preference import (
     discopop_loss,
     dpo_loss,
     exo_pair_loss,
-    f_divergence_scores,
     hinge_loss,
     ipo_loss,
-    kto_loss,
     length_normalized_dpo_loss,
     nca_pair_loss,
     orpo_loss,
@@ -69,6 +64,13 @@ from rlvr.algorithms.preference import (
     robust_dpo_loss,
     simpo_loss,
     sppo_hard_loss,
+)
+from rlvr.algorithms.preference_step import (
+    aot_loss,
+    aot_matching,
+    aot_unpaired_loss,
+    f_divergence_scores,
+    kto_loss,
 )
 from rlvr.algorithms.registry import (
     ADVANTAGES,

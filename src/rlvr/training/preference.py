@@ -34,15 +34,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlvr.algorithms.preference import (
+from rlvr.algorithms.preference import REFERENCE_FREE, SMOOTHED, preference_loss
+from rlvr.algorithms.preference_step import (
     F_DIVERGENCE_LOSSES,
-    REFERENCE_FREE,
     REFERENCE_POINT,
-    SMOOTHED,
     SORTED_ACROSS_PAIRS,
     aot_matching,
     f_divergence_scores,
-    preference_loss,
 )
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, DPOConfig, DPOTrainConfig, make_output_dir, save_config
