@@ -469,14 +469,12 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
     same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl",))
 
 
-@pytest.mark.parametrize(
-    "sharding, preset", [("shard_optimizer", "dpo"), ("fsdp", "dpo"), ("fsdp", "kto")]
-)
+@pytest.mark.parametrize("sharding, preset", [("shard_optimizer", "dpo"), ("fsdp", "kto")])
 def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding, preset):
     """Pairs from a file: two ranks end with one process's weights and held-out metrics, with
-    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2);
-    KTO's per-step reference point (a no-grad pass on whole weights, summed over the ranks)
-    comes out as one process's."""
+    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2,
+    with KTO: the update of DPO's path plus its per-step reference point, a no-grad pass on
+    whole weights summed over the ranks, which comes out as one process's)."""
     rows = [
         {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
         for a in range(40)
