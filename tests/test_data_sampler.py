@@ -92,6 +92,18 @@ def test_bad_input_is_refused():
     assert isinstance(build_sampler("epoch", 3, 0), EpochSampler)
 
 
+def test_the_sequential_sampler_keeps_the_task_order_and_resumes():
+    """`data.sampler=sequential`: 0..4 in order each epoch, across the epoch boundary, and a
+    restored state goes on where it stopped; `epoch` draws another order."""
+    sampler = build_sampler("sequential", 5, seed=7)
+    assert sampler.next(3) == [0, 1, 2] and sampler.next(4) == [3, 4, 0, 1]
+    state = sampler.state_dict()
+    again = build_sampler("sequential", 5, seed=0)
+    again.load_state_dict(state)
+    assert again.next(4) == sampler.next(4) == [2, 3, 4, 0]
+    assert build_sampler("epoch", 5, seed=7).next(5) != [0, 1, 2, 3, 4]
+
+
 def test_group_pass_rates_by_hand():
     correct = torch.tensor([True, False, True, True, False, False])
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -136,6 +148,16 @@ def drawn_questions(tmp_path, monkeypatch, sampler):
             steps.setdefault(record["step"], set()).add(question)
     metrics = [json.loads(m) for m in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return steps, metrics
+
+
+def test_a_sequential_run_draws_the_task_in_its_order(tmp_path, monkeypatch):
+    """Six steps of three over eight problems: 0-2, 3-5, 6, 7, 0, ... as the task lists them."""
+    steps, _ = drawn_questions(tmp_path, monkeypatch, "sequential")
+    cfg = resolve_config(preset="grpo", overrides=[*TINY_RUN, "data.train_size=8"])
+    questions = [
+        re.search(r"What is [^?]*\?", p.question).group(0) for p in load_task(cfg.data).train
+    ]
+    assert steps == {k + 1: {questions[(3 * k + i) % 8] for i in range(3)} for k in range(6)}
 
 
 def test_the_loop_stops_drawing_problems_it_always_solves(tmp_path, monkeypatch):

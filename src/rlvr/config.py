@@ -124,9 +124,11 @@ class DataConfig(Section):
     """Extra arguments to the tokenizer's chat template (data.template=chat), e.g.
     {enable_thinking: false} for Qwen3 (TRL's chat_template_kwargs, verl's
     data.apply_chat_template_kwargs)."""
-    sampler: Literal["epoch", "prioritized"] = "epoch"
-    """RL prompt sampling: `epoch` (uniform, each problem once per epoch) or `prioritized`
-    (Kimi k1.5: problem i drawn with probability ∝ 1 − its latest pass rate)."""
+    sampler: Literal["epoch", "sequential", "prioritized"] = "epoch"
+    """RL prompt sampling: `epoch` (uniform, each problem once per epoch), `sequential` (the
+    task's own order every epoch, e.g. a curriculum file; TRL's shuffle_dataset=False, verl's
+    data.shuffle=False) or `prioritized` (Kimi k1.5: problem i drawn with probability ∝ 1 −
+    its latest pass rate)."""
     min_priority: float = Field(default=0.0, ge=0.0, le=1.0)
     """`prioritized`: floor under 1 − pass rate, so solved problems still come back sometimes."""
     train_size: int = Field(default=20000, ge=1)

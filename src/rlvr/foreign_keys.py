@@ -87,6 +87,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "max_prompt_length": ("rollout.max_prompt_tokens",),
     "max_length": ("sft.max_length", "dpo.max_length"),
     "max_seq_length": ("sft.max_length",),
+    "shuffle_dataset": ("data.sampler",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;
@@ -162,6 +163,7 @@ VERL: dict[str, tuple[str, ...]] = {
     "reward_model.overlong_buffer.len": ("algorithm.overlong.buffer",),
     "reward_model.overlong_buffer.penalty_factor": ("algorithm.overlong.penalty",),
     "data.filter_overlong_prompts": ("rollout.max_prompt_tokens",),
+    "data.shuffle": ("data.sampler",),
     "critic.model.path": ("algorithm.critic.model",),
     "critic.cliprange_value": ("algorithm.critic.value_clip",),
     "reward_model.enable": ("reward.functions",),

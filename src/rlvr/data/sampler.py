@@ -1,7 +1,9 @@
 """Prompt samplers: which problems each RL step sees, resumable from a saved position.
 
-`data.sampler` picks one: `epoch` (uniform, every problem once per epoch) or `prioritized`
-(Kimi k1.5: problems drawn by how often the policy still fails them). The loop reports each
+`data.sampler` picks one: `epoch` (uniform, every problem once per epoch), `sequential` (the
+task's own order every epoch: a curriculum file, TRL's `shuffle_dataset=False`, verl's
+`data.shuffle=False`) or `prioritized` (Kimi k1.5: problems drawn by how often the policy
+still fails them). The loop reports each
 step's pass rates to the sampler (`observe`), DESIGN's "curriculum ◀── pass rates".
 """
 
@@ -20,16 +22,18 @@ class EpochSampler:
     uninterrupted run would have drawn.
     """
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, shuffle: bool = True) -> None:
         if size <= 0:
             raise ValueError("the task has no training problems")
-        self.size, self.seed = size, seed
+        self.size, self.seed, self.shuffle = size, seed, shuffle
         self.epoch, self.position = 0, 0
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
+        """The epoch's order: seeded and shuffled, or the task's own (`shuffle` False)."""
         order = list(range(self.size))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
     def next(self, count: int) -> list[int]:
@@ -147,8 +151,8 @@ PromptSampler = EpochSampler | PrioritizedSampler
 
 def build_sampler(name: str, size: int, seed: int, min_priority: float = 0.0) -> PromptSampler:
     """The sampler `data.sampler` names."""
-    if name == "epoch":
-        return EpochSampler(size, seed)
+    if name in ("epoch", "sequential"):
+        return EpochSampler(size, seed, shuffle=name == "epoch")
     if name == "prioritized":
         return PrioritizedSampler(size, seed, min_priority)
-    raise ValueError(f"unknown data.sampler {name!r}; choose epoch or prioritized")
+    raise ValueError(f"unknown data.sampler {name!r}; choose epoch, sequential or prioritized")
