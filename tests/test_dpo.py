@@ -148,11 +148,19 @@ def test_ld_dpo_starts_at_log_2_and_learns(tmp_path):
     assert evals[-1]["rewards/accuracies"] >= 0.95 and evals[-1]["rewards/margins"] > 0.1
 
 
-@pytest.mark.parametrize("divergence", ["forward_kl", "js_divergence", "alpha_divergence"])
-def test_f_dpo_starts_at_log_2_and_learns(tmp_path, divergence):
+@pytest.mark.parametrize(
+    "preset, divergence",
+    [
+        ("dpo", "forward_kl"),
+        ("dpo", "js_divergence"),
+        ("dpo", "alpha_divergence"),
+        ("ln_dpo", "forward_kl"),  # TRL's sigmoid_norm: the scores over the lengths
+    ],
+)
+def test_f_dpo_starts_at_log_2_and_learns(tmp_path, preset, divergence):
     """f-DPO (TRL's f_divergence_type): every f'(π/π_ref) is 0 where the policy is its
     reference, so DPO's first held-out loss is log 2; each learns the held-out preference."""
-    cfg = file_config(tmp_path, "dpo", f"dpo.f_divergence={divergence}")
+    cfg = file_config(tmp_path, preset, f"dpo.f_divergence={divergence}")
     run_dir = run_dpo(cfg, show_progress=False)
     evals = list(read_jsonl(run_dir / "eval.jsonl"))
     assert evals[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)

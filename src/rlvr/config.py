@@ -736,8 +736,8 @@ class DPOTrainConfig(Section):
         "reverse_kl"
     )
     """f-DPO's divergence to the reference (TRL's f_divergence_type): the log-ratio u in the
-    loss becomes f'(e^u) (`docs/algorithms.md`); for dpo, ipo, hinge, robust, exo_pair and
-    discopop. reverse_kl is DPO."""
+    loss becomes f'(e^u) (`docs/algorithms.md`); for dpo, ln_dpo, ipo, hinge, robust,
+    exo_pair and discopop. reverse_kl is DPO."""
     f_alpha: float = 0.5
     """α of f_divergence=alpha_divergence (TRL's f_alpha_divergence_coef)."""
     ld_alpha: float | None = Field(default=None, ge=0.0, le=1.0)

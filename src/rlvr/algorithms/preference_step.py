@@ -163,7 +163,7 @@ def kto_loss(
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 
-F_DIVERGENCE_LOSSES = frozenset({"dpo", "ipo", "hinge", "robust", "exo_pair", "discopop"})
+F_DIVERGENCE_LOSSES = frozenset({"dpo", "ln_dpo", "ipo", "hinge", "robust", "exo_pair", "discopop"})
 """Losses of the chosen-minus-rejected difference alone, which f-DPO generalises: the
 β log Z(x) its reparameterisation leaves cancels only in that difference."""
 
