@@ -30,6 +30,7 @@ from rlvr.algorithms import (
     simpo_loss,
     sppo_hard_loss,
 )
+from rlvr.algorithms.preference_step import wpo_weights
 
 F64 = torch.float64
 CHOSEN = torch.tensor([-10.0, -20.0], dtype=F64)
@@ -397,3 +398,21 @@ def test_aot_matching_by_hand():
     ref_c = torch.tensor([0.0, 2.0, -2.0], dtype=F64)
     matched = aot_matching(chosen, zero, ref_c, zero, unpaired=False)
     assert matched[:, 0].tolist() == [2.0, -2.0, 0.0]
+
+
+def test_wpo_weight_by_hand():
+    """Two responses over a 3-token vocabulary: w = exp(mean_t log(p(y_t) / Σ_v p(v)²)), the
+    padded position ignored; a uniform policy gives w = 1."""
+    logits = torch.tensor(
+        [[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]]], dtype=F64
+    )
+    tokens = torch.tensor([[0, 2], [1, 0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+
+    def ratio(row, token):
+        p = torch.softmax(row, -1)
+        return math.log(p[token] / (p**2).sum())
+
+    first = math.exp((ratio(logits[0, 0], 0) + ratio(logits[0, 1], 2)) / 2)
+    _close(wpo_weights(logits, tokens, mask), [first, 1.0], atol=1e-12)
+    assert first < 1.5 and ratio(logits[0, 0], 0) > 0  # the likeliest token's ratio is above 1

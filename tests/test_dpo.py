@@ -140,6 +140,17 @@ def test_ld_dpo_weighs_the_tokens_past_the_shared_length():
     torch.testing.assert_close(plain, whole)
 
 
+def test_wpo_weighs_each_pair_by_the_current_policy_and_learns(tmp_path):
+    """dpo.weighting (TRL's use_weighting): at the start every pair's DPO loss is log 2, so
+    the held-out loss is log 2 times the mean pair weight, logged as wpo_weight; it learns."""
+    run_dir = run_dpo(file_config(tmp_path, "dpo", "dpo.weighting=true"), show_progress=False)
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    first, last = evals[0], evals[-1]
+    assert 0.0 < first["wpo_weight"] != pytest.approx(1.0, abs=1e-3)
+    assert first["loss"] == pytest.approx(math.log(2) * first["wpo_weight"], rel=1e-5)
+    assert last["rewards/accuracies"] >= 0.95 and last["rewards/margins"] > 0.1
+
+
 def test_ld_dpo_starts_at_log_2_and_learns(tmp_path):
     """The reference log-probs are weighted as the policy's: the first held-out loss is log 2."""
     run_dir = run_dpo(file_config(tmp_path, "dpo", "dpo.ld_alpha=0.3"), show_progress=False)

@@ -740,6 +740,10 @@ class DPOTrainConfig(Section):
     exo_pair and discopop. reverse_kl is DPO."""
     f_alpha: float = 0.5
     """α of f_divergence=alpha_divergence (TRL's f_alpha_divergence_coef)."""
+    weighting: bool = False
+    """WPO's weighting (TRL's use_weighting): each pair's loss times w(y_w)·w(y_l), the
+    current policy's per-token probability of each response over Σ_v π(v)², averaged in log
+    space (a no-grad pass of the step's pairs before its micro-batches)."""
     ld_alpha: float | None = Field(default=None, ge=0.0, le=1.0)
     """LD-DPO's α (TRL's ld_alpha): each response's tokens past the length the pair's two
     responses share count α-fold in its log-likelihood, policy's and reference's alike, so a

@@ -64,6 +64,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "loss_weights": ("dpo.loss_weights",),
     "discopop_tau": ("dpo.discopop_tau",),
     "ld_alpha": ("dpo.ld_alpha",),
+    "use_weighting": ("dpo.weighting",),
     "f_divergence_type": ("dpo.f_divergence",),
     "f_alpha_divergence_coef": ("dpo.f_alpha",),
     "simpo_gamma": ("dpo.gamma",),

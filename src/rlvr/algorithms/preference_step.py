@@ -1,4 +1,4 @@
-"""Preference losses that read more than their own pair, and f-DPO's scores.
+"""Preference losses that read more than their own pair, f-DPO's scores and WPO's weights.
 
 KTO values each response against a reference point z0 estimated from mismatched pairs, and
 AOT compares each pair with the one it meets once both sides' values are sorted over the
@@ -189,3 +189,25 @@ def f_divergence_scores(log_ratio: Tensor, divergence: str, alpha: float = 0.5) 
             return log_ratio
         return torch.expm1((alpha - 1.0) * log_ratio) / (alpha - 1.0)
     raise ValueError(f"unknown f-divergence {divergence!r}")
+
+
+def wpo_weights(logits: Tensor, tokens: Tensor, mask: Tensor) -> Tensor:
+    """``[b]`` WPO's weight of each response (Zhou et al. 2024, *WPO: Enhancing RLHF with
+    Weighted Preference Optimization*, arXiv:2406.11827, eq. 2; TRL's ``use_weighting``):
+
+        w(y) = exp( (1/|y|) Σ_t [ log π(y_t) − log Σ_v π(v)² ] )
+
+    from the policy's ``[b, T, vocab]`` `logits` scoring the ``[b, T]`` `tokens` (`mask` 1 on
+    the response's tokens): the geometric mean of each token's probability over Σ_v π(v)²,
+    the chance that two of the policy's own draws agree, so responses the current policy would
+    produce weigh more and off-policy pairs count as on-policy ones. A token's ratio is 1
+    under a uniform policy and above 1 for its most likely token (Σ_v π(v)² ≤ max_v π(v)).
+    No gradient."""
+    with torch.no_grad():
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        log_norm = torch.logsumexp(z, dim=-1)
+        logp = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - log_norm
+        log_square_mass = torch.logsumexp(2 * z, dim=-1) - 2 * log_norm
+        valid = mask.to(z.dtype)
+        lengths = valid.sum(-1).clamp(min=1.0)
+        return torch.exp(((logp - log_square_mass) * valid).sum(-1) / lengths)

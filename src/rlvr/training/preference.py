@@ -41,6 +41,7 @@ from rlvr.algorithms.preference_step import (
     SORTED_ACROSS_PAIRS,
     aot_matching,
     f_divergence_scores,
+    wpo_weights,
 )
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, DPOConfig, DPOTrainConfig, make_output_dir, save_config
@@ -58,6 +59,7 @@ from rlvr.training import sharding
 from rlvr.training.batching import (
     collate_shared_prefix,
     completion_token_stats,
+    forward_logits_shared_prefix,
     model_device,
     to_device,
     token_budget_micro_batches,
@@ -278,6 +280,8 @@ class PairScorer:
         self.z0: float | None = None
         self.matched = torch.zeros(len(pairs), 2)
         """AOT's `aot_matching` of the prepared step's pairs, by pair index."""
+        self.weights = torch.ones(len(pairs))
+        """WPO's w(y_w)·w(y_l) of the prepared step's pairs, by pair index."""
 
     def prepare(
         self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
@@ -287,6 +291,32 @@ class PairScorer:
         `matched` (`set_matched`). Every rank calls this with the same rows."""
         self.set_z0(model, rows, pad_id, ranks)
         self.set_matched(model, rows, pad_id, ranks)
+        self.set_weights(model, rows, pad_id, ranks)
+
+    @torch.no_grad()
+    def set_weights(
+        self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
+    ) -> None:
+        """WPO's weights of pairs `rows` under the current policy (`wpo_weights`, from the
+        logits of a no-grad pass, each rank its share on whole weights, summed)."""
+        if not self.cfg.dpo.weighting:
+            return
+        weights = torch.zeros(len(rows))
+        position = {row: i for i, row in enumerate(rows)}
+        pairs = self.pairs
+        with sharding.full_weights(model):
+            for mb in pairs.micro_batches(
+                pairs.share(rows, ranks), self.cfg.dpo.micro_batch_tokens
+            ):
+                prompts = [pairs.prompts[r] for r in mb for _ in range(2)]
+                responses = [seq for r in mb for seq in (pairs.chosen[r], pairs.rejected[r])]
+                sb = collate_shared_prefix(prompts, responses, list(range(len(responses))), pad_id)
+                sb = to_device(sb, model_device(model))
+                logits = forward_logits_shared_prefix(model, sb)
+                each = wpo_weights(logits, sb.completion_ids, sb.response_mask).float().cpu()
+                at = torch.tensor([position[row] for row in mb])
+                weights[at] = each[0::2] * each[1::2]
+        self.weights[torch.tensor(rows)] = ranks.sum_(weights)
 
     @torch.no_grad()
     def set_matched(
@@ -386,6 +416,10 @@ class PairScorer:
             nll = -chosen / self.chosen_lengths[index].to(device)
             losses = losses + d.nll_coef * nll
             stats["nll_loss"] = nll.detach()
+        if d.weighting:  # WPO: the pair's whole loss, as TRL weighs each loss type's
+            pair_weights = self.weights[index].to(device)
+            losses = losses * pair_weights
+            stats["wpo_weight"] = pair_weights
         stats |= {
             "loss": losses.detach(),
             "rewards/chosen": out.chosen_rewards,
