@@ -1,11 +1,15 @@
-"""Offline preference optimisation (`rlvr dpo`): DPO, length-normalised DPO, IPO and SimPO.
+"""Offline preference optimisation (`rlvr dpo`): DPO and the other losses of
+`rlvr.algorithms.preference` and `rlvr.algorithms.preference_step` (IPO, SimPO, CPO, ORPO,
+KTO, AOT, ...), alone or as a weighted list.
 
-The loop is SFT's with a pairwise loss (`rlvr.algorithms.preference`): each step takes
-`dpo.batch_size` pairs, scores both responses of each pair in one shared-prefix forward (the
-prompt is computed once for the two), and averages the pair losses over the step, so the
-micro-batch split changes neither the loss nor the gradient. The reference is the starting
+The loop is SFT's with a pairwise loss: each step takes `dpo.batch_size` pairs, scores both
+responses of each pair in one shared-prefix forward (the prompt is computed once for the
+two), and averages the pair losses over the step, so the micro-batch split changes neither
+the loss nor the gradient. What a loss reads from the step's other pairs (KTO's reference
+point, AOT's rank matching) or from the current policy without gradient (WPO's weights)
+`PairScorer.prepare` computes before the step's micro-batches. The reference is the starting
 model; its log-probs are computed once before training (TRL's `precompute_ref_log_probs`), so
-no second model stays in memory, and not at all for the reference-free SimPO.
+no second model stays in memory, and not at all for the reference-free SimPO, CPO and ORPO.
 
 Pairs come from a local file (`data.task=file`) or, for a built-in task, from the starting
 model's own samples, verified (`rlvr.data.preference`); sampled pairs are written to
