@@ -89,7 +89,8 @@ def write_pairs(path: Path, count: int) -> None:
 def run_rlvr(spec: RunSpec) -> dict:
     """`rlvr dpo` on the pairs file; per-step times from its metrics.jsonl."""
     import rlvr.training.preference as preference
-    from rlvr.config import PREFERENCE_PRESETS, DPOConfig, resolve_config
+    from rlvr.config import PREFERENCE_PRESETS, resolve_config
+    from rlvr.config_offline import DPOConfig
     from rlvr.tracking.jsonl import read_jsonl
 
     counter = SlotCounter()

@@ -6,7 +6,8 @@ from torch.distributed.tensor import DTensor
 
 from batches import token_batch
 from rlvr.algorithms.controllers import ema_update_
-from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, DPOConfig, TrainConfig
+from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, TrainConfig
+from rlvr.config_offline import DPOConfig
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
 from rlvr.models import fused

@@ -7,14 +7,13 @@ import pytest
 from rlvr import foreign_keys
 from rlvr.config import (
     ConfigError,
-    DPOConfig,
     RLConfig,
-    SFTConfig,
     changed_settings,
     describe_fields,
     preset_names,
     resolve_config,
 )
+from rlvr.config_offline import DPOConfig, SFTConfig
 
 
 def test_defaults_and_overrides_are_typed():

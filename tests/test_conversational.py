@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import ConfigError, SFTConfig, resolve_config
+from rlvr.config import ConfigError, resolve_config
+from rlvr.config_offline import SFTConfig
 from rlvr.data.curation import curate_row, drop_duplicates
 from rlvr.data.loaders import DatasetError, load_file
 from rlvr.data.synthetic import synthetic_splits

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import ConfigError, CurateConfig, DataConfig, resolve_config
+from rlvr.config import ConfigError, DataConfig, resolve_config
+from rlvr.config_offline import CurateConfig
 from rlvr.data import curation
 from rlvr.data.curation import drop_duplicates, normalized_question, run_curate
 from rlvr.data.problem import Problem

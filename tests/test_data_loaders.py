@@ -9,15 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr.config import (
-    ConfigError,
-    DataConfig,
-    DPOConfig,
-    RLConfig,
-    SFTConfig,
-    data_config,
-    save_config,
-)
+from rlvr.config import ConfigError, DataConfig, RLConfig, data_config, save_config
+from rlvr.config_offline import DPOConfig, SFTConfig
 from rlvr.data import loaders
 from rlvr.data.loaders import (
     DatasetError,

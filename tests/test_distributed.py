@@ -27,7 +27,8 @@ from dp_cases import (
     update_results,
 )
 from rlvr.cli import app
-from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, SFTConfig, resolve_config
+from rlvr.config import PREFERENCE_PRESETS, ConfigError, resolve_config
+from rlvr.config_offline import DPOConfig, SFTConfig
 from rlvr.models.loading import load_pretrained
 from rlvr.models.tiny import build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl

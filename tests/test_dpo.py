@@ -13,7 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import PREFERENCE_PRESETS, ConfigError, DPOConfig, preset_names, resolve_config
+from rlvr.config import PREFERENCE_PRESETS, ConfigError, preset_names, resolve_config
+from rlvr.config_offline import DPOConfig
 from rlvr.data.preference import load_preference_file
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.data.tasks import load_task

@@ -19,7 +19,8 @@ same margin (measured gains: DPO +11, SimPO +9 points; IRPO +16 on the AVX-512 E
 
 import pytest
 
-from rlvr.config import PREFERENCE_PRESETS, DPOConfig, resolve_config
+from rlvr.config import PREFERENCE_PRESETS, resolve_config
+from rlvr.config_offline import DPOConfig
 from rlvr.data.tasks import load_task
 from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
 from rlvr.run_layout import latest_checkpoint

@@ -16,7 +16,8 @@ import pytest
 import torch
 import yaml
 
-from rlvr.config import ConfigError, DPOConfig, SFTConfig, resolve_config
+from rlvr.config import ConfigError, resolve_config
+from rlvr.config_offline import DPOConfig, SFTConfig
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.preference import run_dpo
 from rlvr.training.rl import NonFiniteError, train

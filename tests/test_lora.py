@@ -6,7 +6,8 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from rlvr.config import ConfigError, LoraConfig, ModelConfig, SFTConfig, resolve_config
+from rlvr.config import ConfigError, LoraConfig, ModelConfig, resolve_config
+from rlvr.config_offline import SFTConfig
 from rlvr.models import lora
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained, save_pretrained
 from rlvr.run_layout import latest_checkpoint

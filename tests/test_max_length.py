@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config import ConfigError, SFTConfig
+from rlvr.config import ConfigError
+from rlvr.config_offline import SFTConfig
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import sft as sft_module
 from rlvr.training.preference import PairTokens, run_dpo

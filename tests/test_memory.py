@@ -14,7 +14,8 @@ import pytest
 import rlvr.training.memory as memory
 import rlvr.training.rl as rl
 import rlvr.training.sft as sft
-from rlvr.config import SFTConfig, resolve_config
+from rlvr.config import resolve_config
+from rlvr.config_offline import SFTConfig
 from tiny_run import TINY_RUN
 
 glibc = pytest.mark.skipif(

@@ -11,7 +11,8 @@ import signal
 import pytest
 import torch
 
-from rlvr.config import ConfigError, DataConfig, SFTConfig
+from rlvr.config import ConfigError, DataConfig
+from rlvr.config_offline import SFTConfig
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.data.tasks import load_task
 from rlvr.models import fused

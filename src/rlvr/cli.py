@@ -18,15 +18,13 @@ from rlvr.config import (
     PREFERENCE_PRESETS,
     RL_PRESETS,
     ConfigError,
-    CurateConfig,
-    DPOConfig,
     RLConfig,
-    SFTConfig,
     describe_fields,
     preset_info,
     preset_names,
     resolve_config,
 )
+from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
 from rlvr.foreign_keys import rlvr_key
 from rlvr.tracking.jsonl import JsonlWriter
 

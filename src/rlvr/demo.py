@@ -15,7 +15,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rlvr.config import RLConfig, SFTConfig, make_output_dir, resolve_config
+from rlvr.config import RLConfig, make_output_dir, resolve_config
+from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_pretrained

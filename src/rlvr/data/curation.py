@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.config import ConfigError, CurateConfig
+from rlvr.config import ConfigError
+from rlvr.config_offline import CurateConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import sample_and_verify

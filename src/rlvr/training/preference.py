@@ -48,7 +48,8 @@ from rlvr.algorithms.preference_step import (
     wpo_weights,
 )
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
-from rlvr.config import ConfigError, DPOConfig, DPOTrainConfig, make_output_dir, save_config
+from rlvr.config import ConfigError, make_output_dir, save_config
+from rlvr.config_offline import DPOConfig, DPOTrainConfig
 from rlvr.data.loaders import path_label
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import ConfigError, SFTConfig, make_output_dir, save_config
+from rlvr.config import ConfigError, make_output_dir, save_config
+from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
