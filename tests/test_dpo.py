@@ -562,9 +562,9 @@ def test_bad_settings_name_their_key(tmp_path):
     message = run_error(tmp_path, "dpo.loss=[dpo,apo_zero]", "dpo.f_divergence=forward_kl")
     assert "dpo.f_divergence=forward_kl: loss dpo+apo_zero is not a function of" in message
     for overrides, key in (
-        (["dpo.gamma=0.5"], "dpo.gamma is SimPO's margin"),
-        (["dpo.discopop_tau=0.1"], "dpo.discopop_tau is DiscoPOP's; loss 'ipo'"),
-        (["dpo.kto_desirable_weight=2"], "dpo.kto_\\*_weight are KTO's; loss 'ipo'"),
+        (["dpo.gamma=0.5"], "dpo.gamma is read by simpo only; loss 'ipo'"),
+        (["dpo.discopop_tau=0.1"], "dpo.discopop_tau is read by discopop only; loss 'ipo'"),
+        (["dpo.kto_undesirable_weight=2"], "dpo.kto_undesirable_weight is read by kto only"),
         (["dpo.loss=[ipo,hinge]", "dpo.loss_weights=[1]"], "1 weights for 2 losses"),
         (["dpo.loss=[ipo,ipo]"], r"a loss is listed twice in \['ipo', 'ipo'\]"),
         (["dpo.loss=[]"], "an empty list"),

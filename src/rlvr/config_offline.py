@@ -228,14 +228,24 @@ class DPOTrainConfig(Section):
                 f"dpo.loss_weights: {len(self.loss_weights)} weights for {len(names)} losses "
                 f"{names}; give one per loss"
             )
-        if self.gamma and "simpo" not in names:
-            raise ValueError(f"dpo.gamma is SimPO's margin; loss {self.loss!r} does not use it")
-        kto_weights = (self.kto_desirable_weight, self.kto_undesirable_weight)
-        if kto_weights != (1.0, 1.0) and "kto" not in names:
-            raise ValueError(f"dpo.kto_*_weight are KTO's; loss {self.loss!r} does not use them")
-        if self.discopop_tau != 0.05 and "discopop" not in names:
-            raise ValueError(f"dpo.discopop_tau is DiscoPOP's; loss {self.loss!r} does not use it")
+        for key, readers in LOSS_SETTINGS.items():
+            changed = getattr(self, key) != type(self).model_fields[key].default
+            if changed and not readers.intersection(names):
+                raise ValueError(
+                    f"dpo.{key} is read by {', '.join(sorted(readers))} only; loss "
+                    f"{self.loss!r} does not use it"
+                )
         return self
+
+
+LOSS_SETTINGS = {
+    "gamma": frozenset({"simpo"}),
+    "discopop_tau": frozenset({"discopop"}),
+    "kto_desirable_weight": frozenset({"kto"}),
+    "kto_undesirable_weight": frozenset({"kto"}),
+}
+"""The settings only some losses read: one set away from its default with none of them in
+dpo.loss is refused rather than ignored."""
 
 
 class DPOConfig(Section):

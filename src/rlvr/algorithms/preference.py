@@ -56,7 +56,7 @@ class PreferenceLossOutput:
     ``chosen_rewards - rejected_rewards`` (less SimPO's γ)."""
 
 
-def _check(label_smoothing: float, *tensors: Tensor) -> None:
+def check_pair_inputs(label_smoothing: float, *tensors: Tensor) -> None:
     shapes = {tuple(t.shape) for t in tensors}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         raise ValueError(f"preference-loss inputs must share one shape [P], got {sorted(shapes)}")
@@ -64,12 +64,17 @@ def _check(label_smoothing: float, *tensors: Tensor) -> None:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
 
 
+def smoothed_logistic(z: Tensor, label_smoothing: float) -> Tensor:
+    """``-(1-ε) log σ(z) - ε log σ(-z)``: DPO's logistic loss of a margin z, its label flipped
+    with probability ε (conservative DPO)."""
+    return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+
+
 def _bradley_terry(
     chosen: Tensor, rejected: Tensor, margin: float, label_smoothing: float
 ) -> PreferenceLossOutput:
-    """``-(1-ε) log σ(z) - ε log σ(-z)`` with ``z = chosen - rejected - margin``."""
-    z = chosen - rejected - margin
-    losses = -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
+    """`smoothed_logistic` of ``z = chosen - rejected - margin``, the two as the rewards."""
+    losses = smoothed_logistic(chosen - rejected - margin, label_smoothing)
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 
@@ -92,7 +97,9 @@ def dpo_loss(
 
     Implicit rewards r = β log π_θ(y|x)/π_ref(y|x). Lengths and γ are unused.
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     chosen = beta * (chosen_logps - ref_chosen_logps)
     rejected = beta * (rejected_logps - ref_rejected_logps)
     return _bradley_terry(chosen, rejected, 0.0, label_smoothing)
@@ -117,7 +124,9 @@ def length_normalized_dpo_loss(
 
     The per-token log-ratio removes DPO's pull towards longer chosen responses. γ is unused.
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths
+    )
     chosen = beta * (chosen_logps - ref_chosen_logps) / chosen_lengths
     rejected = beta * (rejected_logps - ref_rejected_logps) / rejected_lengths
     return _bradley_terry(chosen, rejected, 0.0, label_smoothing)
@@ -145,7 +154,9 @@ def ipo_loss(
     keeps driving it to infinity on deterministic preferences. Rewards are the per-token
     log-ratios; γ and label smoothing are unused (label smoothing must be 0).
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths
+    )
     if label_smoothing:
         raise ValueError("ipo has no label smoothing; set it to 0")
     chosen = (chosen_logps - ref_chosen_logps) / chosen_lengths
@@ -174,7 +185,9 @@ def simpo_loss(
     The implicit reward is the length-averaged log-likelihood (what sampling ranks by), and γ
     is a target reward margin. The reference log-probs are ignored (may be None).
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths
+    )
     chosen = beta * chosen_logps / chosen_lengths
     rejected = beta * rejected_logps / rejected_lengths
     return _bradley_terry(chosen, rejected, gamma, label_smoothing)
@@ -200,7 +213,7 @@ def cpo_loss(
 
     CPO adds the chosen response's NLL (``dpo.nll_coef``, the ``cpo`` preset). The reference
     log-probs are ignored (may be None)."""
-    _check(label_smoothing, chosen_logps, rejected_logps)
+    check_pair_inputs(label_smoothing, chosen_logps, rejected_logps)
     return _bradley_terry(beta * chosen_logps, beta * rejected_logps, 0.0, label_smoothing)
 
 
@@ -230,7 +243,9 @@ def orpo_loss(
     ORPO adds the chosen response's NLL (``dpo.nll_coef``, the ``orpo`` preset). The implicit
     rewards are β times the mean token log-probs, as TRL logs them; the reference log-probs
     are ignored (may be None)."""
-    _check(label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, chosen_lengths, rejected_lengths
+    )
     if label_smoothing:
         raise ValueError("orpo has no label smoothing; set it to 0")
 
@@ -265,7 +280,9 @@ def hinge_loss(
     pushing. Implicit rewards r = β log π_θ(y|x)/π_ref(y|x), as DPO's. γ is unused, and label
     smoothing must be 0.
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     if label_smoothing:
         raise ValueError("hinge has no label smoothing; set it to 0")
     chosen = beta * (chosen_logps - ref_chosen_logps)
@@ -297,7 +314,9 @@ def robust_dpo_loss(
     conservative DPO's average of the two labels is biased towards z = 0. ε = 0 is DPO. γ is
     unused.
     """
-    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     chosen = beta * (chosen_logps - ref_chosen_logps)
     rejected = beta * (rejected_logps - ref_rejected_logps)
     z = chosen - rejected
@@ -327,7 +346,7 @@ def _on_log_ratios(name: str) -> Callable[[Callable], Callable]:
             **settings: float,
         ) -> PreferenceLossOutput:
             tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
-            _check(label_smoothing, *tensors)
+            check_pair_inputs(label_smoothing, *tensors)
             if label_smoothing:
                 raise ValueError(f"{name} has no label smoothing; set it to 0")
             a, b = chosen_logps - ref_chosen_logps, rejected_logps - ref_rejected_logps
@@ -435,7 +454,7 @@ def exo_pair_loss(
 
     It is 0 where σ(z) = 1 − ε, so ε must be above 0 (the paper uses 1e-3)."""
     tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    _check(label_smoothing, *tensors)
+    check_pair_inputs(label_smoothing, *tensors)
     if label_smoothing <= 0:
         raise ValueError("exo_pair needs label_smoothing ε > 0 (the EXO paper's is 1e-3)")
     chosen = beta * (chosen_logps - ref_chosen_logps)

@@ -18,7 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlvr.algorithms.preference import PreferenceLossOutput, _check
+from rlvr.algorithms.preference import (
+    PreferenceLossOutput,
+    check_pair_inputs,
+    smoothed_logistic,
+)
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 
 SORTED_ACROSS_PAIRS = frozenset({"aot", "aot_unpaired"})
@@ -54,10 +58,6 @@ def aot_matching(
         return torch.stack([sorted_right[left_rank], sorted_left[right_rank]], dim=-1)
 
 
-def _smoothed_logistic(z: Tensor, label_smoothing: float) -> Tensor:
-    return -(1 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
-
-
 @PREFERENCE_LOSSES.register("aot")
 def aot_loss(
     chosen_logps: Tensor,
@@ -77,12 +77,14 @@ def aot_loss(
     u = ℓ_θ(y_w) − ℓ_θ(y_l) against the i-th smallest reference margin, over the step's pairs.
     Per pair: u_j against ``matched[:, 0]``, the reference margin at u_j's rank
     (`aot_matching`), so the pairs' mean is the step's loss in value and gradient."""
-    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     z = beta * ((chosen_logps - rejected_logps) - matched[:, 0].to(chosen_logps))
     chosen = beta * (chosen_logps - ref_chosen_logps)
     rejected = beta * (rejected_logps - ref_rejected_logps)
     return PreferenceLossOutput(
-        _smoothed_logistic(z, label_smoothing), chosen.detach(), rejected.detach()
+        smoothed_logistic(z, label_smoothing), chosen.detach(), rejected.detach()
     )
 
 
@@ -106,11 +108,13 @@ def aot_unpaired_loss(
     the chosen log-ratio at b_j's rank against b_j, each with the other side fixed: their sum
     S_j has the step loss's gradient (each side's value enters one sorted term) but twice its
     value, so the pair's loss is S_j − ½ sg[S_j]: the step's value and gradient."""
-    _check(label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_pair_inputs(
+        label_smoothing, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     a = chosen_logps - ref_chosen_logps
     b = rejected_logps - ref_rejected_logps
     matched = matched.to(a)
-    both = _smoothed_logistic(beta * (a - matched[:, 0]), label_smoothing) + _smoothed_logistic(
+    both = smoothed_logistic(beta * (a - matched[:, 0]), label_smoothing) + smoothed_logistic(
         beta * (matched[:, 1] - b), label_smoothing
     )
     return PreferenceLossOutput(
@@ -150,7 +154,7 @@ def kto_loss(
     trainer makes (the mean log-ratio of mismatched pairs, clamped at 0). The ½ makes the mean
     over pairs the mean over the 2P examples, as TRL averages them."""
     tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    _check(label_smoothing, *tensors)
+    check_pair_inputs(label_smoothing, *tensors)
     if label_smoothing:
         raise ValueError("kto has no label smoothing; set it to 0")
     chosen = beta * (chosen_logps - ref_chosen_logps)

@@ -29,7 +29,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -62,6 +62,7 @@ from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
 from rlvr.training import sharding
 from rlvr.training.batching import (
+    SharedPrefixBatch,
     collate_shared_prefix,
     completion_token_stats,
     forward_logits_shared_prefix,
@@ -221,6 +222,18 @@ def desensitized_weights(
     return torch.where(position < lengths[:, None], weights, 0.0)
 
 
+def pair_batch(
+    model: torch.nn.Module, pairs: PairTokens, rows: list[int], pad_id: int
+) -> SharedPrefixBatch:
+    """Pairs `rows` as one batch on the model's device: each prompt once, its chosen then its
+    rejected response (rows alternate chosen, rejected)."""
+    prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
+    responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
+    each = list(range(len(responses)))
+    sb = collate_shared_prefix(prompts, responses, each, pad_id, sharding.min_width(model))
+    return to_device(sb, model_device(model))
+
+
 def pair_logps(
     model: torch.nn.Module,
     pairs: PairTokens,
@@ -232,12 +245,8 @@ def pair_logps(
     [len(rows)] each (differentiable), from one forward that computes each prompt once;
     `ld_alpha` weighs each token past the length the pair's responses share by α (LD-DPO,
     `desensitized_weights`)."""
-    prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
-    responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
-    each = list(range(len(responses)))
-    sb = collate_shared_prefix(prompts, responses, each, pad_id, sharding.min_width(model))
     logprobs, _ = completion_token_stats(
-        model, to_device(sb, model_device(model)), 1.0, with_entropy=False
+        model, pair_batch(model, pairs, rows, pad_id), 1.0, with_entropy=False
     )
     if ld_alpha is not None:
         chosen = [len(pairs.chosen[r]) for r in rows]
@@ -298,75 +307,82 @@ class PairScorer:
         self.set_matched(model, rows, pad_id, ranks)
         self.set_weights(model, rows, pad_id, ranks)
 
-    @torch.no_grad()
+    def _over_step(
+        self,
+        model: torch.nn.Module,
+        pairs: PairTokens,
+        rows: list[int],
+        ranks: Ranks,
+        score: Callable[[list[int]], Tensor],
+    ) -> Tensor:
+        """``[len(rows), k]``: `score(micro_batch_rows)` (``[len(micro_batch), k]``) of
+        `pairs` `rows` without gradient, each rank its share on whole weights, summed over the
+        ranks so every rank has them all: the step-wide passes of `prepare`."""
+        values: Tensor | None = None
+        position = {row: i for i, row in enumerate(rows)}
+        with torch.no_grad(), sharding.full_weights(model):
+            for mb in pairs.micro_batches(
+                pairs.share(rows, ranks), self.cfg.dpo.micro_batch_tokens
+            ):
+                part = score(mb).double().cpu()
+                if values is None:
+                    values = torch.zeros(len(rows), part.shape[1], dtype=torch.float64)
+                values[torch.tensor([position[row] for row in mb])] = part
+        if values is None:  # a rank without a share this step: every score here has 2 columns
+            values = torch.zeros(len(rows), 2, dtype=torch.float64)
+        return ranks.sum_(values)
+
     def set_weights(
         self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
     ) -> None:
         """WPO's weights of pairs `rows` under the current policy (`wpo_weights`, from the
-        logits of a no-grad pass, each rank its share on whole weights, summed)."""
+        logits of a no-grad pass)."""
         if not self.cfg.dpo.weighting:
             return
-        weights = torch.zeros(len(rows))
-        position = {row: i for i, row in enumerate(rows)}
-        pairs = self.pairs
-        with sharding.full_weights(model):
-            for mb in pairs.micro_batches(
-                pairs.share(rows, ranks), self.cfg.dpo.micro_batch_tokens
-            ):
-                prompts = [pairs.prompts[r] for r in mb for _ in range(2)]
-                responses = [seq for r in mb for seq in (pairs.chosen[r], pairs.rejected[r])]
-                sb = collate_shared_prefix(prompts, responses, list(range(len(responses))), pad_id)
-                sb = to_device(sb, model_device(model))
-                logits = forward_logits_shared_prefix(model, sb)
-                each = wpo_weights(logits, sb.completion_ids, sb.response_mask).float().cpu()
-                at = torch.tensor([position[row] for row in mb])
-                weights[at] = each[0::2] * each[1::2]
-        self.weights[torch.tensor(rows)] = ranks.sum_(weights)
 
-    @torch.no_grad()
+        def score(mb: list[int]) -> Tensor:  # w(y_w), w(y_l) of each pair
+            sb = pair_batch(model, self.pairs, mb, pad_id)
+            logits = forward_logits_shared_prefix(model, sb)
+            return wpo_weights(logits, sb.completion_ids, sb.response_mask).view(-1, 2)
+
+        weights = self._over_step(model, self.pairs, rows, ranks, score).prod(dim=1)
+        self.weights[torch.tensor(rows)] = weights.float()
+
     def set_matched(
         self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
     ) -> None:
-        """AOT's rank matching of pairs `rows` under the current policy (`aot_matching`): a
-        no-grad pass of the pairs, each rank its share on whole weights, gathered by sum."""
+        """AOT's rank matching of pairs `rows` under the current policy (`aot_matching`)."""
         names = {name for name, _ in self.cfg.dpo.losses} & SORTED_ACROSS_PAIRS
         if not names:
             return
-        d = self.cfg.dpo
-        chosen, rejected = torch.zeros(len(rows)), torch.zeros(len(rows))
-        position = {row: i for i, row in enumerate(rows)}
-        with sharding.full_weights(model):
-            for mb in self.pairs.micro_batches(self.pairs.share(rows, ranks), d.micro_batch_tokens):
-                c, r = pair_logps(model, self.pairs, mb, pad_id, d.ld_alpha)
-                at = torch.tensor([position[row] for row in mb])
-                chosen[at], rejected[at] = c.float().cpu(), r.float().cpu()
-        chosen, rejected = ranks.sum_(chosen), ranks.sum_(rejected)
+
+        def score(mb: list[int]) -> Tensor:
+            return torch.stack(pair_logps(model, self.pairs, mb, pad_id, self.cfg.dpo.ld_alpha), 1)
+
+        logps = self._over_step(model, self.pairs, rows, ranks, score).float()
         index = torch.tensor(rows)
         ref_chosen, ref_rejected = (t[index] for t in self.reference)
         self.matched[index] = aot_matching(
-            chosen, rejected, ref_chosen, ref_rejected, unpaired="aot_unpaired" in names
+            logps[:, 0], logps[:, 1], ref_chosen, ref_rejected, unpaired="aot_unpaired" in names
         )
 
-    @torch.no_grad()
     def set_z0(
         self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
     ) -> None:
         """KTO's reference point for pairs `rows`: max(0, the mean log-ratio of their
         mismatched pairs' 2·len(rows) responses) under the current policy, detached (Ethayarajh
-        et al. 2024, §4.2). Each rank scores its share, on whole weights when sharded (as the
-        RL loop's no-grad passes run; every rank calls this)."""
+        et al. 2024, §4.2)."""
         if self.mismatched_reference is None:
             return
-        d, pairs = self.cfg.dpo, self.mismatched
-        total = torch.zeros((), dtype=torch.float64)
-        with sharding.full_weights(model):
-            for mb in pairs.micro_batches(pairs.share(rows, ranks), d.micro_batch_tokens):
-                chosen, rejected = pair_logps(model, pairs, mb, pad_id, d.ld_alpha)
-                index = torch.tensor(mb)
-                ref_chosen, ref_rejected = (t[index] for t in self.mismatched_reference)
-                total += (chosen.double().cpu() - ref_chosen).sum()
-                total += (rejected.double().cpu() - ref_rejected).sum()
-        self.z0 = max(float(ranks.sum_(total)) / (2 * len(rows)), 0.0)
+        pairs, reference = self.mismatched, self.mismatched_reference
+
+        def score(mb: list[int]) -> Tensor:
+            logps = pair_logps(model, pairs, mb, pad_id, self.cfg.dpo.ld_alpha)
+            index = torch.tensor(mb)
+            return torch.stack([p.cpu() - r[index] for p, r in zip(logps, reference)], 1)
+
+        log_ratios = self._over_step(model, pairs, rows, ranks, score)
+        self.z0 = max(float(log_ratios.mean()), 0.0)
 
     def loss(self, model: torch.nn.Module, rows: list[int], pad_id: int) -> tuple[Tensor, dict]:
         """Per-pair losses [len(rows)] (differentiable) and their detached statistics."""

@@ -305,7 +305,7 @@ def minibatch_backward(
         token_loss, mismatch = out.token_loss, rollout_mismatch(old, rollout, mask, algo)
         if algo.rollout_is.mode != "none":
             token_loss = token_loss * mismatch.weights
-        dropped = mask * 0
+        dropped = mask.new_zeros(())
         if algo.off_policy_mask is not None:
             advantages = rows_on(batch.advantages, mb_rows, width, device)
             keep = off_policy_sequence_mask(
