@@ -430,14 +430,15 @@ def worker(spec_path: Path) -> None:
 # --------------------------------------------------------------------------- orchestration
 
 
-def launch(spec: RunSpec, workdir: Path) -> dict:
-    """Run `spec` in a fresh Python process into an empty output directory (a rerun into the
-    same --workdir starts over); return its result."""
+def launch(spec: Any, workdir: Path, script: Path = Path(__file__)) -> dict:
+    """Run dataclass `spec` (with `framework`, `output_dir`, `result_path`) in a fresh Python
+    process, `script --worker SPEC`, into an empty output directory (a rerun into the same
+    --workdir starts over); return its result."""
     shutil.rmtree(spec.output_dir, ignore_errors=True)
     spec_path = workdir / f"spec-{Path(spec.output_dir).name}.json"
     spec_path.write_text(json.dumps(asdict(spec)))
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    cmd = [sys.executable, str(script.resolve()), "--worker", str(spec_path)]
     print(f"  {spec.framework}: {Path(spec.output_dir).name}", flush=True)
     subprocess.run(cmd, check=True, env=env)
     return json.loads(Path(spec.result_path).read_text())

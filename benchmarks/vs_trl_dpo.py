@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -39,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import vs_trl
 from step_probes import peak_rss_mb
 
 FRAMEWORKS = ("rlvr", "trl")
@@ -211,15 +208,8 @@ def worker(spec_path: Path) -> None:
 
 
 def launch(spec: RunSpec, workdir: Path) -> dict:
-    """Run `spec` in a fresh Python process into an empty output directory; return its result."""
-    shutil.rmtree(spec.output_dir, ignore_errors=True)
-    spec_path = workdir / f"spec-{Path(spec.output_dir).name}.json"
-    spec_path.write_text(json.dumps(asdict(spec)))
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
-    print(f"  {spec.framework}: {Path(spec.output_dir).name}", flush=True)
-    subprocess.run(cmd, check=True, env=env)
-    return json.loads(Path(spec.result_path).read_text())
+    """`vs_trl.launch` of this script's worker: a fresh process per run."""
+    return vs_trl.launch(spec, workdir, Path(__file__))
 
 
 def summarize(result: dict, pairs_per_run: int) -> dict:
