@@ -359,6 +359,20 @@ def test_kto_values_each_response_against_the_reference_point():
         kto_loss(*ARGS, beta=0.5, z0=0.0, label_smoothing=0.1)
 
 
+def test_kto_on_one_sided_pairs_takes_the_present_side_alone():
+    """Rows of an unpaired file: row 0 desirable only (rejected length 0), row 1 undesirable
+    only (chosen length 0): each row's loss is its one term, not halved; a whole pair keeps
+    the ½ (checked above)."""
+    s = sigmoid
+    one_sided = (
+        *ARGS[:4],
+        torch.tensor([2.0, 0.0], dtype=F64),
+        torch.tensor([0.0, 2.0], dtype=F64),
+    )
+    out = kto_loss(*one_sided, beta=0.5, z0=0.4, desirable_weight=2.0, undesirable_weight=0.5)
+    _close(out.losses, [2 * (1 - s(0.5 - 0.2)), 0.5 * (1 - s(0.2 - 0.5))])
+
+
 def _smoothed(z, eps):
     return -(1 - eps) * torch.nn.functional.logsigmoid(z) - eps * torch.nn.functional.logsigmoid(-z)
 

@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import signal
+import warnings
 
 import pytest
 import torch
@@ -236,6 +237,56 @@ def test_kto_reference_point_is_the_mismatched_pairs_clamped_mean_log_ratio():
         torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
 
 
+ONE_SIDED = PairTokens(
+    prompts=[[20, 21, 22], [23, 24], [25]],
+    chosen=[[30, 31, 32, 33], [], [35, 36]],
+    rejected=[[], [42, 43, 44, 45, 46], []],
+)
+
+
+def test_kto_on_one_sided_pairs_scores_the_present_side_alone():
+    """Unpaired rows: pair_logps scores a present side as it scores it alone and a missing
+    one 0; z0 over rows [0, 1] is the mean of their mismatched prompts' 2 responses (prompt 0
+    with row 1's rejected, prompt 1 with row 2's chosen); the loss has no ½; WPO gives a
+    missing side weight 1; any micro-batch split gives the same gradient."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    chosen, rejected = pair_logps(model, ONE_SIDED, [0, 1, 2], tok.pad_token_id)
+    with torch.no_grad():
+        alone = [logp_alone(model, ONE_SIDED.prompts[0], ONE_SIDED.chosen[0]),
+                 logp_alone(model, ONE_SIDED.prompts[1], ONE_SIDED.rejected[1])]  # fmt: skip
+    torch.testing.assert_close(chosen[0], alone[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rejected[1], alone[1], atol=1e-5, rtol=1e-5)
+    assert chosen[1] == 0 and rejected[0] == 0 and rejected[2] == 0
+    cfg = DPOConfig.model_validate({"dpo": {"loss": "kto", "beta": 0.5, "weighting": True}})
+    mismatched = ONE_SIDED.mismatched()
+    exact = all_pair_logps(model, mismatched, 4096, tok.pad_token_id)
+    shift = (torch.tensor([0.0, -0.6, 0.0]), torch.tensor([-0.2, 0.0, 0.0]))
+    reference = all_pair_logps(model, ONE_SIDED, 4096, tok.pad_token_id)
+    reference = (reference[0] - 0.3, reference[1] + 0.1)
+    scorer = PairScorer(cfg, ONE_SIDED, reference, tuple(e + d for e, d in zip(exact, shift)))
+    scorer.prepare(model, [0, 1], tok.pad_token_id)
+    assert scorer.z0 == pytest.approx((0.2 + 0.6) / 2, abs=1e-5)
+    assert scorer.weights[0] > 0 and scorer.weights[0] != 1.0  # w(y_w) · 1
+    losses, stats = scorer.loss(model, [0, 1], tok.pad_token_id)
+    s = torch.sigmoid(torch.tensor(0.5 * 0.3 - 0.5 * scorer.z0))
+    torch.testing.assert_close(losses[0], scorer.weights[0] * (1 - s), atol=1e-5, rtol=1e-5)
+    assert "rewards/margins" in stats and stats["rewards/margins"].numel() == 0
+    assert stats["rewards/chosen"].tolist() == pytest.approx([0.15], abs=1e-5)
+    scores = preference._means([stats])
+    assert "rewards/accuracies" not in scores and scores["rewards/rejected"] == pytest.approx(
+        -0.05, abs=1e-5
+    )
+    grads = []
+    for budget in (4096, 6):
+        model.zero_grad()
+        accumulate_gradients(model, scorer, [0, 1, 2], budget, tok.pad_token_id)
+        grads.append([q.grad.clone() for q in model.parameters()])
+    for whole, split in zip(*grads, strict=True):
+        torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
+    assert max(g.abs().max() for g in grads[0]) > 1e-4
+
+
 @pytest.mark.parametrize("loss", ["aot", "aot_unpaired"])
 def test_aot_matches_over_the_whole_step_whatever_the_split(loss):
     """AOT's rank matching is made over all of a step's pairs before its micro-batches: one
@@ -339,6 +390,65 @@ def test_preset_learns_the_held_out_preference(tmp_path, preset):
     assert last["rewards/accuracies"] >= 0.95, (preset, first, last)
     assert last["rewards/margins"] > first["rewards/margins"] + 0.1
     assert last["loss"] < first["loss"] - 0.1
+
+
+def unpaired_rows(count, seed=0):
+    """TRL's unpaired format with no prompt on both sides: the first half of the problems
+    with their worked solution (desirable), the second half with a bare wrong answer."""
+    problems, _ = synthetic_splits("arithmetic", train_size=count, test_size=1, seed=seed)
+    return [
+        {"prompt": p.question, "completion": p.solution, "label": True}
+        if i < count // 2
+        else {"prompt": p.question, "completion": f"It is {int(p.answer) + 1}.", "label": False}
+        for i, p in enumerate(problems)
+    ]
+
+
+def test_kto_learns_from_unpaired_rows_the_held_out_preference(tmp_path):
+    """KTO on an unpaired file, no prompt labelled both ways, held out on pairs of other
+    problems: it ranks their chosen response first. A step's metrics have no margins (no
+    step has a pair); the held-out ones do."""
+    train = tmp_path / "unpaired.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in unpaired_rows(160)))
+    held_out = arithmetic_pairs(tmp_path / "held_out.jsonl", 32, seed=7)
+    cfg = file_config(tmp_path, "kto", f"data.path={train}", f"data.test_path={held_out}")
+    run_dir = run_dpo(cfg, show_progress=False)
+    metrics = list(read_jsonl(run_dir / "metrics.jsonl"))
+    assert "rewards/margins" not in metrics[0] and "rewards/chosen" in metrics[0]
+    evals = list(read_jsonl(run_dir / "eval.jsonl"))
+    first, last = evals[0], evals[-1]
+    assert first["loss"] == pytest.approx(0.5, abs=1e-6) and first["rewards/accuracies"] == 0.0
+    assert last["rewards/accuracies"] >= 0.95, (first, last)
+    assert last["rewards/margins"] > first["rewards/margins"] + 0.1
+
+
+def test_unpaired_rows_train_kto_alone(tmp_path):
+    """Unpaired rows for a pairwise loss, or with a setting that reads both responses of a
+    pair, are refused before the model loads, naming the file; counts out of KTO's advised
+    balance warn."""
+    rows = unpaired_rows(40)
+    data = tmp_path / "unpaired.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    where = f"{data}: unpaired rows (prompt, completion, label)"
+    task = ["data.task=file", f"data.path={data}", "dpo.eval_pairs=4"]
+    message = run_error(tmp_path, *task)
+    assert f"{where} train dpo.loss=kto alone (the kto preset), which values each" in message
+    assert "dpo.loss is dpo" in message
+    for setting in ("nll_coef=1", "ld_alpha=0.5"):
+        message = run_error(tmp_path, *task, "dpo.loss=kto", f"dpo.{setting}")
+        key = setting.split("=")[0]
+        assert f"{where}: dpo.{key} reads the two responses of a pair; unset it" in message
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:25]))  # 20 desirable, 5 not
+
+    def source(*overrides):
+        keys = ["dpo.loss=kto", "dpo.eval_pairs=4", "data.task=file", f"data.path={data}"]
+        return preference._pair_source(resolve_config(None, None, [*keys, *overrides], DPOConfig))
+
+    with pytest.warns(UserWarning, match="20 desirable and 5 undesirable; KTO's authors advise"):
+        source()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        source("dpo.kto_undesirable_weight=3.5")  # 20 / (3.5 · 5) = 1.14
 
 
 def test_cpo_and_orpo_presets_learn_the_held_out_preference(tmp_path):
@@ -544,7 +654,7 @@ def test_bad_settings_name_their_key(tmp_path):
     assert "data.task=file needs data.path" in run_error(tmp_path, "data.task=file")
     data = arithmetic_pairs(tmp_path / "few.jsonl", 8)
     message = run_error(tmp_path, "data.task=file", f"data.path={data}", "dpo.eval_pairs=8")
-    assert "few.jsonl has 8 pairs, not more than dpo.eval_pairs=8" in message
+    assert "few.jsonl has 8 rows, not more than dpo.eval_pairs=8" in message
     # one new token cannot be a right answer: every sample scores 0, no pair
     message = run_error(tmp_path, "data.train_size=50", "dpo.prompts=8", "dpo.max_new_tokens=1")
     assert "dpo.prompts: none of 8 arithmetic problems" in message

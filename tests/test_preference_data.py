@@ -135,3 +135,62 @@ def test_a_list_of_pair_files_is_read_in_order_and_names_the_bad_file(tmp_path):
         "What is 7+6?",
         "What is 2+3?",
     ]
+
+
+UNPAIRED = [
+    {"prompt": "What is 2+3?", "completion": "<answer>5</answer>", "label": True},
+    {"prompt": "What is 7+6?", "completion": "no idea", "label": False},
+]
+
+
+def test_unpaired_rows_are_one_sided_pairs(tmp_path):
+    """TRL's unpaired preference format (KTO): a desirable row is a pair without its rejected
+    side, an undesirable one without its chosen side; encoded, the missing side is empty."""
+    pairs = load_preference_file(write_jsonl(tmp_path / "u.jsonl", UNPAIRED))
+    assert pairs == [
+        PreferencePair("What is 2+3?", "<answer>5</answer>", None),
+        PreferencePair("What is 7+6?", None, "no idea"),
+    ]
+    assert all(p.one_sided for p in pairs) and not PreferencePair("q", "a", "b").one_sided
+    tokens = encode_pairs(pairs, "none", build_tiny_tokenizer())
+    assert tokens.rejected[0] == [] and tokens.chosen[1] == []
+    assert tokens.chosen[0] and tokens.rejected[1]
+    renamed = [{"q": r["prompt"], "text": r["completion"], "good": r["label"]} for r in UNPAIRED]
+    assert pairs == load_preference_file(
+        write_jsonl(tmp_path / "r.jsonl", renamed),
+        prompt_column="q",
+        completion_column="text",
+        label_column="good",
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [UNPAIRED[0], {**UNPAIRED[1], "label": 1}],
+            "column 'label' is 1, expected true (desirable) or false (undesirable)",
+        ),
+        (
+            [UNPAIRED[0], {"prompt": "q", "completion": "a"}],
+            "missing column 'label'; this row has columns ['prompt', 'completion']; "
+            "set data.label_column to the one that holds it",
+        ),
+        ([UNPAIRED[0], {**UNPAIRED[1], "completion": " "}], "column 'completion' is ' '"),
+        (
+            [UNPAIRED[0], ROWS[0]],
+            "this row is a pair ('chosen') in an unpaired file (the first row's format: "
+            "'completion' and 'label'); a file holds one format",
+        ),
+        (
+            [ROWS[0], UNPAIRED[0]],
+            "this row is unpaired ('completion', no 'chosen') in a file of pairs (the first "
+            "row's format); a file holds one format",
+        ),
+    ],
+)
+def test_bad_unpaired_rows_name_file_and_row(tmp_path, rows, message):
+    path = write_jsonl(tmp_path / "unpaired.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"unpaired\.jsonl, row 2 \(line 2\)") as caught:
+        load_preference_file(path)
+    assert message in str(caught.value)

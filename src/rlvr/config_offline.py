@@ -83,12 +83,19 @@ class SFTConfig(Section):
 
 class PreferenceDataConfig(DataConfig):
     """`DataConfig` plus the pair columns. A built-in task gives pairs sampled from the model
-    and verified (`dpo.samples_per_prompt`); `file` reads them from data.path."""
+    and verified (`dpo.samples_per_prompt`); `file` reads them from data.path: pairs, or for
+    KTO unpaired labelled responses."""
 
     chosen_column: str = "chosen"
     """Column of the preferred response text (task `file`)."""
     rejected_column: str = "rejected"
     """Column of the dispreferred response text (task `file`)."""
+    completion_column: str = "completion"
+    """Column of the response text of an unpaired file (task `file`, rows without
+    data.chosen_column; KTO only)."""
+    label_column: str = "label"
+    """Column of an unpaired row's boolean label: true for a desirable response, false for an
+    undesirable one (TRL's unpaired preference format)."""
 
 
 class DPOTrainConfig(Section):

@@ -143,27 +143,31 @@ def kto_loss(
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
 ) -> PreferenceLossOutput:
-    """KTO on a pair (Ethayarajh et al. 2024, *KTO: Model Alignment as Prospect Theoretic
-    Optimization*, arXiv:2402.01306, eq. 8; TRL's ``KTOTrainer`` on a paired dataset made
-    unpaired): the chosen response is a desirable example and the rejected one an undesirable
-    example, each valued against the reference point z0 rather than against each other,
+    """KTO (Ethayarajh et al. 2024, *KTO: Model Alignment as Prospect Theoretic Optimization*,
+    arXiv:2402.01306, eq. 8; TRL's ``KTOTrainer``) on a pair or a one-sided pair: the chosen
+    response is a desirable example and the rejected one an undesirable example, each valued
+    against the reference point z0 rather than against each other,
 
-        L = ½ [λ_D (1 − σ(β (a − z0))) + λ_U (1 − σ(β (z0 − b)))]
+        L = [λ_D h_w (1 − σ(β (a − z0))) + λ_U h_l (1 − σ(β (z0 − b)))] / (h_w + h_l)
 
-    with a and b the log-ratios and z0 ≥ 0 the detached estimate of KL(π_θ ‖ π_ref) the
-    trainer makes (the mean log-ratio of mismatched pairs, clamped at 0). The ½ makes the mean
-    over pairs the mean over the 2P examples, as TRL averages them."""
+    with a and b the log-ratios, z0 ≥ 0 the detached estimate of KL(π_θ ‖ π_ref) the trainer
+    makes (the mean log-ratio of mismatched pairs, clamped at 0), and h_w, h_l 1 where the
+    side is present (its length > 0): ½ [...] on a pair, one term on a labelled response of an
+    unpaired file. The mean over a step's rows is then the mean over its examples, as TRL
+    averages them."""
     tensors = (chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
     check_pair_inputs(label_smoothing, *tensors)
     if label_smoothing:
         raise ValueError("kto has no label smoothing; set it to 0")
+    has_chosen = (chosen_lengths > 0).to(chosen_logps.dtype)
+    has_rejected = (rejected_lengths > 0).to(chosen_logps.dtype)
     chosen = beta * (chosen_logps - ref_chosen_logps)
     rejected = beta * (rejected_logps - ref_rejected_logps)
     point = beta * z0
-    losses = 0.5 * (
-        desirable_weight * (1 - torch.sigmoid(chosen - point))
-        + undesirable_weight * (1 - torch.sigmoid(point - rejected))
-    )
+    losses = (
+        desirable_weight * has_chosen * (1 - torch.sigmoid(chosen - point))
+        + undesirable_weight * has_rejected * (1 - torch.sigmoid(point - rejected))
+    ) / (has_chosen + has_rejected).clamp(min=1.0)
     return PreferenceLossOutput(losses, chosen.detach(), rejected.detach())
 
 

@@ -2,8 +2,10 @@
 
 A file holds one pair per row in TRL's standard preference format: a `prompt` (the question,
 before the prompt template, or a conversation), a `chosen` and a `rejected` response (texts, or
-one assistant message each). A row that is neither is refused with the row named; nothing is
-skipped silently.
+one assistant message each). Or, for KTO, one labelled response per row in TRL's unpaired
+preference format: a `prompt`, a `completion` and a boolean `label` (True: desirable), read as
+a one-sided pair (the other side None). The first row sets the file's format; a row of the other
+format, or of neither, is refused with the row named; nothing is skipped silently.
 
 From a verifiable task (Pang et al. 2024, Iterative Reasoning Preference Optimization): sample
 several completions per problem, score them with the task's verifier, and from each problem
@@ -27,15 +29,21 @@ from rlvr.data.loaders import (
 
 @dataclass(frozen=True)
 class PreferencePair:
-    """One preference: for `prompt`, `chosen` is preferred to `rejected`."""
+    """One preference: for `prompt`, `chosen` is preferred to `rejected`; or one side alone, a
+    labelled response of an unpaired file (the other side None)."""
 
     prompt: str | tuple[dict[str, str], ...]
     """The raw question, or a conversation ending with the user's turn (rendered by
     `data.template=chat`); the prompt template is applied when encoding."""
-    chosen: str
-    """The preferred response text."""
-    rejected: str
-    """The dispreferred response text."""
+    chosen: str | None
+    """The preferred (desirable) response text; None in an undesirable example."""
+    rejected: str | None
+    """The dispreferred (undesirable) response text; None in a desirable example."""
+
+    @property
+    def one_sided(self) -> bool:
+        """A labelled response of an unpaired file, not a pair."""
+        return self.chosen is None or self.rejected is None
 
 
 def _text(row: dict, column: str, setting: str) -> str:
@@ -60,32 +68,73 @@ def _text(row: dict, column: str, setting: str) -> str:
     return value
 
 
+def _labelled(
+    row: dict, completion_column: str, label_column: str
+) -> tuple[str | None, str | None]:
+    """(completion, None) or (None, completion) of an unpaired row, by its boolean label."""
+    completion = _text(row, completion_column, "data.completion_column")
+    if label_column not in row:
+        raise missing_column(row, label_column, "data.label_column")
+    label = row[label_column]
+    if not isinstance(label, bool):
+        raise DatasetError(
+            f"column {label_column!r} is {label!r}, expected true (desirable) or false "
+            "(undesirable)"
+        )
+    return (completion, None) if label else (None, completion)
+
+
 def load_preference_file(
     path: DataPath,
     *,
     prompt_column: str = "prompt",
     chosen_column: str = "chosen",
     rejected_column: str = "rejected",
+    completion_column: str = "completion",
+    label_column: str = "label",
 ) -> list[PreferencePair]:
-    """Every row of a local JSONL/JSON/Parquet file as a `PreferencePair`, in file order.
+    """Every row of a local JSONL/JSON/Parquet file as a `PreferencePair`, in file order: the
+    rows of a pair file as pairs, those of an unpaired file (`completion_column`,
+    `label_column`, no `chosen_column`) as one-sided pairs.
 
     The prompt may be a conversation and each response one assistant message (TRL's
     conversational preference format).
 
     Raises:
         DatasetError: naming the file and row, for a missing or non-text column, a malformed
-            conversation, or a pair whose chosen and rejected texts are equal.
+            conversation, a label that is not a boolean, a row not in the first row's format,
+            or a pair whose chosen and rejected texts are equal.
     """
-    pairs = []
+    pairs: list[PreferencePair] = []
+    unpaired = None
     for where, row in read_rows(path):
         try:
+            labelled = chosen_column not in row and completion_column in row
+            if unpaired is None:
+                unpaired = labelled
+            elif labelled != unpaired:
+                raise DatasetError(
+                    f"this row is unpaired ({completion_column!r}, no {chosen_column!r}) in a "
+                    "file of pairs (the first row's format); a file holds one format"
+                    if labelled
+                    else f"this row is a pair ({chosen_column!r}) in an unpaired file (the first "
+                    f"row's format: {completion_column!r} and {label_column!r}); a file holds "
+                    "one format"
+                )
             prompt = row.get(prompt_column)
+            sides = (
+                _labelled(row, completion_column, label_column)
+                if labelled
+                else (
+                    _text(row, chosen_column, "data.chosen_column"),
+                    _text(row, rejected_column, "data.rejected_column"),
+                )
+            )
             pair = PreferencePair(
                 parse_messages(prompt, prompt_column)
                 if isinstance(prompt, list)
                 else _text(row, prompt_column, "data.prompt_column"),
-                _text(row, chosen_column, "data.chosen_column"),
-                _text(row, rejected_column, "data.rejected_column"),
+                *sides,
             )
         except DatasetError as e:
             raise DatasetError(f"{located(path, where)}: {e}") from None

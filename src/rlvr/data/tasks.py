@@ -131,8 +131,8 @@ def trained_on(model: str | Path) -> TrainedOn | None:
     if "dpo" in saved:
         if data.get("task") == "file":
             return None
-        data.pop("chosen_column", None)
-        data.pop("rejected_column", None)
+        for column in ("chosen_column", "rejected_column", "completion_column", "label_column"):
+            data.pop(column, None)
     budget = None
     if isinstance(saved.get("rollout"), dict):
         budget = (saved.get("eval") or {}).get("max_new_tokens") or saved["rollout"].get(

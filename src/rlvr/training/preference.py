@@ -50,7 +50,7 @@ from rlvr.algorithms.preference_step import (
 from rlvr.algorithms.registry import PREFERENCE_LOSSES
 from rlvr.config import ConfigError, make_output_dir, save_config
 from rlvr.config_offline import DPOConfig, DPOTrainConfig
-from rlvr.data.loaders import path_label
+from rlvr.data.loaders import DataPath, path_label
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task, load_task
@@ -85,7 +85,8 @@ MAX_NONFINITE_STEPS = 3
 @dataclass
 class PairTokens:
     """Token ids of P pairs: prompt, chosen and rejected response (each ends with EOS unless
-    it was a sample cut at the generation budget)."""
+    it was a sample cut at the generation budget). A one-sided pair, a labelled response of an
+    unpaired file, has an empty list for its missing side."""
 
     prompts: list[list[int]]
     chosen: list[list[int]]
@@ -118,7 +119,8 @@ class PairTokens:
         )
 
     def lengths(self) -> tuple[Tensor, Tensor]:
-        """Response lengths in tokens, [P] each (the |y| of the length-normalised losses)."""
+        """Response lengths in tokens, [P] each (the |y| of the length-normalised losses; 0
+        for a missing side)."""
         return (
             torch.tensor([len(c) for c in self.chosen], dtype=torch.float32),
             torch.tensor([len(r) for r in self.rejected], dtype=torch.float32),
@@ -152,7 +154,9 @@ def encode_pairs(
     questions = [list(p.prompt) if isinstance(p.prompt, tuple) else p.prompt for p in pairs]
     _, prompts = encode_prompts(template, questions, tokenizer, chat_kwargs)
 
-    def encode(text: str) -> list[int]:
+    def encode(text: str | None) -> list[int]:
+        if text is None:  # the missing side of a one-sided pair
+            return []
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
     return PairTokens(
@@ -224,14 +228,27 @@ def desensitized_weights(
 
 def pair_batch(
     model: torch.nn.Module, pairs: PairTokens, rows: list[int], pad_id: int
-) -> SharedPrefixBatch:
+) -> tuple[SharedPrefixBatch, Tensor]:
     """Pairs `rows` as one batch on the model's device: each prompt once, its chosen then its
-    rejected response (rows alternate chosen, rejected)."""
-    prompts = [pairs.prompts[r] for r in rows for _ in range(2)]
-    responses = [seq for r in rows for seq in (pairs.chosen[r], pairs.rejected[r])]
+    rejected response, a missing side left out; and each batch row's place in the
+    [len(rows), 2] (chosen, rejected) layout, flattened (0, 1, 2, 3, ... for whole pairs)."""
+    prompts, responses, places = [], [], []
+    for i, r in enumerate(rows):
+        for side, seq in enumerate((pairs.chosen[r], pairs.rejected[r])):
+            if seq:
+                prompts.append(pairs.prompts[r])
+                responses.append(seq)
+                places.append(2 * i + side)
     each = list(range(len(responses)))
     sb = collate_shared_prefix(prompts, responses, each, pad_id, sharding.min_width(model))
-    return to_device(sb, model_device(model))
+    device = model_device(model)
+    return to_device(sb, device), torch.tensor(places, device=device)
+
+
+def _by_place(values: Tensor, places: Tensor, rows: int, missing: float) -> Tensor:
+    """``[rows, 2]``: `values` of the batch rows at their `places`, `missing` elsewhere."""
+    full = values.new_full((2 * rows,), missing)
+    return full.index_copy(0, places, values).view(rows, 2)
 
 
 def pair_logps(
@@ -244,17 +261,16 @@ def pair_logps(
     """Σ_t log π(y_t | x, y_<t) of the chosen and of the rejected response of pairs `rows`,
     [len(rows)] each (differentiable), from one forward that computes each prompt once;
     `ld_alpha` weighs each token past the length the pair's responses share by α (LD-DPO,
-    `desensitized_weights`)."""
-    logprobs, _ = completion_token_stats(
-        model, pair_batch(model, pairs, rows, pad_id), 1.0, with_entropy=False
-    )
+    `desensitized_weights`). A missing side scores 0."""
+    sb, places = pair_batch(model, pairs, rows, pad_id)
+    logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
     if ld_alpha is not None:
         chosen = [len(pairs.chosen[r]) for r in rows]
         rejected = [len(pairs.rejected[r]) for r in rows]
         weights = desensitized_weights(chosen, rejected, logprobs.shape[1], ld_alpha)
-        logprobs = logprobs * weights.to(logprobs.device, logprobs.dtype)
-    summed = logprobs.sum(-1)
-    return summed[0::2], summed[1::2]
+        logprobs = logprobs * weights[places.cpu()].to(logprobs.device, logprobs.dtype)
+    summed = _by_place(logprobs.sum(-1), places, len(rows), 0.0)
+    return summed[:, 0], summed[:, 1]
 
 
 @torch.no_grad()
@@ -340,10 +356,11 @@ class PairScorer:
         if not self.cfg.dpo.weighting:
             return
 
-        def score(mb: list[int]) -> Tensor:  # w(y_w), w(y_l) of each pair
-            sb = pair_batch(model, self.pairs, mb, pad_id)
+        def score(mb: list[int]) -> Tensor:  # w(y_w), w(y_l) of each pair; 1 if missing
+            sb, places = pair_batch(model, self.pairs, mb, pad_id)
             logits = forward_logits_shared_prefix(model, sb)
-            return wpo_weights(logits, sb.completion_ids, sb.response_mask).view(-1, 2)
+            weights = wpo_weights(logits, sb.completion_ids, sb.response_mask)
+            return _by_place(weights, places, len(mb), 1.0)
 
         weights = self._over_step(model, self.pairs, rows, ranks, score).prod(dim=1)
         self.weights[torch.tensor(rows)] = weights.float()
@@ -370,8 +387,8 @@ class PairScorer:
         self, model: torch.nn.Module, rows: list[int], pad_id: int, ranks: Ranks = ONE_PROCESS
     ) -> None:
         """KTO's reference point for pairs `rows`: max(0, the mean log-ratio of their
-        mismatched pairs' 2·len(rows) responses) under the current policy, detached (Ethayarajh
-        et al. 2024, §4.2)."""
+        mismatched pairs' responses, 2·len(rows) of whole pairs, len(rows) of one-sided ones)
+        under the current policy, detached (Ethayarajh et al. 2024, §4.2)."""
         if self.mismatched_reference is None:
             return
         pairs, reference = self.mismatched, self.mismatched_reference
@@ -381,8 +398,9 @@ class PairScorer:
             index = torch.tensor(mb)
             return torch.stack([p.cpu() - r[index] for p, r in zip(logps, reference)], 1)
 
-        log_ratios = self._over_step(model, pairs, rows, ranks, score)
-        self.z0 = max(float(log_ratios.mean()), 0.0)
+        log_ratios = self._over_step(model, pairs, rows, ranks, score)  # 0 where missing
+        responses = sum(bool(pairs.chosen[r]) + bool(pairs.rejected[r]) for r in rows)
+        self.z0 = max(float(log_ratios.sum()) / responses, 0.0)
 
     def loss(self, model: torch.nn.Module, rows: list[int], pad_id: int) -> tuple[Tensor, dict]:
         """Per-pair losses [len(rows)] (differentiable) and their detached statistics."""
@@ -441,14 +459,17 @@ class PairScorer:
             pair_weights = self.weights[index].to(device)
             losses = losses * pair_weights
             stats["wpo_weight"] = pair_weights
+        has_chosen, has_rejected = lengths[0] > 0, lengths[1] > 0
+        both = has_chosen & has_rejected  # all rows but a one-sided pair's
+        margins = out.chosen_rewards - out.rejected_rewards
         stats |= {
             "loss": losses.detach(),
-            "rewards/chosen": out.chosen_rewards,
-            "rewards/rejected": out.rejected_rewards,
-            "rewards/margins": out.chosen_rewards - out.rejected_rewards,
-            "rewards/accuracies": (out.chosen_rewards > out.rejected_rewards).float(),
-            "logps/chosen": chosen.detach(),
-            "logps/rejected": rejected.detach(),
+            "rewards/chosen": out.chosen_rewards[has_chosen],
+            "rewards/rejected": out.rejected_rewards[has_rejected],
+            "rewards/margins": margins[both],
+            "rewards/accuracies": (margins[both] > 0).float(),
+            "logps/chosen": chosen.detach()[has_chosen],
+            "logps/rejected": rejected.detach()[has_rejected],
         }
         if self.mismatched_reference is not None:  # KTO's z0, as TRL logs it
             stats["kl"] = torch.full_like(stats["loss"], self.z0)
@@ -498,11 +519,26 @@ def accumulate_gradients(
 
 
 def _means(parts: list[dict], ranks: Ranks = ONE_PROCESS) -> dict[str, float]:
-    """The mean of each per-pair statistic over the micro-batches `parts` of every rank."""
+    """The mean of each per-pair statistic over the micro-batches `parts` of every rank; a
+    statistic with no value (the margins of one-sided pairs) is left out."""
     if ranks.world > 1:
         mine = [{key: value.cpu() for key, value in part.items()} for part in parts]
         parts = [part for theirs in ranks.gather(mine) for part in theirs]
-    return {key: float(torch.cat([p[key].float() for p in parts]).mean()) for key in parts[0]}
+    values = {key: torch.cat([p[key].float() for p in parts]) for key in parts[0]}
+    return {key: float(v.mean()) for key, v in values.items() if v.numel()}
+
+
+def _progress(record: dict[str, float]) -> str:
+    """A step's loss and its reward accuracy (of pairs) or mean rewards (one-sided pairs)."""
+    shown = {
+        "loss": "loss {:.4f}",
+        "rewards/accuracies": "reward accuracy {:.3f}",
+        "rewards/chosen": "desirable reward {:+.3f}",
+        "rewards/rejected": "undesirable reward {:+.3f}",
+    }
+    if "rewards/accuracies" in record:
+        shown = dict(list(shown.items())[:2])
+    return "  ".join(form.format(record[key]) for key, form in shown.items() if key in record)
 
 
 FilePairs = tuple[list[PreferencePair], list[PreferencePair]]
@@ -521,15 +557,20 @@ def _pair_source(cfg: DPOConfig) -> FilePairs | Task:
         "prompt_column": data.prompt_column,
         "chosen_column": data.chosen_column,
         "rejected_column": data.rejected_column,
+        "completion_column": data.completion_column,
+        "label_column": data.label_column,
     }
     train = load_preference_file(data.path, **columns)
+    check_one_sided(d, train, data.path)
     if data.test_path:
-        return train, load_preference_file(data.test_path, **columns)[: d.eval_pairs]
+        held_out = load_preference_file(data.test_path, **columns)[: d.eval_pairs]
+        check_one_sided(d, held_out, data.test_path)
+        return train, held_out
     if not d.eval_pairs:
         return train, []
     if len(train) <= d.eval_pairs:
         raise ConfigError(
-            f"{path_label(data.path)} has {len(train)} pairs, not more than dpo.eval_pairs="
+            f"{path_label(data.path)} has {len(train)} rows, not more than dpo.eval_pairs="
             f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
         )
     return train[: -d.eval_pairs], train[-d.eval_pairs :]
@@ -576,6 +617,34 @@ def _training_pairs(
         held_out = sample_pairs(model, tokenizer, task.test, task.reward, **sampling)[0]
         held_out = held_out.head(d.eval_pairs)
     return train, held_out if held_out else None, records
+
+
+def check_one_sided(d: DPOTrainConfig, pairs: list[PreferencePair], path: DataPath) -> None:
+    """Refuse unpaired rows (one-sided pairs) for a loss other than KTO, or with the settings
+    that read a pair's two responses (the NLL term on the chosen one, LD-DPO's shared length);
+    warn when the weighted desirable and undesirable counts are out of the range KTO's authors
+    advise, λ_D n_D / (λ_U n_U) in [1, 4/3] (Ethayarajh et al. 2024, §4.2; TRL warns too)."""
+    if not any(p.one_sided for p in pairs):
+        return
+    where = f"{path_label(path)}: unpaired rows (prompt, completion, label)"
+    if [name for name, _ in d.losses] != ["kto"]:
+        raise ConfigError(
+            f"{where} train dpo.loss=kto alone (the kto preset), which values each response "
+            f"by itself; dpo.loss is {d.loss_name}"
+        )
+    for key, value in (("nll_coef", d.nll_coef), ("ld_alpha", d.ld_alpha)):
+        if value:
+            raise ConfigError(f"{where}: dpo.{key} reads the two responses of a pair; unset it")
+    desirable = sum(p.chosen is not None for p in pairs)
+    weighted_desirable = d.kto_desirable_weight * desirable
+    weighted_undesirable = d.kto_undesirable_weight * (len(pairs) - desirable)
+    if not weighted_undesirable or not 1.0 <= weighted_desirable / weighted_undesirable <= 4 / 3:
+        warnings.warn(
+            f"{where}: {desirable} desirable and {len(pairs) - desirable} undesirable; KTO's "
+            "authors advise dpo.kto_desirable_weight × desirable / (dpo.kto_undesirable_weight "
+            "× undesirable) between 1 and 4/3",
+            stacklevel=2,
+        )
 
 
 def check_loss_settings(d: DPOTrainConfig) -> None:
@@ -737,11 +806,7 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             if d.eval_every_steps and step % d.eval_every_steps == 0 and step < steps:
                 held_out(step)
             if show_progress and ranks.main and (step % 10 == 0 or step == steps):
-                print(
-                    f"{d.loss_name} step {step}/{steps}  loss {record['loss']:.4f}  "
-                    f"reward accuracy {record['rewards/accuracies']:.3f}",
-                    flush=True,
-                )
+                print(f"{d.loss_name} step {step}/{steps}  {_progress(record)}", flush=True)
             loop.after_step(step, steps, out_dir, d.save_every, d.keep_checkpoints, stop, ranks)
         held_out(steps)
     sharding.check_in_sync(model, ranks, f"{d.loss_name} step {steps}")
