@@ -22,13 +22,8 @@ from rlvr.training.optim import (
     load_optimizer_state,
     optimizer_state,
 )
-from rlvr.training.preference import (
-    PairScorer,
-    PairTokens,
-    _means,
-    accumulate_gradients,
-    all_pair_logps,
-)
+from rlvr.training.pairs import PairTokens, all_pair_logps
+from rlvr.training.preference import PairScorer, _means, accumulate_gradients
 from rlvr.training.sft import sft_backward
 from rlvr.training.update import LossSettings, batch_token_stats, minibatch_backward
 

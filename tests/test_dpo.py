@@ -30,17 +30,15 @@ from rlvr.models.loading import (
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import preference
-from rlvr.training.preference import (
-    PairScorer,
+from rlvr.training.pairs import (
     PairTokens,
-    accumulate_gradients,
     all_pair_logps,
     desensitized_weights,
     encode_pairs,
     pair_logps,
-    run_dpo,
     sample_pairs,
 )
+from rlvr.training.preference import PairScorer, accumulate_gradients, run_dpo
 from rlvr.training.stopping import RunStopped
 
 SMALL_MODEL = [

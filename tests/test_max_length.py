@@ -11,7 +11,8 @@ from rlvr.config import ConfigError
 from rlvr.config_offline import SFTConfig
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import sft as sft_module
-from rlvr.training.preference import PairTokens, run_dpo
+from rlvr.training.pairs import PairTokens
+from rlvr.training.preference import run_dpo
 from rlvr.training.sft import run_sft
 from rlvr.training.supervised import cut_to_length, keep_start
 from test_dpo import file_config

@@ -13,7 +13,7 @@ from rlvr.data.loaders import DatasetError
 from rlvr.data.preference import PreferencePair, load_preference_file, pairs_from_groups
 from rlvr.data.templates import encode_prompts
 from rlvr.models.tiny import build_tiny_tokenizer
-from rlvr.training.preference import encode_pairs
+from rlvr.training.pairs import encode_pairs
 
 ROWS = [
     {"prompt": "What is 2+3?", "chosen": "<answer>5</answer>", "rejected": "6", "id": 1},
