@@ -31,15 +31,12 @@ from rlvr.algorithms.controllers import (
     ema_update_,
     high_entropy_mask,
 )
+from rlvr.algorithms.covariance import clip_cov_loss, kl_cov_loss
 from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
 from rlvr.algorithms.kl import kl_k1, kl_k2, kl_k3
 from rlvr.algorithms.policy_losses import (
     PolicyLossOutput,
     cispo_loss,
-    clip_cov_loss,
-    gmpo_loss,
-    gspo_loss,
-    kl_cov_loss,
     ppo_clip_loss,
     reinforce_loss,
     sapo_loss,
@@ -48,21 +45,23 @@ from rlvr.algorithms.preference import (
     REFERENCE_FREE,
     SMOOTHED,
     PreferenceLossOutput,
-    apo_down_loss,
-    apo_zero_loss,
-    bco_pair_loss,
     cpo_loss,
-    discopop_loss,
     dpo_loss,
     exo_pair_loss,
     hinge_loss,
     ipo_loss,
     length_normalized_dpo_loss,
-    nca_pair_loss,
     orpo_loss,
     preference_loss,
     robust_dpo_loss,
     simpo_loss,
+)
+from rlvr.algorithms.preference_ratios import (
+    apo_down_loss,
+    apo_zero_loss,
+    bco_pair_loss,
+    discopop_loss,
+    nca_pair_loss,
     sppo_hard_loss,
 )
 from rlvr.algorithms.preference_step import (
@@ -80,6 +79,7 @@ from rlvr.algorithms.registry import (
     PREFERENCE_LOSSES,
     Registry,
 )
+from rlvr.algorithms.sequence_losses import gmpo_loss, gspo_loss
 from rlvr.algorithms.shaping import (
     apply_truncation_reward,
     kimi_length_reward,

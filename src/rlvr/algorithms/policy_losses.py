@@ -15,9 +15,9 @@ How this code departs from the papers:
   gets no gradient" are the same statement. CISPO is the exception by design: it clips a
   stop-gradient weight, so its ``clipped`` tokens keep a (smaller) gradient.
 - SAPO's tokens with advantage exactly 0 take τ_neg, as TRL's do; their loss is 0 either way.
-- GSPO's and GMPO's sequence-level losses are laid out on the tokens (the sequence's value on
-  each of its tokens, with GSPO-token's gradient form) so that the loop's aggregation applies
-  unchanged.
+
+The sequence-level losses (GSPO, GMPO) are in :mod:`rlvr.algorithms.sequence_losses`, the
+covariance-picked ones (Clip-Cov, KL-Cov) in :mod:`rlvr.algorithms.covariance`.
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ class PolicyLossOutput:
     GSPO gives its sequence ratio s_i on every token of sequence i."""
 
 
-def _check_shapes(**tensors: Tensor) -> None:
+def check_shapes(**tensors: Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"policy-loss inputs must share one shape [B, T], got {shapes}")
 
 
-def _check_clip(clip_low: float, clip_high: float) -> None:
+def check_clip(clip_low: float, clip_high: float) -> None:
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
 
@@ -111,10 +111,10 @@ def ppo_clip_loss(
     Returns:
         ``PolicyLossOutput(token_loss, clipped, ratio)``.
     """
-    _check_shapes(
+    check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
-    _check_clip(clip_low, clip_high)
+    check_clip(clip_low, clip_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (Ye et al. 2020), got {dual_clip}")
     mask = response_mask.bool()
@@ -167,7 +167,7 @@ def reinforce_loss(
     Returns:
         ``PolicyLossOutput(token_loss, clipped, ratio=None)``.
     """
-    _check_shapes(
+    check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
     mask = response_mask.bool()
@@ -178,158 +178,6 @@ def reinforce_loss(
         token_loss=-adv * safe_logprobs,
         clipped=torch.zeros_like(mask),
         ratio=None,
-    )
-
-
-@POLICY_LOSSES.register("gspo")
-def gspo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    **kwargs: object,
-) -> PolicyLossOutput:
-    r"""GSPO: one length-normalised importance ratio per sequence, clipped per sequence.
-
-    With :math:`|o_i|` the number of response tokens of sequence i and
-
-    .. math::
-
-        s_i = \Bigl(\frac{\pi_\theta(o_i)}{\pi_{\text{old}}(o_i)}\Bigr)^{1/|o_i|}
-            = \exp\Bigl(\frac{1}{|o_i|}\sum_{t=1}^{|o_i|}
-              \bigl(\log\pi_\theta(o_{i,t}) - \log\pi_{\text{old}}(o_{i,t})\bigr)\Bigr),
-
-    GSPO maximises :math:`\frac{1}{G}\sum_i \min\bigl(s_i A_i,\,
-    \operatorname{clip}(s_i, 1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}})
-    A_i\bigr)` (Zheng et al. 2025, *Group Sequence Policy Optimization*, arXiv:2507.18071,
-    eq. 5), whose gradient for an unclipped sequence is
-    :math:`s_i A_i \frac{1}{|o_i|}\sum_t \nabla\log\pi_\theta(o_{i,t})`.
-
-    Token layout: every response token of sequence i carries the sequence's loss
-    :math:`\ell_i = -\min(\cdot)`, so the aggregation ``seq_mean_token_mean`` (mean over the
-    tokens of a sequence, then over sequences) reproduces the paper's per-sequence mean
-    exactly, in value and gradient; other aggregations weight sequences by length. The value is
-    built in the paper's GSPO-token form:
-    :math:`s_{i,t} = \operatorname{sg}[s_i]\,\pi_\theta(o_{i,t}) /
-    \operatorname{sg}[\pi_\theta(o_{i,t})]`, which equals :math:`s_i` in value and has
-    :math:`\partial s_{i,t}/\partial\log\pi_\theta(o_{i,t}) = s_i`, so each token's
-    gradient after ``seq_mean_token_mean`` is :math:`-A_i s_i / (G\,|o_i|)`, the paper's
-    GSPO gradient; with per-token advantages A_{i,t} it is GSPO-token's. ``clipped`` is
-    per token but, with the loop's sequence-constant advantages, marks every token of a clipped
-    sequence (their gradient is 0).
-
-    The published clip ranges are tiny because :math:`s_i` is a per-token geometric mean:
-    ε_low = 3e-4 and ε_high = 4e-4 (the defaults here) — not PPO's 0.2; set
-    ``algorithm.clip.low`` / ``.high`` accordingly. The mean log-ratio is clamped to
-    [−20, 20] before ``exp``; a sequence with no response token gets s = 1 and loss 0.
-
-    Args:
-        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
-        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
-        advantages: ``[B, T]`` advantage of each token (sequence-constant for GSPO proper).
-        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
-        clip_low: ε_low, s_i is clipped below at 1 − ε_low.
-        clip_high: ε_high, s_i is clipped above at 1 + ε_high.
-        **kwargs: ignored.
-
-    Returns:
-        ``PolicyLossOutput(token_loss, clipped, ratio)`` with ``ratio`` = s_i on each token.
-    """
-    _check_shapes(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
-    )
-    _check_clip(clip_low, clip_high)
-    mask = response_mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    safe_logprobs = torch.where(mask, logprobs, zero)
-    log_ratio = torch.where(mask, logprobs.detach() - old_logprobs.detach(), zero)
-    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
-    seq_log_ratio = (log_ratio.sum(dim=-1, keepdim=True) / lengths).clamp(
-        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
-    )
-    seq_ratio = torch.exp(seq_log_ratio)  # [B, 1], no gradient: sg[s_i]
-    # GSPO-token: value s_i, d/d logπ_t = s_i (π/sg(π) = exp(logπ − sg(logπ)) = 1 in value)
-    token_ratio = seq_ratio * torch.exp(safe_logprobs - safe_logprobs.detach())
-    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
-
-    unclipped_loss = -adv * token_ratio
-    clipped_loss = -adv * token_ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped_loss, clipped_loss)
-    clipped = clipped_loss > unclipped_loss
-    return PolicyLossOutput(
-        token_loss=torch.where(mask, loss, zero),
-        clipped=clipped & mask,
-        ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
-    )
-
-
-@POLICY_LOSSES.register("gmpo")
-def gmpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float = 0.4,
-    clip_high: float = 0.4,
-    **kwargs: object,
-) -> PolicyLossOutput:
-    r"""GMPO: the geometric mean of the token ratios, each clipped in log space first.
-
-    With :math:`l_t = \log\pi_\theta(o_t) - \log\pi_{\text{old}}(o_t)` and the PPO trust
-    region taken one-sidedly by the sign of the advantage,
-    :math:`\tilde l_t = \min(l_t, \varepsilon_{\text{high}})` where A > 0 and
-    :math:`\max(l_t, -\varepsilon_{\text{low}})` where A < 0, GMPO maximises
-    :math:`\frac{1}{G}\sum_i A_i \exp\bigl(\frac{1}{|o_i|}\sum_t \tilde l_{i,t}\bigr)`
-    (Zhao et al. 2025, *Geometric-Mean Policy Optimization*, arXiv:2507.20673; ε = 0.4 in
-    log space there, ratios within (e^−0.4, e^0.4)): an outlier token moves the geometric mean
-    far less than the arithmetic mean GRPO takes, so the range can be wider. A token whose
-    log-ratio is clipped gets no gradient; the others get
-    :math:`-A_i r_i / |o_i|` (r_i the sequence's clipped geometric-mean ratio).
-
-    Token layout as :func:`gspo_loss`: each response token carries
-    :math:`-A\,\operatorname{sg}[r_i]\,\exp(\tilde l_t - \operatorname{sg}[\tilde l_t])`,
-    the sequence's loss in value with the token's own gradient, so ``seq_mean_token_mean``
-    gives the paper's objective and gradient. ``clip_low`` / ``clip_high`` are log-space
-    bounds here (``algorithm.clip``; the ``gmpo`` preset sets 0.4). ``clipped`` marks the
-    tokens whose log-ratio was clipped; ``ratio`` is r_i on each token.
-
-    Args:
-        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
-        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
-        advantages: ``[B, T]`` advantage of each token (sequence-constant).
-        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
-        clip_low: ε_low, the log-ratio's floor −ε_low where A < 0.
-        clip_high: ε_high, its cap where A > 0.
-        **kwargs: ignored.
-
-    Returns:
-        ``PolicyLossOutput(token_loss, clipped, ratio)``.
-    """
-    _check_shapes(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
-    )
-    _check_clip(clip_low, clip_high)
-    mask = response_mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
-    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)
-    positive = adv > 0
-    clipped = torch.where(positive, log_ratio > clip_high, log_ratio < -clip_low) & mask
-    kept = torch.where(clipped, log_ratio.detach().clamp(-clip_low, clip_high), log_ratio)
-    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(logprobs.dtype)
-    seq_log_ratio = (kept.detach().sum(dim=-1, keepdim=True) / lengths).clamp(
-        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
-    )
-    seq_ratio = torch.exp(seq_log_ratio)  # [B, 1], sg[r_i]
-    token_ratio = seq_ratio * torch.exp(kept - kept.detach())
-    return PolicyLossOutput(
-        token_loss=torch.where(mask, -adv * token_ratio, zero),
-        clipped=clipped,
-        ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
     )
 
 
@@ -377,10 +225,10 @@ def cispo_loss(
     Returns:
         ``PolicyLossOutput(token_loss, clipped, ratio)``.
     """
-    _check_shapes(
+    check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
-    _check_clip(clip_low, clip_high)
+    check_clip(clip_low, clip_high)
     mask = response_mask.bool()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     safe_logprobs = torch.where(mask, logprobs, zero)
@@ -433,7 +281,7 @@ def sapo_loss(
     Returns:
         ``PolicyLossOutput(token_loss, clipped, ratio)``.
     """
-    _check_shapes(
+    check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
     if tau_pos <= 0 or tau_neg <= 0:
@@ -447,116 +295,6 @@ def sapo_loss(
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     return PolicyLossOutput(
         token_loss=torch.where(mask, -gate * adv, zero),
-        clipped=torch.zeros_like(mask),
-        ratio=ratio.detach(),
-    )
-
-
-COVARIANCE_LOSSES = frozenset({"clip_cov", "kl_cov"})
-"""Losses that treat the tokens `rlvr.algorithms.covariance` picks (``selected``)."""
-
-
-@POLICY_LOSSES.register("clip_cov")
-def clip_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    selected: Tensor | None = None,
-    **kwargs: object,
-) -> PolicyLossOutput:
-    r"""Clip-Cov: PPO's clipped loss, with the tokens in ``selected`` left out entirely.
-
-    Cui et al. 2025 (*The Entropy Mechanism of Reinforcement Learning for Reasoning Language
-    Models*, arXiv:2505.22617, §4): a small random share r of the tokens whose
-    log-prob/advantage covariance lies in (ω_low, ω_high) (r = 2e-4, ω = 1 and 5 there) get
-    loss 0 and no gradient, which slows the entropy's collapse. ``selected`` is that pick
-    (`covariance.clip_cov_tokens`, made by the update over the mini-batch); None picks none
-    (PPO's loss). Selected tokens count as ``clipped``.
-
-    Args:
-        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
-        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
-        advantages: ``[B, T]`` advantage of each token.
-        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
-        clip_low: ε_low of the PPO clip.
-        clip_high: ε_high of the PPO clip.
-        selected: ``[B, T]`` bool, the tokens to leave out, or None.
-        **kwargs: ignored.
-
-    Returns:
-        ``PolicyLossOutput(token_loss, clipped, ratio)``.
-    """
-    out = ppo_clip_loss(
-        logprobs, old_logprobs, advantages, response_mask, clip_low=clip_low, clip_high=clip_high
-    )
-    if selected is None:
-        return out
-    _check_shapes(logprobs=logprobs, selected=selected)
-    left_out = selected.bool() & response_mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    return PolicyLossOutput(
-        token_loss=torch.where(left_out, zero, out.token_loss),
-        clipped=out.clipped | left_out,
-        ratio=out.ratio,
-    )
-
-
-@POLICY_LOSSES.register("kl_cov")
-def kl_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    kl_coef: float = 1.0,
-    selected: Tensor | None = None,
-    **kwargs: object,
-) -> PolicyLossOutput:
-    r"""KL-Cov: the unclipped surrogate, plus a KL penalty on the tokens in ``selected``.
-
-    .. math::
-
-        \ell_t = -A_t\,\rho_t + \beta\,\mathbb{1}[t \in S]\,
-                 \lvert\log\pi_\theta(o_t) - \log\pi_{\text{old}}(o_t)\rvert
-
-    (Cui et al. 2025, arXiv:2505.22617, §4: S the top-k share of the tokens by log-prob/advantage
-    covariance, `covariance.kl_cov_tokens`; β = 1 there.) No token is clipped: the penalty holds
-    the high-covariance tokens near π_old instead. On a step's first update π_θ = π_old and the
-    penalty has no gradient (|·| at 0), so it acts from the second update of a step on
-    (``train.mini_batches`` or ``train.epochs`` above 1). ``selected`` None penalises nothing.
-
-    Args:
-        logprobs: ``[B, T]`` log π_θ of the sampled tokens (with gradient).
-        old_logprobs: ``[B, T]`` log π_old of the same tokens (no gradient).
-        advantages: ``[B, T]`` advantage of each token.
-        response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
-        kl_coef: β ≥ 0, the weight of the penalty.
-        selected: ``[B, T]`` bool, the penalised tokens, or None.
-        **kwargs: ignored.
-
-    Returns:
-        ``PolicyLossOutput(token_loss, clipped, ratio)``; ``clipped`` is all False.
-    """
-    _check_shapes(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
-    )
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    mask = response_mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
-    loss = -adv * ratio
-    if selected is not None:
-        _check_shapes(logprobs=logprobs, selected=selected)
-        loss = loss + torch.where(selected.bool() & mask, kl_coef * log_ratio.abs(), zero)
-    return PolicyLossOutput(
-        token_loss=torch.where(mask, loss, zero),
         clipped=torch.zeros_like(mask),
         ratio=ratio.detach(),
     )
@@ -607,7 +345,7 @@ def kimi_omd_loss(
     Returns:
         ``PolicyLossOutput(token_loss, clipped, ratio)``.
     """
-    _check_shapes(
+    check_shapes(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
     )
     if tau < 0:

@@ -15,9 +15,14 @@ import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
-from rlvr.algorithms.covariance import clip_cov_tokens, kl_cov_tokens, token_covariance
+from rlvr.algorithms.covariance import (
+    COVARIANCE_LOSSES,
+    clip_cov_tokens,
+    kl_cov_tokens,
+    token_covariance,
+)
 from rlvr.algorithms.kl import kl_k3
-from rlvr.algorithms.policy_losses import COVARIANCE_LOSSES, VANISH_AT_ZERO_ADVANTAGE
+from rlvr.algorithms.policy_losses import VANISH_AT_ZERO_ADVANTAGE
 from rlvr.algorithms.rollout_correction import (
     off_policy_sequence_mask,
     rollout_is_ratio,
