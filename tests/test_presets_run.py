@@ -32,6 +32,7 @@ ALL_PRESETS = {
     "kimi",
     "kl_cov",
     "lite_ppo",
+    "luspo",
     "orz",
     "ppo",
     "reinforce_pp",
@@ -40,6 +41,7 @@ ALL_PRESETS = {
     "skywork_or1",
     "t1",
     "vapo",
+    "vespo",
 }
 
 

@@ -376,6 +376,20 @@ class RolloutISConfig(Section):
         return self
 
 
+class VespoConfig(Section):
+    """VESPO's gamma-shaped weight φ(w) = e^λ w^k e^(−λ w) of a sequence's importance ratio
+    w, one shape for advantages ≥ 0 and one for the others (TRL's vespo_* defaults)."""
+
+    k_pos: float = Field(default=2.0, ge=0.0)
+    """k where the advantage is ≥ 0 (TRL's vespo_k_pos)."""
+    lambda_pos: float = Field(default=3.0, gt=0.0)
+    """λ where the advantage is ≥ 0 (TRL's vespo_lambda_pos); φ peaks at w = k/λ."""
+    k_neg: float = Field(default=3.0, ge=0.0)
+    """k where the advantage is negative (TRL's vespo_k_neg)."""
+    lambda_neg: float = Field(default=2.0, gt=0.0)
+    """λ where the advantage is negative (TRL's vespo_lambda_neg)."""
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
@@ -414,6 +428,8 @@ class AlgorithmConfig(Section):
     """τ_pos of the `sapo` loss's gate on tokens with a positive advantage."""
     sapo_tau_neg: float = Field(default=1.05, gt=0.0)
     """τ_neg of the `sapo` loss's gate on the other tokens (the paper's is above τ_pos)."""
+    vespo: VespoConfig = Field(default_factory=VespoConfig)
+    """The shape of the `vespo` loss's weight of a sequence's importance ratio."""
     off_policy_mask: float | None = Field(default=None, ge=0.0)
     """δ of DeepSeek-V3.2's off-policy sequence masking (TRL's off_policy_mask_threshold): a
     sample with a negative advantage whose mean log π_rollout − log π_θ over its tokens is

@@ -79,7 +79,13 @@ from rlvr.algorithms.registry import (
     PREFERENCE_LOSSES,
     Registry,
 )
-from rlvr.algorithms.sequence_losses import gmpo_loss, gspo_loss
+from rlvr.algorithms.sequence_losses import (
+    gmpo_loss,
+    gspo_loss,
+    luspo_loss,
+    vespo_loss,
+    vespo_weights,
+)
 from rlvr.algorithms.shaping import (
     apply_truncation_reward,
     kimi_length_reward,
@@ -132,6 +138,7 @@ __all__ = [
     "kl_k3",
     "kto_loss",
     "length_normalized_dpo_loss",
+    "luspo_loss",
     "nca_pair_loss",
     "orpo_loss",
     "overlong_mask",
@@ -149,4 +156,6 @@ __all__ = [
     "soft_overlong_penalty",
     "sppo_hard_loss",
     "token_mean",
+    "vespo_loss",
+    "vespo_weights",
 ]

@@ -33,7 +33,7 @@ LOG_RATIO_CLAMP = 20.0
 """|log π_θ − log π_old| is clamped to this before exponentiating (numerical safety)."""
 
 VANISH_AT_ZERO_ADVANTAGE = frozenset(
-    {"ppo_clip", "reinforce", "gspo", "gmpo", "cispo", "sapo", "clip_cov"}
+    {"ppo_clip", "reinforce", "gspo", "gmpo", "luspo", "vespo", "cispo", "sapo", "clip_cov"}
 )
 """Losses whose value and gradient on a sample are 0 when all of its advantages are 0 (every
 term is a multiple of A). The update skips such samples (`train.skip_zero_advantage`); a loss

@@ -1,4 +1,4 @@
-"""Sequence-level policy losses: one importance ratio per sequence (GSPO, GMPO).
+"""Sequence-level policy losses: one importance ratio per sequence (GSPO, GMPO, LUSPO, VESPO).
 
 Their value is laid out on the tokens (the sequence's value on each of its tokens, with
 GSPO-token's gradient form) so that the loop's aggregation applies unchanged; the conventions
@@ -7,6 +7,8 @@ hold here too.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -169,4 +171,133 @@ def gmpo_loss(
         token_loss=torch.where(mask, -adv * token_ratio, zero),
         clipped=clipped,
         ratio=torch.where(mask, seq_ratio.expand_as(log_ratio), torch.ones_like(log_ratio)),
+    )
+
+
+@POLICY_LOSSES.register("luspo")
+def luspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""LUSPO: GSPO's sequence loss weighted by the sequence's length.
+
+    GSPO averages its per-sequence losses :math:`\ell_i`, so a long response's gradient is
+    spread over its tokens (each gets :math:`1/|o_i|` of it): correct short responses and wrong
+    long ones are favoured, and response lengths drift. LUSPO (Length-Unbiased Sequence Policy
+    Optimization; Liu et al. 2026, arXiv:2602.05261; TRL's ``loss_type="luspo"``) minimises
+    :math:`\frac{1}{G}\sum_i |o_i|\,\ell_i`, which gives every token of every sequence the
+    gradient :math:`-A_i s_i \nabla\log\pi_\theta(o_{i,t})` whatever its length.
+
+    Token layout: each response token of sequence i carries :math:`|o_i|\,\ell_i`, so with the
+    aggregation ``seq_mean_token_mean`` (the `luspo` preset's) the mean over the sequences is
+    the objective above, in value and gradient; :func:`gspo_loss` gives ℓ_i, its ratio and
+    its clipping (the same per-sequence clip ranges, 3e-4 / 4e-4 by default).
+    """
+    out = gspo_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        response_mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
+    lengths = response_mask.sum(dim=-1, keepdim=True).to(out.token_loss.dtype)
+    return PolicyLossOutput(out.token_loss * lengths, out.clipped, out.ratio)
+
+
+VESPO_LOG_RATIO_FLOOR = math.log(1e-8)
+"""log w of VESPO's sequence ratio is clamped below at log 1e-8 (and above at 20)."""
+
+
+def vespo_weights(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> Tensor:
+    r"""``[B, T]`` VESPO's detached weight of each token: the gamma-shaped function of the
+    whole sequence's importance ratio :math:`w_i = \pi_\theta(o_i)/\pi_{\text{old}}(o_i)`,
+
+    .. math::
+
+        \varphi(w) = e^{\lambda}\, w^{k}\, e^{-\lambda w} = \exp(\lambda + k \log w - \lambda w),
+
+    with (k, λ) = (k_pos, λ_pos) where the token's advantage is ≥ 0 and (k_neg, λ_neg)
+    elsewhere (Shen et al. 2026, *VESPO: Variational Sequence-Level Soft Policy Optimization*,
+    arXiv:2602.10693; TRL's ``get_gamma_weights``). φ(1) = 1, so on-policy VESPO is REINFORCE;
+    φ peaks at w = k/λ and falls to 0 as w → 0 or ∞, a soft trust region on the whole
+    sequence. log w (the sum, not the mean, of the token log-ratios) is clamped to
+    [log 1e-8, 20], as TRL does; 0 on masked tokens."""
+    mask = response_mask.bool()
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=torch.float32, device=log_ratio.device)
+        token_log_ratio = torch.where(mask, log_ratio.float(), zero).clamp(
+            -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+        )
+        log_w = token_log_ratio.sum(dim=-1, keepdim=True).clamp(VESPO_LOG_RATIO_FLOOR, 20.0)
+        nonneg = advantages >= 0
+        k = torch.where(nonneg, k_pos, k_neg)
+        lam = torch.where(nonneg, lambda_pos, lambda_neg)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return torch.where(mask, phi, zero)
+
+
+@POLICY_LOSSES.register("vespo")
+def vespo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    **kwargs: object,
+) -> PolicyLossOutput:
+    r"""VESPO: REINFORCE on each token scaled by a smooth, detached function of the sequence's
+    importance ratio,
+
+    .. math::
+
+        \ell_t = -\operatorname{sg}[\varphi(w_i)]\, A_t \log\pi_\theta(o_{i,t}),
+
+    φ from :func:`vespo_weights` with ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``,
+    ``vespo_lambda_neg`` (TRL's defaults 2, 3, 3, 2). No gradient flows through the ratio (as
+    CISPO), and nothing is clipped (``clipped`` is all False); ``clip_low`` / ``clip_high``
+    are ignored. TRL normalises it as DAPO does: the `vespo` preset's ``token_mean``.
+    ``ratio`` is φ on each token.
+    """
+    check_shapes(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask
+    )
+    mask = response_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    phi = vespo_weights(
+        logprobs.detach() - old_logprobs.detach(),
+        advantages.detach(),
+        response_mask,
+        k_pos=vespo_k_pos,
+        lambda_pos=vespo_lambda_pos,
+        k_neg=vespo_k_neg,
+        lambda_neg=vespo_lambda_neg,
+    ).to(logprobs.dtype)
+    adv = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)
+    safe_logprobs = torch.where(mask, logprobs, zero)
+    return PolicyLossOutput(
+        token_loss=-phi * adv * safe_logprobs,
+        clipped=torch.zeros_like(mask),
+        ratio=torch.where(mask, phi, torch.ones_like(phi)),
     )

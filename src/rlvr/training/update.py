@@ -304,6 +304,10 @@ def minibatch_backward(
             tau_pos=algo.sapo_tau_pos,
             tau_neg=algo.sapo_tau_neg,
             kl_coef=algo.covariance.kl_coef,
+            vespo_k_pos=algo.vespo.k_pos,
+            vespo_lambda_pos=algo.vespo.lambda_pos,
+            vespo_k_neg=algo.vespo.k_neg,
+            vespo_lambda_neg=algo.vespo.lambda_neg,
             selected=None if picked is None else rows_on(picked, mb_rows, width, device),
         )
         rollout = rows_on(batch.rollout_logprobs, mb_rows, width, device)
