@@ -6,9 +6,11 @@ import re
 import pytest
 import torch
 
+from rlvr.models import fused
 from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine, left_pad
 from rlvr.rollout.sampling import (
     blocked_inverse_cdf,
@@ -277,6 +279,38 @@ def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
                 break
         assert completion == expected
     assert len({len(c) for c in out.completion_ids}) > 4  # rows stopped at many steps
+
+
+@pytest.mark.parametrize("decoder", ["fused", "static_buffers", "transformers"])
+def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, monkeypatch):
+    """With "77" a stop sequence, each row's tokens are the ones its draws give (EOS or "7",
+    each 1/2), up to its first EOS or its first "77", kept at its end, on every decoder."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = HFRolloutEngine(
+        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+    )
+    if decoder == "static_buffers":
+        engine.graph_state = GraphState(capture=False)
+    if decoder == "transformers":
+        monkeypatch.setattr(fused, "supports", lambda model: False)
+    params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven, seven),))
+    out = engine.generate(_prompts(tok), params)
+    generator = torch.Generator().manual_seed(4)
+    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(30)])
+    first, second = sorted([eos, seven])
+    stopped_by_sequence = 0
+    for row, completion in enumerate(out.completion_ids):
+        expected = []
+        for u in draws[:, row].tolist():
+            expected.append(first if u < 0.5 else second)
+            if expected[-1] == eos or expected[-2:] == [seven, seven]:
+                break
+        assert completion == expected
+        ended = expected[-1] == eos or expected[-2:] == [seven, seven]
+        assert out.finish_reason[row] == ("stop" if ended else "length")
+        stopped_by_sequence += completion[-2:] == [seven, seven]
+    assert stopped_by_sequence >= 3
 
 
 def test_min_new_tokens_bans_eos_until_the_minimum(tiny):

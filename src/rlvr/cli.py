@@ -394,6 +394,13 @@ def eval_cmd(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            help="Tools the model may call, comma-separated: calculator, python (default: the "
+            "RL run's rollout.tools; 'none' for none)"
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
@@ -450,9 +457,19 @@ def eval_cmd(
     if data.chat_template_kwargs:
         sampling["chat_kwargs"] = data.chat_template_kwargs
     records: list[dict] | None = [] if log_samples is not None else None
+    tool_use = _tool_use(tools, run.tools if run else {})
     result = evaluate(
-        policy, tokenizer, held_out, reward=problems.reward, k=k, records=records, **sampling
+        policy,
+        tokenizer,
+        held_out,
+        reward=problems.reward,
+        k=k,
+        records=records,
+        tools=tool_use,
+        **sampling,
     )
+    if tool_use.names:
+        sampling["tools"] = ",".join(tool_use.names)
     result = {"model": model, "task": data.task, **sampling, **result}  # what to reproduce it
     table = Table("metric", "value")
     for key, value in result.items():
@@ -466,6 +483,24 @@ def eval_cmd(
         with JsonlWriter(log_samples) as log:
             for record in records:
                 log.write(record)
+
+
+def _tool_use(option: str | None, trained: dict):
+    """`rlvr eval`'s tools: --tools (names, or `none`), else those the RL run trained with."""
+    from pydantic import ValidationError
+
+    from rlvr.config import RolloutConfig
+    from rlvr.rollout.tools import ToolUse
+
+    settings = dict(trained)
+    if option is not None:
+        names = [] if option.strip() == "none" else [n.strip() for n in option.split(",")]
+        settings["tools"] = [name for name in names if name]
+    try:
+        return ToolUse.of(RolloutConfig.model_validate(settings))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        _fail(f"--tools: {error.get('ctx', {}).get('error') or error['msg']}")
 
 
 @app.command()

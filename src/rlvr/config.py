@@ -214,6 +214,29 @@ class RolloutConfig(Section):
     """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
+    tools: list[str] = Field(default_factory=list)
+    """Tools the policy may call while it generates (`calculator`, `python`, or one registered
+    in `rlvr.rollout.tools.TOOLS`): `<NAME>input</NAME>` in a completion runs the tool and
+    appends `<result>output</result>`, which counts against max_new_tokens and is not trained
+    on (`docs/tools.md`); empty = no tools."""
+    max_tool_calls: int = Field(default=4, ge=1)
+    """Most tool calls in one completion; a call past it ends the completion."""
+    tool_timeout: float = Field(default=5.0, gt=0.0)
+    """Wall-clock seconds a tool call may run (the `python` tool's sandbox)."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_registered(cls, value: list[str]) -> list[str]:
+        from rlvr.rollout.tools import TOOLS  # the registry users add their tools to
+
+        for name in value:
+            try:
+                TOOLS.get(name)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+        if len(set(value)) < len(value):
+            raise ValueError(f"a tool is listed twice in {value}")
+        return value
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -602,6 +625,16 @@ class RLConfig(Section):
     @model_validator(mode="after")
     def _fsdp_trains_whole_models(self) -> RLConfig:
         refuse_fsdp_with_lora(self.train.fsdp, self.model, "train")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_results_have_no_critic_targets(self) -> RLConfig:
+        if self.rollout.tools and self.algorithm.advantage == "gae":
+            raise ValueError(
+                "rollout.tools with algorithm.advantage=gae: GAE's recursion runs over every "
+                "completion token and does not yet skip the tools' results; use an outcome "
+                "advantage (grpo, rloo, ...)"
+            )
         return self
 
 

@@ -40,6 +40,8 @@ def _explain(error: ValidationError, root: type[BaseModel], source: str) -> Conf
             hint = f"; did you mean {close[0]!r}?" if close else ""
             foreign = foreign_key_hint(key, item["input"], valid)
             lines.append(f"unknown config key {key!r}" + (f": {foreign}" if foreign else hint))
+        elif item["type"] == "value_error" and not key:  # a check across sections
+            lines.append(str(item["ctx"]["error"]))
         elif item["type"] == "value_error":
             lines.append(f"config key {key!r}: {item['ctx']['error']}")
         else:

@@ -7,7 +7,7 @@ synthetic tasks are generated offline; `gsm8k` and `math` come from the hub (or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr.config import ConfigError, DataConfig, data_config, load_saved_config
@@ -114,6 +114,9 @@ class TrainedOn:
     """Its `data` settings (task, file, template, synthetic settings, held-out size)."""
     max_new_tokens: int | None
     """An RL run's evaluation budget (`eval.max_new_tokens`, else `rollout.max_new_tokens`)."""
+    tools: dict = field(default_factory=dict)
+    """An RL run's tool settings (`rollout.tools`, `max_tool_calls`, `tool_timeout`, those it
+    set): its model is evaluated calling the same tools."""
 
 
 def trained_on(model: str | Path) -> TrainedOn | None:
@@ -133,12 +136,14 @@ def trained_on(model: str | Path) -> TrainedOn | None:
             return None
         for column in ("chosen_column", "rejected_column", "completion_column", "label_column"):
             data.pop(column, None)
-    budget = None
+    budget, tools = None, {}
     if isinstance(saved.get("rollout"), dict):
-        budget = (saved.get("eval") or {}).get("max_new_tokens") or saved["rollout"].get(
-            "max_new_tokens"
-        )
-    return TrainedOn(found, data, budget)
+        rollout = saved["rollout"]
+        budget = (saved.get("eval") or {}).get("max_new_tokens") or rollout.get("max_new_tokens")
+        if rollout.get("tools"):
+            keys = ("tools", "max_tool_calls", "tool_timeout")
+            tools = {key: rollout[key] for key in keys if key in rollout}
+    return TrainedOn(found, data, budget, tools)
 
 
 def eval_settings(

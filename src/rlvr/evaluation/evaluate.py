@@ -18,6 +18,7 @@ from rlvr.rewards import compose_rewards, extract_answer
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.tools import ToolUse
 from rlvr.training.distributed import ONE_PROCESS, Ranks
 from rlvr.training.rewarding import reward_columns
 
@@ -56,15 +57,17 @@ def sample_and_verify(
     seed: int,
     batch_size: int = 512,
     chat_kwargs: Mapping[str, Any] | None = None,
+    tools: ToolUse = ToolUse(),
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
     `reward` verifier (a score of 1 or more is correct); `chat_kwargs` go to the chat
-    template."""
+    template; the completions may call `tools`."""
     prompts = [p.prompt for p in problems]
     texts, prompt_ids = encode_prompts(template, prompts, tokenizer, chat_kwargs)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
+    engine = tools.around(engine, tokenizer)
     out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
     completions = decode_completions(tokenizer, out.completion_ids, eos)
     sample_problems = [problems[i] for i in out.prompt_index]
@@ -120,6 +123,7 @@ def evaluate(
     ranks: Ranks = ONE_PROCESS,
     records: list[dict] | None = None,
     chat_kwargs: Mapping[str, Any] | None = None,
+    tools: ToolUse = ToolUse(),
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier; append
     every sample's `sample_records` to `records` when it is given.
@@ -147,6 +151,7 @@ def evaluate(
             seed + ranks.rank,
             batch_size,
             chat_kwargs,
+            tools,
         )
         out = s.rollout
         part = (
@@ -200,4 +205,5 @@ def evaluate_as_configured(
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
         ranks=ranks,
+        tools=ToolUse.of(cfg.rollout),
     )

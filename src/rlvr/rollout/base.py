@@ -29,6 +29,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     """Divide the positive logits of tokens already in the prompt or the completion by this,
     multiply the negative ones (CTRL's penalty; 1.0 = off)."""
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    """Token-id sequences that end a completion as EOS does, the sequence kept at its end
+    (a tool call's closing tag: `rlvr.rollout.tools`); finish reason `stop`."""
 
 
 @dataclass
@@ -42,11 +45,18 @@ class Rollout:
     logprobs: list[list[float]]
     """Log-probability of each sampled token under the temperature-scaled policy."""
     finish_reason: list[str]
-    """`stop` (an EOS was sampled) or `length` (the budget ran out: truncated)."""
+    """`stop` (an EOS or a stop sequence was sampled) or `length` (the budget ran out:
+    truncated)."""
+    tool_mask: list[list[bool]] | None = None
+    """For each completion token, True where a tool wrote it rather than the policy (its
+    result, not trained on: `rlvr.rollout.tools`); None: no tool ran."""
 
 
 class RolloutEngine(Protocol):
     """Anything that samples completions for token-id prompts."""
+
+    model: nn.Module
+    """The policy it samples from."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         """Sample `params.n` completions for each prompt."""

@@ -15,7 +15,7 @@ Departures from `model.generate`, all for speed and for the trainer's needs:
   launched before the host reads the previous step's tokens (`overlap`), so the GPU does not
   wait for the host between steps;
 - the tokens and log-probs stay on the device until the rollout ends: between steps the host
-  reads only which rows sampled EOS;
+  reads only which rows sampled EOS or completed a stop sequence (matched on the device);
 - the sampling log-prob of every token is returned, computed from the temperature-scaled
   logits before top-p/top-k truncation and before `min_new_tokens` masks EOS (the
   distribution the trainer's log-probs use).
@@ -180,6 +180,7 @@ class HFRolloutEngine:
         rows = len(prompts) * n
         decoder.select(torch.arange(len(prompts), device=device).repeat_interleave(n))
         eos_ids = self.eos_ids.to(device)
+        stops = [torch.tensor(seq, device=device) for seq in params.stop_sequences if seq]
         ban = ban_bias(logits.shape[-1], eos_ids) if params.min_new_tokens else None
         seen = None  # [rows, vocab]: the tokens of each row's prompt and completion so far
         if params.repetition_penalty != 1.0:
@@ -208,7 +209,12 @@ class HFRolloutEngine:
             sampled_logps[batch.on_device, step] = batch.logp
             if seen is not None:
                 seen[batch.on_device, batch.token] = True
-            read_ended = host_copy(torch.isin(batch.token, eos_ids))
+            ends = torch.isin(batch.token, eos_ids)
+            for stop in stops:
+                if step + 1 >= len(stop):
+                    tail = sampled[batch.on_device, step + 1 - len(stop) : step + 1]
+                    ends = ends | (tail == stop).all(dim=-1)
+            read_ended = host_copy(ends)
             last = step == budget - 1
             if overlap and not last:  # step + 1 runs while the host reads step's tokens
                 batch.advance(decoder, draw(step + 1, batch.rows))

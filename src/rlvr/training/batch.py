@@ -34,6 +34,8 @@ class RolloutBatch:
     """[N, T] 1 on completion tokens that are trained on."""
     rollout_logprobs: torch.Tensor
     """[N, T] sampling log-probs reported by the rollout engine."""
+    tool_calls: torch.Tensor | None = None
+    """[N] long: tool calls in each completion (`rollout.tools`); None without tools."""
     rewards: torch.Tensor | None = None
     """[N] total reward."""
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)

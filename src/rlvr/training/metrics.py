@@ -71,6 +71,9 @@ def step_metrics(
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
         metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)
         metrics["value_clip_frac"] = totals["value_clip_tokens"] / value_tokens
+    if sampled.tool_calls is not None:
+        metrics["tool_calls/mean"] = _mean(sampled.tool_calls)
+        metrics["tool_calls/frac"] = _mean(sampled.tool_calls > 0)
     for name, values in sampled.reward_parts.items():
         metrics[f"reward/{name}"] = _mean(values)
     return metrics

@@ -37,6 +37,7 @@ from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import get_reward
 from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.tools import ToolUse
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -245,6 +246,7 @@ def _train(
         generator,
         cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed weight addresses
     )
+    engine = ToolUse.of(r).around(engine, tokenizer)
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(
         algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id

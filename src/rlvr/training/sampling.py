@@ -17,8 +17,8 @@ from rlvr.data.tasks import Task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import RewardOutput, concat_outputs
-from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.hf import HFRolloutEngine
+from rlvr.rollout.base import RolloutEngine, SamplingParams
+from rlvr.rollout.tools import count_calls
 from rlvr.training.batch import RolloutBatch, concat_batches
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.distributed import ONE_PROCESS, Ranks
@@ -26,7 +26,7 @@ from rlvr.training.rewarding import RewardScorer
 
 
 def rollout_batch(
-    engine: HFRolloutEngine,
+    engine: RolloutEngine,
     tokenizer,
     task: Task,
     indices: list[int],
@@ -59,6 +59,12 @@ def rollout_batch(
     completions = decode_completions(
         tokenizer, out.completion_ids, eos_token_ids(engine.model, tokenizer)
     )
+    response_mask = response_mask_from_lengths(lengths, width)
+    tool_calls = None
+    if out.tool_mask is not None:  # a tool's result is context, not the policy's action
+        for i, by_tool in enumerate(out.tool_mask):
+            response_mask[i, : len(by_tool)] *= ~torch.tensor(by_tool, dtype=torch.bool)
+        tool_calls = torch.tensor([count_calls(m) for m in out.tool_mask])
     return RolloutBatch(
         problems=[problems[g] for g in out.prompt_index],
         prompt_ids=[prompt_ids[g] for g in out.prompt_index],
@@ -67,8 +73,9 @@ def rollout_batch(
         completion_texts=completions,
         group_ids=torch.tensor(out.prompt_index),
         truncated=torch.tensor([f == "length" for f in out.finish_reason]),
-        response_mask=response_mask_from_lengths(lengths, width),
+        response_mask=response_mask,
         rollout_logprobs=logprobs,
+        tool_calls=tool_calls,
     )
 
 
@@ -123,7 +130,7 @@ def config_filters(cfg: RLConfig) -> list[Callable[[RolloutBatch], RolloutBatch]
 
 
 def collect_step(
-    engine: HFRolloutEngine,
+    engine: RolloutEngine,
     tokenizer,
     task: Task,
     sampler: PromptSampler,

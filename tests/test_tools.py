@@ -1,0 +1,200 @@
+"""Tool calls during rollouts: the tools, the call loop and the masks the trainer gets."""
+
+import pytest
+import torch
+
+from rlvr.config import RLConfig, resolve_config
+from rlvr.data.tasks import load_task
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import Rollout, SamplingParams
+from rlvr.rollout.tools import (
+    MAX_OUTPUT_CHARS,
+    TOOLS,
+    ToolCaller,
+    ToolUse,
+    calculator,
+    count_calls,
+    python,
+    run_tool,
+)
+from rlvr.training.sampling import rollout_batch
+
+TOK = build_tiny_tokenizer()
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+@TOOLS.register("test_raises")
+def _raises(arguments: str, *, timeout_s: float = 5.0) -> str:
+    raise RuntimeError(f"cannot {arguments}")
+
+
+@pytest.mark.parametrize(
+    ("expression", "output"),
+    [
+        ("12*(3+4)", "84"),
+        (" 7/2 ", "3.5"),
+        ("-5//2", "-3"),
+        ("17%5", "2"),
+        ("3.0*2", "6"),
+        ("2**10", "1024"),
+        ("1/3", "0.3333333333"),
+        ("1/0", "error: division by zero"),
+        ("2**100", "error: the power is too large"),
+        ("9**9**9", "error: the power is too large"),
+        ("1e300*1e300", "error: the result is too large"),
+        ("__import__('os').system('ls')", "error: not arithmetic: Call("),
+        ("(lambda: 1)()", "error: not arithmetic: Call("),
+        ("x+1", "error: not arithmetic: Name("),
+        ("'a'*3", "error: not arithmetic: Constant(value='a')"),
+        ("1+", "error: invalid syntax"),
+        ("1" * 201, "error: the expression is over 200 characters"),
+    ],
+)
+def test_calculator_evaluates_arithmetic_and_nothing_else(expression, output):
+    assert calculator(expression).startswith(output)
+
+
+def test_python_tool_prints_in_the_sandbox_and_reports_failures():
+    assert python("print(sum(range(10)))") == "45"
+    assert python("raise ValueError('bad input')") == "error: ValueError: bad input"
+    assert python("while True: pass", timeout_s=0.5) == "error: timed out after 0.5 s"
+
+
+def test_a_tool_that_raises_or_talks_too_much_cannot_stop_the_rollout():
+    assert run_tool("test_raises", "fly", 1.0) == "error: RuntimeError: cannot fly"
+    assert run_tool("python", "print('x' * 1000)", 5.0) == "x" * MAX_OUTPUT_CHARS
+
+
+class Scripted:
+    """An engine that returns scripted turns (texts), recording what it was asked."""
+
+    def __init__(self, *turns: list[str]) -> None:
+        self.turns, self.asked, self.model = list(turns), [], None
+
+    def generate(self, prompts, params):
+        self.asked.append((prompts, params))
+        texts = self.turns.pop(0)
+        tokens = [ids(t) for t in texts]
+        return Rollout(
+            [i // params.n for i in range(len(tokens))],
+            tokens,
+            [[-0.5] * len(t) for t in tokens],
+            ["stop" if t.endswith("</calculator>") or t.endswith("?") else "length" for t in texts],
+        )
+
+
+def test_a_call_runs_between_turns_and_its_result_is_marked_as_the_tools():
+    """Sample 0 calls the calculator, reads the result and answers; sample 1 never calls.
+    The continuation starts from the prompt, the call and its result, one sample per row, with
+    the budget left; the result's tokens are marked and have log-prob 0."""
+    engine = Scripted(["<calculator>6*7</calculator>", "no call?"], ["so <answer>42</answer>"])
+    caller = ToolCaller(engine, TOK, ["calculator"])
+    prompt = ids("Q")
+    out = caller.generate([prompt], SamplingParams(n=2, max_new_tokens=64))
+    call, result, answer = (
+        "<calculator>6*7</calculator>",
+        "<result>42</result>",
+        "so <answer>42</answer>",
+    )
+    assert out.completion_ids[0] == ids(call + result + answer)
+    n_call, n_result, n_answer = len(ids(call)), len(ids(result)), len(ids(answer))
+    assert out.tool_mask[0] == [False] * n_call + [True] * n_result + [False] * n_answer
+    assert out.logprobs[0] == [-0.5] * n_call + [0.0] * n_result + [-0.5] * n_answer
+    assert out.completion_ids[1] == ids("no call?") and not any(out.tool_mask[1])
+    assert out.finish_reason == ["length", "stop"] and out.prompt_index == [0, 0]
+    (_, first), (again, params) = engine.asked
+    assert first.stop_sequences == (tuple(ids("</calculator>")),) and first.n == 2
+    assert again == [prompt + ids(call + result)]
+    assert params.n == 1 and params.max_new_tokens == 64 - n_call - n_result
+    assert [count_calls(m) for m in out.tool_mask] == [1, 0]
+
+
+def test_the_budget_counts_the_results_and_calls_stop_at_the_limit():
+    """A result that does not fit is cut at the budget (finish `length`, no continuation);
+    a call past `max_calls` ends the completion without a result; a closing tag without its
+    opening tag gets an error as its result."""
+    call = "<calculator>1+1</calculator>"
+    cut = ToolCaller(Scripted([call]), TOK, ["calculator"])
+    out = cut.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=len(ids(call)) + 5))
+    assert out.completion_ids[0] == ids(call + "<resu") and out.finish_reason == ["length"]
+    limited = ToolCaller(Scripted([call], [call]), TOK, ["calculator"], max_calls=1)
+    out = limited.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=200))
+    assert out.completion_ids[0] == ids(call + "<result>2</result>" + call)
+    assert count_calls(out.tool_mask[0]) == 1 and out.finish_reason == ["stop"]
+    orphan = ToolCaller(Scripted(["1+1</calculator>"], ["?"]), TOK, ["calculator"])
+    out = orphan.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=200))
+    assert TOK.decode(out.completion_ids[0]) == (
+        "1+1</calculator><result>error: no <calculator> before </calculator></result>?"
+    )
+
+
+def test_the_trainer_does_not_train_on_a_tools_result():
+    """rollout_batch: the response mask is 0 on the result's tokens, 1 on the policy's; the
+    rollout log-probs there are 0; the calls are counted per sample."""
+    cfg = resolve_config(overrides=["data.train_size=4", "rollout.samples_per_prompt=2"])
+    task = load_task(cfg.data)
+    engine = Scripted(["<calculator>2+3</calculator>", "5?"], ["<answer>5</answer>?"])
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    batch = rollout_batch(ToolCaller(engine, TOK, ["calculator"]), TOK, task, [0], cfg)
+    call, result, answer = (
+        "<calculator>2+3</calculator>",
+        "<result>5</result>",
+        "<answer>5</answer>?",
+    )
+    n_call, n_result, n_answer = len(ids(call)), len(ids(result)), len(ids(answer))
+    mask = batch.response_mask[0].tolist()
+    assert mask == [1] * n_call + [0] * n_result + [1] * n_answer
+    assert batch.response_mask[1].tolist() == [1, 1] + [0] * (len(mask) - 2)
+    assert batch.rollout_logprobs[0, n_call : n_call + n_result].eq(0).all()
+    assert batch.tool_calls.tolist() == [1, 0]
+    assert batch.completion_texts[0].startswith(call + result)
+
+
+def test_tool_settings_are_checked_before_anything_loads():
+    with pytest.raises(ValueError, match="unknown tool 'calc'; did you mean 'calculator'"):
+        RLConfig.model_validate({"rollout": {"tools": ["calc"]}})
+    with pytest.raises(ValueError, match="a tool is listed twice"):
+        RLConfig.model_validate({"rollout": {"tools": ["python", "python"]}})
+    with pytest.raises(ValueError, match=r"rollout\.tools with algorithm\.advantage=gae"):
+        resolve_config(preset="ppo", overrides=["rollout.tools=[calculator]"])
+    assert ToolUse.of(RLConfig().rollout).around(engine := Scripted(), TOK) is engine
+
+
+def test_an_rl_run_with_tools_logs_its_calls_and_is_evaluated_with_them(tmp_path):
+    """Two steps of the tiny model with the calculator on: the wiring from the config to the
+    engine and the metrics (the untrained model calls no tool; the learning is measured in
+    `benchmarks/tool_learning.py`). `rlvr eval` of the run calls the run's tools unless
+    --tools says otherwise, and names a tool it does not know."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+    from rlvr.data.tasks import trained_on
+    from rlvr.run_layout import latest_checkpoint
+    from rlvr.tracking.jsonl import read_jsonl
+    from rlvr.training.rl import train
+    from tiny_run import TINY_RUN
+
+    overrides = [*TINY_RUN, "train.steps=2", "rollout.tools=[calculator]"]
+    cfg = resolve_config(overrides=[*overrides, f"train.output_dir={tmp_path / 'run'}"])
+    run_dir = train(cfg, show_progress=False)
+    metrics = list(read_jsonl(run_dir / "metrics.jsonl"))
+    assert [m["tool_calls/mean"] for m in metrics] == [0.0, 0.0]
+    assert [m["tool_calls/frac"] for m in metrics] == [0.0, 0.0]
+    assert torch.isfinite(torch.tensor([m["loss"] for m in metrics])).all()
+    saved = trained_on(latest_checkpoint(run_dir))
+    assert saved.tools == {"tools": ["calculator"], "max_tool_calls": 4, "tool_timeout": 5.0}
+    runner = CliRunner()
+    base = ["eval", "--model", str(run_dir), "--samples", "2", "--k", "1"]
+    for extra, shown in (([], "calculator"), (["--tools", "none"], None)):
+        out = tmp_path / f"eval{len(extra)}.jsonl"
+        result = runner.invoke(app, [*base, *extra, "--output", str(out)])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text()).get("tools") == shown
+    result = runner.invoke(app, [*base, "--tools", "calculator,calc"])
+    assert result.exit_code == 2
+    assert "--tools: unknown tool 'calc'; did you mean 'calculator'?" in result.stderr
