@@ -45,6 +45,19 @@ def test_gae_by_hand():
     assert torch.allclose(ret, torch.tensor([[0.75, 0.9, 1.0], [-0.7, -1.0, 0.0]]))
 
 
+def test_a_tools_result_inside_a_completion_is_skipped():
+    """Sequence 0 of test_gae_by_hand with two tool tokens (mask 0) after its first token: the
+    reward sits on the last kept token, and GAE's advantages and returns on the kept tokens
+    are those of the sequence without the hole (0 on the hole, whatever its values)."""
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]])
+    values = torch.tensor([[0.5, 9.0, -9.0, 0.6, 0.8]])
+    rewards = outcome_token_rewards(torch.tensor([1.0]), torch.tensor([[1.0, 0, 0, 1, 1, 0]]))
+    assert rewards.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]]
+    adv, ret = gae_advantages(rewards[:, :5], values, mask, gamma=1.0, lam=0.5)
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.0, 0.0, 0.3, 0.2]]))
+    assert torch.allclose(ret, torch.tensor([[0.75, 0.0, 0.0, 0.9, 1.0]]))
+
+
 def test_gae_lambda_one_is_the_monte_carlo_return_minus_the_value():
     # gamma 0.5: G0 = 0.25 * 1, so A0 = 0.25 - 0.5 = -0.25; A1 = 0.5 - 0.6; A2 = 1 - 0.8
     adv, ret = gae_advantages(TOKEN_REWARDS[:1], VALUES[:1], MASK[:1], gamma=0.5, lam=1.0)

@@ -627,16 +627,6 @@ class RLConfig(Section):
         refuse_fsdp_with_lora(self.train.fsdp, self.model, "train")
         return self
 
-    @model_validator(mode="after")
-    def _tool_results_have_no_critic_targets(self) -> RLConfig:
-        if self.rollout.tools and self.algorithm.advantage == "gae":
-            raise ValueError(
-                "rollout.tools with algorithm.advantage=gae: GAE's recursion runs over every "
-                "completion token and does not yet skip the tools' results; use an outcome "
-                "advantage (grpo, rloo, ...)"
-            )
-        return self
-
 
 def refuse_fsdp_with_lora(fsdp: bool, model: ModelConfig, section: str) -> None:
     """FSDP shards the weights a full fine-tuning trains; LoRA's adapters are small and stay

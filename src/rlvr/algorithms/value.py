@@ -29,7 +29,8 @@ def _check_same_shape(**tensors: Tensor) -> None:
 def outcome_token_rewards(
     rewards: Tensor, response_mask: Tensor, token_penalty: Tensor | None = None
 ) -> Tensor:
-    r"""Per-token rewards of an outcome-reward episode: r_i on the last response token.
+    r"""Per-token rewards of an outcome-reward episode: r_i on the last response token (the
+    last one the mask keeps: a tool's result after it is not the policy's).
 
     .. math::
 
@@ -46,11 +47,12 @@ def outcome_token_rewards(
             f"and {tuple(response_mask.shape)}"
         )
     mask = response_mask != 0
-    lengths = mask.sum(-1)
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask, positions, -1).amax(dim=-1)
     out = torch.zeros(response_mask.shape, dtype=torch.float64, device=rewards.device)
-    has_tokens = lengths > 0
+    has_tokens = last >= 0
     rows = torch.arange(len(rewards), device=rewards.device)[has_tokens]
-    out[rows, lengths[has_tokens] - 1] = rewards[has_tokens].to(torch.float64)
+    out[rows, last[has_tokens]] = rewards[has_tokens].to(torch.float64)
     if token_penalty is not None:
         _check_same_shape(token_penalty=token_penalty, response_mask=response_mask)
         out = out - token_penalty.to(torch.float64) * mask
@@ -77,7 +79,10 @@ def gae_advantages(
 
     with :math:`V = 0` after the last response token (Schulman et al. 2016, *High-Dimensional
     Continuous Control Using Generalized Advantage Estimation*, arXiv:1506.02438, eq. 16).
-    λ = 1 gives the Monte-Carlo return minus the value; λ = 0 the one-step TD error.
+    λ = 1 gives the Monte-Carlo return minus the value; λ = 0 the one-step TD error. The
+    recursion runs over the tokens the mask keeps: t + 1 is the next kept token, so a tool's
+    result inside a completion (mask 0) is a step of the environment, skipped, and the
+    advantages equal those of the kept tokens alone.
 
     Args:
         token_rewards: ``[N, T]`` reward of each token (see :func:`outcome_token_rewards`).
@@ -106,7 +111,9 @@ def gae_advantages(
         delta = r[:, t] + gamma * next_value - v[:, t]
         adv_t = (delta + gamma * lam_t * next_adv) * mask[:, t]
         advantages[:, t] = adv_t
-        next_value, next_adv = v[:, t], adv_t
+        kept = mask[:, t] > 0
+        next_value = torch.where(kept, v[:, t], next_value)
+        next_adv = torch.where(kept, adv_t, next_adv)
     returns = (advantages + v) * mask
     return advantages.to(values.dtype), returns.to(values.dtype)
 
