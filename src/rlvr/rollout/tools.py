@@ -25,10 +25,14 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from rlvr.algorithms.registry import Registry
 from rlvr.rewards.sandbox import SandboxError, run_python
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from rlvr.config import RolloutConfig
 
 TOOLS: Registry = Registry("tool")
 """Tools by name: ``fn(arguments: str, *, timeout_s: float) -> str`` (its output text)."""
@@ -258,7 +262,7 @@ class ToolUse:
     timeout_s: float = 5.0
 
     @classmethod
-    def of(cls, rollout) -> ToolUse:
+    def of(cls, rollout: RolloutConfig) -> ToolUse:
         """The settings of a `RolloutConfig`."""
         return cls(tuple(rollout.tools), rollout.max_tool_calls, rollout.tool_timeout)
 
