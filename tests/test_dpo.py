@@ -605,8 +605,47 @@ def test_sampled_pairs_are_verified_best_against_worst(tmp_path):
         assert pairs.prompts[i] == encode_prompts("chat", [record["prompt"]], tok)[1][0]
 
 
-def test_sampled_run_writes_pairs_a_later_run_can_read(tmp_path, monkeypatch):
+def test_labelled_samples_are_every_sample_one_sided_by_its_verdict(tmp_path):
+    """dpo.sampled_as=labelled: all 4 samples of each of 8 problems, a sample the reward
+    accepts (even length) desirable, any other undesirable; the records are TRL's unpaired
+    rows, which load_preference_file reads back as the same one-sided pairs."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
+    problems, _ = synthetic_splits("arithmetic", train_size=8, test_size=1, seed=0)
+    pairs, records = sample_pairs(
+        model,
+        tok,
+        problems,
+        "test_dpo:even_length_reward",
+        template="chat",
+        samples_per_prompt=4,
+        temperature=1.0,
+        max_new_tokens=9,
+        seed=0,
+        labelled=True,
+    )
+    assert len(pairs) == len(records) == 32
+    eos = eos_token_ids(model, tok)
+    for i, record in enumerate(records):
+        good = bool(pairs.chosen[i])
+        assert good != bool(pairs.rejected[i]) and record["label"] == good
+        (text,) = decode_completions(tok, [pairs.chosen[i] or pairs.rejected[i]], eos)
+        assert record["completion"] == text and record["reward"] == float(len(text) % 2 == 0)
+        assert pairs.prompts[i] == encode_prompts("chat", [record["prompt"]], tok)[1][0]
+    assert 8 <= sum(r["label"] for r in records) <= 24
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    read = encode_pairs(load_preference_file(path), "chat", tok)
+    ended = [
+        c if not c or c[-1] == tok.eos_token_id else [*c, tok.eos_token_id] for c in pairs.chosen
+    ]
+    assert read.chosen == ended  # a sample cut at the budget gets its EOS back, as SFT's targets
+
+
+@pytest.mark.parametrize(("preset", "extra"), [("simpo", []), ("kto", ["dpo.sampled_as=labelled"])])
+def test_sampled_run_writes_pairs_a_later_run_can_read(tmp_path, monkeypatch, preset, extra):
     overrides = [
+        *extra,
         *SMALL_MODEL,
         "data.max_digits=1",
         "data.train_size=40",
@@ -616,7 +655,7 @@ def test_sampled_run_writes_pairs_a_later_run_can_read(tmp_path, monkeypatch):
         "dpo.steps=2",
         f"dpo.output_dir={tmp_path / 'sampled'}",
     ]
-    cfg = resolve_config(None, "simpo", overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
+    cfg = resolve_config(None, preset, overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
     task = load_task(cfg.data)
     task.reward = "test_dpo:even_length_reward"
     monkeypatch.setattr(preference, "load_task", lambda data: task)
@@ -624,6 +663,7 @@ def test_sampled_run_writes_pairs_a_later_run_can_read(tmp_path, monkeypatch):
     written = load_preference_file(run_dir / "pairs.jsonl")
     assert len(written) == sum(1 for _ in (run_dir / "pairs.jsonl").open())
     assert len(written) >= 10
+    assert all(p.one_sided for p in written) == (preset == "kto")  # labelled: 40 × 4 samples
     evals = list(read_jsonl(run_dir / "eval.jsonl"))
     assert 4 <= evals[0]["pairs"] <= 16
     # a second run into the same directory replaces the logs instead of appending to them
@@ -665,6 +705,11 @@ def test_bad_settings_name_their_key(tmp_path):
         (["dpo.loss=exo_pair"], "exo_pair needs EXO's ε > 0"),
     ):
         assert f"dpo.label_smoothing: {message}" in run_error(tmp_path, *overrides)
+    message = run_error(tmp_path, "dpo.sampled_as=labelled")
+    assert "dpo.sampled_as=labelled: its one-sided samples train dpo.loss=kto alone" in message
+    message = run_error(tmp_path, "dpo.loss=kto", "dpo.sampled_as=labelled", "data.task=file",
+                        f"data.path={data}")  # fmt: skip
+    assert "dpo.sampled_as=labelled is for a built-in task's samples" in message
     message = run_error(tmp_path, "dpo.loss=[aot,aot_unpaired]")
     assert "dpo.loss: aot and aot_unpaired are two matchings; list one of them" in message
     message = run_error(tmp_path, "dpo.loss=[dpo,apo_zero]", "dpo.f_divergence=forward_kl")

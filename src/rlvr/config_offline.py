@@ -188,6 +188,9 @@ class DPOTrainConfig(Section):
     samples_per_prompt: int = Field(default=4, ge=2)
     """Built-in task: completions sampled per problem; a problem whose samples' rewards differ
     gives one pair (a best one chosen, a worst one rejected)."""
+    sampled_as: Literal["pairs", "labelled"] = "pairs"
+    """Built-in task: `pairs` (as above) or `labelled`: every sample alone, desirable when the
+    verifier accepts it, undesirable otherwise (KTO's unpaired data; dpo.loss=kto only)."""
     temperature: float = Field(default=1.0, gt=0)
     """Built-in task: sampling temperature of the pairs' completions."""
     max_new_tokens: int = Field(default=64, ge=1)

@@ -20,7 +20,7 @@ from torch import Tensor
 from rlvr.data.preference import PreferencePair, pairs_from_groups
 from rlvr.data.problem import Problem
 from rlvr.data.templates import encode_prompts
-from rlvr.evaluation.evaluate import sample_and_verify
+from rlvr.evaluation.evaluate import VerifiedSamples, sample_and_verify
 from rlvr.training import sharding
 from rlvr.training.batching import (
     SharedPrefixBatch,
@@ -128,9 +128,11 @@ def sample_pairs(
     max_new_tokens: int,
     seed: int,
     chat_kwargs: Mapping[str, Any] | None = None,
+    labelled: bool = False,
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
-    record per pair for pairs.jsonl (question, chosen and rejected text, their rewards)."""
+    record per pair for pairs.jsonl (question, chosen and rejected text, their rewards); with
+    `labelled`, every sample as a one-sided pair instead (`labelled_samples`)."""
     s = sample_and_verify(
         model,
         tokenizer,
@@ -144,6 +146,8 @@ def sample_pairs(
         seed,
         chat_kwargs=chat_kwargs,
     )
+    if labelled:
+        return labelled_samples(problems, s)
     out, scores, completions, prompt_ids = s.rollout, s.scored.total, s.completions, s.prompt_ids
     chosen_rejected = pairs_from_groups(scores, samples_per_prompt, random.Random(seed))
     tokens = PairTokens(
@@ -160,6 +164,32 @@ def sample_pairs(
             "rejected_reward": scores[r],
         }
         for c, r in chosen_rejected
+    ]
+    return tokens, records
+
+
+def labelled_samples(problems: list[Problem], s: VerifiedSamples) -> tuple[PairTokens, list[dict]]:
+    """Every verified sample as a one-sided pair, KTO's unpaired data from a verifiable task: a
+    sample the verifier accepts is desirable (chosen), any other undesirable (rejected), so
+    every sample counts, a group that all succeed or all fail included; and one record per
+    sample for pairs.jsonl in TRL's unpaired format (prompt, completion, label, its reward)."""
+    out = s.rollout
+    good = [ok for per_problem in s.correct for ok in per_problem]
+    tokens = PairTokens(
+        [s.prompt_ids[i] for i in out.prompt_index],
+        [ids if ok else [] for ids, ok in zip(out.completion_ids, good, strict=True)],
+        [[] if ok else ids for ids, ok in zip(out.completion_ids, good, strict=True)],
+    )
+    records = [
+        {
+            "prompt": problems[i].question,
+            "completion": text,
+            "label": ok,
+            "reward": score,
+        }
+        for i, text, ok, score in zip(
+            out.prompt_index, s.completions, good, s.scored.total, strict=True
+        )
     ]
     return tokens, records
 

@@ -338,6 +338,11 @@ def _pair_source(cfg: DPOConfig) -> FilePairs | Task:
     data, d = cfg.data, cfg.dpo
     if data.task != "file":
         return load_task(data)
+    if d.sampled_as != "pairs":
+        raise ConfigError(
+            f"dpo.sampled_as={d.sampled_as} is for a built-in task's samples; a file's rows "
+            "are read as they are (pairs, or unpaired labelled rows)"
+        )
     if not data.path:
         raise ConfigError("data.task=file needs data.path (a JSONL/Parquet/JSON of pairs)")
     columns = {
@@ -390,9 +395,13 @@ def _training_pairs(
         "max_new_tokens": d.max_new_tokens,
         "seed": d.seed,
     }
+    labelled = d.sampled_as == "labelled"
     train, records = sample_pairs(
-        model, tokenizer, task.train[: d.prompts], task.reward, **sampling
+        model, tokenizer, task.train[: d.prompts], task.reward, **sampling, labelled=labelled
     )
+    if labelled:
+        desirable = sum(record["label"] for record in records)
+        warn_kto_balance(d, desirable, len(records), "dpo.sampled_as=labelled")
     if not len(train):
         raise ConfigError(
             f"dpo.prompts: none of {min(d.prompts, len(task.train))} {task.name} problems had "
@@ -414,6 +423,13 @@ def check_one_sided(d: DPOTrainConfig, pairs: list[PreferencePair], path: DataPa
     if not any(p.one_sided for p in pairs):
         return
     where = f"{path_label(path)}: unpaired rows (prompt, completion, label)"
+    refuse_pairwise_settings(d, where)
+    warn_kto_balance(d, sum(p.chosen is not None for p in pairs), len(pairs), where)
+
+
+def refuse_pairwise_settings(d: DPOTrainConfig, where: str) -> None:
+    """One-sided pairs (`where` names them) train KTO alone, without the settings that read
+    both responses of a pair."""
     if [name for name, _ in d.losses] != ["kto"]:
         raise ConfigError(
             f"{where} train dpo.loss=kto alone (the kto preset), which values each response "
@@ -422,12 +438,15 @@ def check_one_sided(d: DPOTrainConfig, pairs: list[PreferencePair], path: DataPa
     for key, value in (("nll_coef", d.nll_coef), ("ld_alpha", d.ld_alpha)):
         if value:
             raise ConfigError(f"{where}: dpo.{key} reads the two responses of a pair; unset it")
-    desirable = sum(p.chosen is not None for p in pairs)
+
+
+def warn_kto_balance(d: DPOTrainConfig, desirable: int, examples: int, where: str) -> None:
+    """Warn when λ_D n_D / (λ_U n_U) is outside [1, 4/3], the range KTO's authors advise."""
     weighted_desirable = d.kto_desirable_weight * desirable
-    weighted_undesirable = d.kto_undesirable_weight * (len(pairs) - desirable)
+    weighted_undesirable = d.kto_undesirable_weight * (examples - desirable)
     if not weighted_undesirable or not 1.0 <= weighted_desirable / weighted_undesirable <= 4 / 3:
         warnings.warn(
-            f"{where}: {desirable} desirable and {len(pairs) - desirable} undesirable; KTO's "
+            f"{where}: {desirable} desirable and {examples - desirable} undesirable; KTO's "
             "authors advise dpo.kto_desirable_weight × desirable / (dpo.kto_undesirable_weight "
             "× undesirable) between 1 and 4/3",
             stacklevel=2,
@@ -436,7 +455,8 @@ def check_one_sided(d: DPOTrainConfig, pairs: list[PreferencePair], path: DataPa
 
 def check_loss_settings(d: DPOTrainConfig) -> None:
     """Refuse, before anything loads, a `dpo.loss` not registered, an ε no listed loss reads,
-    an f-divergence a listed loss cannot take, and EXO without its ε."""
+    an f-divergence a listed loss cannot take, EXO without its ε, and labelled samples for a
+    loss other than KTO."""
     names = [name for name, _ in d.losses]
     for name in names:
         try:
@@ -456,6 +476,8 @@ def check_loss_settings(d: DPOTrainConfig) -> None:
         )
     if SORTED_ACROSS_PAIRS.issubset(names):
         raise ConfigError("dpo.loss: aot and aot_unpaired are two matchings; list one of them")
+    if d.sampled_as == "labelled":
+        refuse_pairwise_settings(d, "dpo.sampled_as=labelled: its one-sided samples")
     if "exo_pair" in names and not d.label_smoothing:
         raise ConfigError(
             "dpo.label_smoothing: exo_pair needs EXO's ε > 0 (the paper's 1e-3; the exo preset)"
