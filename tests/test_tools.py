@@ -196,3 +196,53 @@ def test_an_rl_run_with_tools_logs_its_calls_and_is_evaluated_with_them(tmp_path
     result = runner.invoke(app, [*base, "--tools", "calculator,calc"])
     assert result.exit_code == 2
     assert "--tools: unknown tool 'calc'; did you mean 'calculator'?" in result.stderr
+
+
+def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path):
+    """sft.mask_tool_results: the `<result>...</result>` tokens of a solution are marked, and
+    summed_nll then sums the log-probs of the other tokens only (by hand from one forward); a
+    run with it trains."""
+    import json
+
+    from rlvr.config_offline import SFTConfig
+    from rlvr.rollout.tools import result_tokens
+    from rlvr.training.sft import run_sft, summed_nll
+
+    text = "<calculator>1+2</calculator><result>3</result><answer>3</answer>"
+    target, marks = result_tokens(TOK, text)
+    assert target == ids(text)
+    assert TOK.decode([t for t, m in zip(target, marks) if m]) == "<result>3</result>"
+    model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64, seed=2)
+    prompt = ids("What is 1+2?")
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + target])).logits[0].log_softmax(-1)
+        per_token = logp[len(prompt) - 1 : -1].gather(-1, torch.tensor(target)[:, None])[:, 0]
+        kept = [not m for m in marks]
+        full = summed_nll(model, [prompt], [target], [0], TOK.pad_token_id)
+        masked = summed_nll(model, [prompt], [target], [0], TOK.pad_token_id, [kept])
+    torch.testing.assert_close(full, -per_token.sum(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        masked, -(per_token * torch.tensor(kept)).sum(), atol=1e-4, rtol=1e-5
+    )
+    rows = [{"prompt": f"What is {a}+2?", "answer": str(a + 2), "solution": text} for a in range(8)]
+    (tmp_path / "tool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {
+                "task": "file",
+                "path": str(tmp_path / "tool.jsonl"),
+                "solution_column": "solution",
+                "test_size": 2,
+            },
+            "sft": {
+                "steps": 2,
+                "batch_size": 4,
+                "mask_tool_results": True,
+                "output_dir": str(tmp_path / "sft"),
+            },
+        }
+    )
+    run_sft(cfg, show_progress=False)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "sft" / "metrics.jsonl").open()]
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)

@@ -117,6 +117,21 @@ def python(arguments: str, *, timeout_s: float = 5.0) -> str:
     return result.stdout.strip()
 
 
+def result_tokens(tokenizer, text: str) -> tuple[list[int], list[bool]]:
+    """The token ids of `text` and, for each, whether it lies within a `<result>...</result>`
+    span, tags included: what a tool wrote in a tool-calling solution (a token across a span's
+    edge is the policy's). Needs a fast tokenizer (its offsets)."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans, start = [], 0
+    while (opened := text.find(RESULT_OPEN, start)) >= 0:
+        closed = text.find(RESULT_CLOSE, opened)
+        end = len(text) if closed < 0 else closed + len(RESULT_CLOSE)
+        spans.append((opened, end))
+        start = end
+    marks = [any(a <= s and e <= b for a, b in spans) for s, e in encoded["offset_mapping"]]
+    return encoded["input_ids"], marks
+
+
 def count_calls(by_tool: Sequence[bool]) -> int:
     """The tool calls of a completion: its runs of tool-written tokens (`Rollout.tool_mask`)."""
     return sum(1 for i, mark in enumerate(by_tool) if mark and (i == 0 or not by_tool[i - 1]))

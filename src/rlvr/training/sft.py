@@ -22,6 +22,7 @@ from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
+from rlvr.rollout.tools import result_tokens
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -47,12 +48,19 @@ def summed_nll(
     targets: list[list[int]],
     rows: list[int],
     pad_id: int,
+    trained: list[list[bool]] | None = None,
 ) -> torch.Tensor:
     """-Σ log π(y_t | x, y_<t) over every target token of samples `rows` (differentiable):
-    the summed negative log-likelihood of each target y given its prompt x."""
+    the summed negative log-likelihood of each target y given its prompt x; with `trained`,
+    over the tokens it marks True only."""
     sb = collate_shared_prefix(prompts, targets, rows, pad_id, sharding.min_width(model))
     sb = to_device(sb, model_device(model))
     logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
+    if trained is not None:
+        keep = torch.zeros(logprobs.shape, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            keep[i, : len(trained[r])] = torch.tensor(trained[r], dtype=torch.bool)
+        logprobs = logprobs * keep.to(logprobs.device)
     return -logprobs.sum()
 
 
@@ -65,13 +73,17 @@ def sft_backward(
     budget: int,
     pad_id: int,
     ranks: Ranks = ONE_PROCESS,
+    trained: list[list[bool]] | None = None,
 ) -> float:
     """Accumulate the gradient of the mean NLL of the target tokens of `rows` (one optimizer
     step) over token-budget micro-batches; return that loss. `seq_lengths` are the prompt +
     target lengths of every example. Each rank runs its share of the rows (`Ranks.share`) and
     the gradients and the loss are summed over the ranks (under FSDP each rank runs as many
-    passes, `sharding.passes`)."""
-    num_tokens = float(sum(len(targets[r]) for r in rows))
+    passes, `sharding.passes`). `trained`: which target tokens count (all when None)."""
+    if trained is None:
+        num_tokens = float(sum(len(targets[r]) for r in rows))
+    else:
+        num_tokens = float(max(sum(sum(trained[r]) for r in rows), 1))
     mine = ranks.share(rows, range(len(prompts)), seq_lengths)
     every = sharding.passes(model, token_budget_micro_batches(mine, seq_lengths, budget), ranks)
     total = torch.zeros(1, dtype=torch.float64)
@@ -80,7 +92,7 @@ def sft_backward(
         if mb_rows is None:  # a zero-weighted pass
             (summed_nll(model, prompts, targets, rows[:1], pad_id) * 0.0).backward()
             continue
-        loss = summed_nll(model, prompts, targets, mb_rows, pad_id) / num_tokens
+        loss = summed_nll(model, prompts, targets, mb_rows, pad_id, trained) / num_tokens
         loss.backward()
         total += float(loss.detach())
     sharding.sum_gradients(model, ranks)
@@ -124,15 +136,25 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     _, prompts = encode_prompts(
         cfg.data.template, [p.prompt for p in examples], tokenizer, cfg.data.chat_template_kwargs
     )
-    targets = [
-        tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        for p in examples
-    ]
+    trained = None
+    if s.mask_tool_results:
+        if not tokenizer.is_fast:
+            raise ConfigError("sft.mask_tool_results needs a fast tokenizer (its offsets)")
+        encoded = [result_tokens(tokenizer, p.solution) for p in examples]
+        targets = [[*ids, tokenizer.eos_token_id] for ids, _ in encoded]
+        trained = [[not mark for mark in marks] + [True] for _, marks in encoded]
+    else:
+        targets = [
+            tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for p in examples
+        ]
     kept, cut = cut_to_length(prompts, [[t] for t in targets], s.max_length, "sft.max_length")
     if not kept:
         raise ConfigError(f"sft.max_length={s.max_length} leaves no room for any solution")
     examples = [examples[i] for i in kept]
     prompts, targets = [prompts[i] for i in kept], [t for (t,) in cut]
+    if trained is not None:
+        trained = [trained[i][: len(t)] for i, t in zip(kept, targets)]
     seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
     if s.fsdp:
         sharding.shard(model, ranks, s.fsdp_reshard_after_forward, announce=show_progress)
@@ -167,6 +189,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
                 s.micro_batch_tokens,
                 tokenizer.pad_token_id,
                 ranks,
+                trained,
             )
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), s.max_grad_norm or float("inf")
