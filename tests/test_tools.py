@@ -1,5 +1,8 @@
 """Tool calls during rollouts: the tools, the call loop and the masks the trainer gets."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -129,6 +132,27 @@ def test_the_budget_counts_the_results_and_calls_stop_at_the_limit():
     assert TOK.decode(out.completion_ids[0]) == (
         "1+1</calculator><result>error: no <calculator> before </calculator></result>?"
     )
+
+
+SEEN_THREADS: set[int] = set()
+
+
+@TOOLS.register("test_slow")
+def _slow(arguments: str, *, timeout_s: float = 5.0) -> str:
+    SEEN_THREADS.add(threading.get_ident())
+    time.sleep(0.05)
+    return arguments.upper()
+
+
+def test_the_calls_of_a_turn_run_at_once_and_keep_their_order():
+    """Four samples call a slow tool in the same turn: the calls run on several threads, and
+    each sample gets its own call's output."""
+    turns = [[f"<test_slow>{c}</test_slow>" for c in "abcd"], ["?"] * 4]
+    caller = ToolCaller(Scripted(*turns), TOK, ["test_slow"])
+    out = caller.generate([ids("Q")] * 4, SamplingParams(n=1, max_new_tokens=64))
+    texts = [TOK.decode(c) for c in out.completion_ids]
+    assert texts == [f"<test_slow>{c}</test_slow><result>{c.upper()}</result>?" for c in "abcd"]
+    assert len(SEEN_THREADS) > 1
 
 
 def test_the_trainer_does_not_train_on_a_tools_result():

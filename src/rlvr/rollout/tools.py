@@ -13,9 +13,10 @@ A tool is a function `f(arguments: str, *, timeout_s: float) -> str` registered 
 it never raises for bad input (it returns `error: ...`, as the model should see it), and an
 exception it does raise becomes such an output too, so a tool cannot stop a rollout.
 
-How this departs from verl's and TRL's multi-turn rollouts: the call format is a tag pair that
-any tokenizer can produce, not a chat template's tool-call JSON, and each continuation
-prefills its prompt and completion afresh (no KV cache is kept across a call).
+The calls that end a turn run at once, on threads. How this departs from verl's and TRL's
+multi-turn rollouts: the call format is a tag pair that any tokenizer can produce, not a chat
+template's tool-call JSON, and each continuation prefills its prompt and completion afresh (no
+KV cache is kept across a call).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ast
 import math
 import operator
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,9 @@ MAX_OUTPUT_CHARS = 200
 
 MAX_EXPRESSION_CHARS = 200
 """The calculator refuses longer expressions."""
+
+MAX_CONCURRENT_CALLS = 16
+"""Most tool calls run at once (on threads) between two turns."""
 
 _OPERATORS: dict[type, Callable] = {
     ast.Add: operator.add,
@@ -208,21 +213,24 @@ class ToolCaller:
                 return name
         return None
 
-    def _call(self, sample: _Sample, name: str) -> None:
-        """Run the call that ends `sample`: the tool reads the text between the last opening
-        tag of the policy's last turn and the closing tag; its result is appended."""
+    def _output(self, sample: _Sample, name: str) -> str:
+        """What the call that ends `sample` returns: the tool on the text between the last
+        opening tag of the policy's last turn and the closing tag."""
         text = self.tokenizer.decode(sample.last_turn())
         opening, closing = f"<{name}>", f"</{name}>"
         start = text.rfind(opening)
         if start < 0:
-            output = f"error: no {opening} before {closing}"
-        else:
-            output = run_tool(
-                name, text[start + len(opening) : text.rfind(closing)], self.timeout_s
-            )
-        result = self._encode(f"{RESULT_OPEN}{output}{RESULT_CLOSE}")
-        sample.extend(result, [0.0] * len(result), by_tool=True)
-        sample.calls += 1
+            return f"error: no {opening} before {closing}"
+        return run_tool(name, text[start + len(opening) : text.rfind(closing)], self.timeout_s)
+
+    def _outputs(self, calls: list[tuple[_Sample, str]]) -> list[str]:
+        """The calls' outputs, run at once on threads (a `python` call waits on its sandbox
+        process, and the processes run side by side)."""
+        if len(calls) < 2:
+            return [self._output(sample, name) for sample, name in calls]
+        workers = min(len(calls), MAX_CONCURRENT_CALLS)
+        with ThreadPoolExecutor(workers, thread_name_prefix="rlvr-tool") as pool:
+            return list(pool.map(lambda call: self._output(*call), calls))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         """Sample `params.n` completions per prompt, running their tool calls."""
@@ -233,7 +241,7 @@ class ToolCaller:
         pending = list(range(len(samples)))
         turn = first
         while pending:
-            going = []
+            calls = []
             for row, tokens, logprobs, finish in zip(
                 pending, turn.completion_ids, turn.logprobs, turn.finish_reason, strict=True
             ):
@@ -242,11 +250,17 @@ class ToolCaller:
                 sample.extend(tokens[:room], logprobs[:room], by_tool=False)
                 sample.finish = "length" if len(tokens) > room else finish
                 name = self._called(sample)
-                if name is None or sample.calls == self.max_calls or len(sample.tokens) >= budget:
-                    continue
-                self._call(sample, name)
-                del sample.tokens[budget:], sample.logprobs[budget:], sample.by_tool[budget:]
-                if len(sample.tokens) < budget:
+                if name is not None and sample.calls < self.max_calls and room > len(tokens):
+                    calls.append((row, name))
+            going = []
+            outputs = self._outputs([(samples[row], name) for row, name in calls])
+            for (row, _), output in zip(calls, outputs, strict=True):
+                sample = samples[row]
+                result = self._encode(f"{RESULT_OPEN}{output}{RESULT_CLOSE}")
+                room = budget - len(sample.tokens)
+                sample.extend(result[:room], [0.0] * min(room, len(result)), by_tool=True)
+                sample.calls += 1
+                if len(result) < room:
                     going.append(row)
                 else:
                     sample.finish = "length"
