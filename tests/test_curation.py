@@ -148,3 +148,22 @@ def test_cli_curate_on_a_built_in_task(tmp_path):
     assert len(out.read_text().splitlines()) >= 25  # an untrained model solves (almost) none
     bad = CliRunner().invoke(app, ["curate", "data.task=file"])
     assert bad.exit_code == 2 and "data.path" in bad.output
+
+
+def test_curation_samples_with_the_tools_rl_will_call(tmp_path, monkeypatch):
+    """curate.tools (the same settings as rollout.tools) reach the sampling that measures the
+    pass rates."""
+    from rlvr.rollout.tools import ToolUse
+
+    seen = []
+    original = curation.sample_and_verify
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["tools"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(curation, "sample_and_verify", recording)
+    curated(
+        tmp_path, monkeypatch, "even_length", "curate.tools=[calculator]", "curate.min_pass_rate=0"
+    )
+    assert seen == [ToolUse(("calculator",), 4, 5.0)]

@@ -181,7 +181,35 @@ class RolloutStage(Section):
     """Sampling temperature from `from_step` on (None = keep the previous one)."""
 
 
-class RolloutConfig(Section):
+class ToolSettings(Section):
+    """The tools a sampling may call (`rlvr.rollout.tools`): `rollout`'s and `curate`'s."""
+
+    tools: list[str] = Field(default_factory=list)
+    """Tools the policy may call while it generates (`calculator`, `python`, or one registered
+    in `rlvr.rollout.tools.TOOLS`): `<NAME>input</NAME>` in a completion runs the tool and
+    appends `<result>output</result>`, which counts against max_new_tokens and is not trained
+    on (`docs/tools.md`); empty = no tools. Curate with the tools RL will call."""
+    max_tool_calls: int = Field(default=4, ge=1)
+    """Most tool calls in one completion; a call past it ends the completion."""
+    tool_timeout: float = Field(default=5.0, gt=0.0)
+    """Wall-clock seconds a tool call may run (the `python` tool's sandbox)."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_registered(cls, value: list[str]) -> list[str]:
+        from rlvr.rollout.tools import TOOLS  # the registry users add their tools to
+
+        for name in value:
+            try:
+                TOOLS.get(name)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+        if len(set(value)) < len(value):
+            raise ValueError(f"a tool is listed twice in {value}")
+        return value
+
+
+class RolloutConfig(ToolSettings):
     engine: Literal["hf"] = "hf"
     """Rollout engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU)."""
     prompts_per_step: int = Field(default=32, ge=1)
@@ -214,29 +242,6 @@ class RolloutConfig(Section):
     """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
-    tools: list[str] = Field(default_factory=list)
-    """Tools the policy may call while it generates (`calculator`, `python`, or one registered
-    in `rlvr.rollout.tools.TOOLS`): `<NAME>input</NAME>` in a completion runs the tool and
-    appends `<result>output</result>`, which counts against max_new_tokens and is not trained
-    on (`docs/tools.md`); empty = no tools."""
-    max_tool_calls: int = Field(default=4, ge=1)
-    """Most tool calls in one completion; a call past it ends the completion."""
-    tool_timeout: float = Field(default=5.0, gt=0.0)
-    """Wall-clock seconds a tool call may run (the `python` tool's sandbox)."""
-
-    @field_validator("tools")
-    @classmethod
-    def _tools_are_registered(cls, value: list[str]) -> list[str]:
-        from rlvr.rollout.tools import TOOLS  # the registry users add their tools to
-
-        for name in value:
-            try:
-                TOOLS.get(name)
-            except KeyError as exc:
-                raise ValueError(exc.args[0]) from None
-        if len(set(value)) < len(value):
-            raise ValueError(f"a tool is listed twice in {value}")
-        return value
 
     @field_validator("engine", mode="before")
     @classmethod

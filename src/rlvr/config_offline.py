@@ -8,7 +8,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlvr.config import DataConfig, ModelConfig, Section, _at_most, refuse_fsdp_with_lora
+from rlvr.config import (
+    DataConfig,
+    ModelConfig,
+    Section,
+    ToolSettings,
+    _at_most,
+    refuse_fsdp_with_lora,
+)
 
 
 class SFTTrainConfig(Section):
@@ -280,7 +287,7 @@ class DPOConfig(Section):
         return self
 
 
-class CurateSection(Section):
+class CurateSection(ToolSettings):
     samples_per_prompt: int = Field(default=8, ge=1)
     """Samples per problem from which its pass rate is measured."""
     temperature: float = Field(default=1.0, gt=0)

@@ -26,6 +26,7 @@ from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.rollout.tools import ToolUse
 from rlvr.tracking.jsonl import JsonlWriter
 
 
@@ -103,6 +104,7 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
         c.max_new_tokens,
         c.seed,
         chat_kwargs=cfg.data.chat_template_kwargs,
+        tools=ToolUse.of(c),
     )
     rates = [sum(correct) / len(correct) for correct in verified.correct]
     keep = [c.min_pass_rate <= rate <= c.max_pass_rate for rate in rates]

@@ -34,7 +34,7 @@ from rlvr.rewards.sandbox import SandboxError, run_python
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
-    from rlvr.config import RolloutConfig
+    from rlvr.config import ToolSettings
 
 TOOLS: Registry = Registry("tool")
 """Tools by name: ``fn(arguments: str, *, timeout_s: float) -> str`` (its output text)."""
@@ -291,9 +291,9 @@ class ToolUse:
     timeout_s: float = 5.0
 
     @classmethod
-    def of(cls, rollout: RolloutConfig) -> ToolUse:
-        """The settings of a `RolloutConfig`."""
-        return cls(tuple(rollout.tools), rollout.max_tool_calls, rollout.tool_timeout)
+    def of(cls, settings: ToolSettings) -> ToolUse:
+        """The settings of a config section (`rollout`, `curate`)."""
+        return cls(tuple(settings.tools), settings.max_tool_calls, settings.tool_timeout)
 
     def around(self, engine: RolloutEngine, tokenizer) -> RolloutEngine:
         """`engine` itself when no tool is named, else a `ToolCaller` around it."""
