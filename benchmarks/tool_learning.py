@@ -6,7 +6,7 @@ the demo's one-digit sums). Three arms, from the same tiny model:
 - `worked`: SFT on worked solutions (one line per operation), evaluated without tools;
 - `tool`: SFT on solutions that call the calculator, `<calculator>EXPR</calculator>
   <result>VALUE</result><answer>VALUE</answer>`, the result left out of the loss
-  (`sft.mask_tool_results`), evaluated with the calculator and without it;
+  (`sft.mask_tool_results`, the default), evaluated with the calculator and without it;
 - `tool+rl`: GRPO from `tool` with `rollout.tools=[calculator]`, evaluated with it.
 
     python benchmarks/tool_learning.py [--sft-steps 600] [--rl-steps 30] [--out DIR]
@@ -99,7 +99,6 @@ def main() -> None:
                     **SFT,
                     "steps": args.sft_steps,
                     "output_dir": str(args.out / name),
-                    "mask_tool_results": name == "tool",
                 },
             }
         )

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from rlvr.config import RLConfig, resolve_config
+from rlvr.config import ConfigError, RLConfig, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import Rollout, SamplingParams
@@ -222,14 +222,16 @@ def test_an_rl_run_with_tools_logs_its_calls_and_is_evaluated_with_them(tmp_path
     assert "--tools: unknown tool 'calc'; did you mean 'calculator'?" in result.stderr
 
 
-def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path):
+def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
     """sft.mask_tool_results: the `<result>...</result>` tokens of a solution are marked, and
     summed_nll then sums the log-probs of the other tokens only (by hand from one forward); a
-    run with it trains."""
+    run masks by default (its first loss differs from the unmasked run's), and with a slow
+    tokenizer, which has no offsets, it is refused unless turned off."""
     import json
 
     from rlvr.config_offline import SFTConfig
     from rlvr.rollout.tools import result_tokens
+    from rlvr.training import sft
     from rlvr.training.sft import run_sft, summed_nll
 
     text = "<calculator>1+2</calculator><result>3</result><answer>3</answer>"
@@ -250,23 +252,36 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path):
     )
     rows = [{"prompt": f"What is {a}+2?", "answer": str(a + 2), "solution": text} for a in range(8)]
     (tmp_path / "tool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = SFTConfig.model_validate(
-        {
-            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
-            "data": {
-                "task": "file",
-                "path": str(tmp_path / "tool.jsonl"),
-                "solution_column": "solution",
-                "test_size": 2,
-            },
-            "sft": {
-                "steps": 2,
-                "batch_size": 4,
-                "mask_tool_results": True,
-                "output_dir": str(tmp_path / "sft"),
-            },
-        }
-    )
-    run_sft(cfg, show_progress=False)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "sft" / "metrics.jsonl").open()]
-    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)
+
+    def first_loss(name, **sft):
+        cfg = SFTConfig.model_validate(
+            {
+                "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+                "data": {
+                    "task": "file",
+                    "path": str(tmp_path / "tool.jsonl"),
+                    "solution_column": "solution",
+                    "test_size": 2,
+                },
+                "sft": {"steps": 1, "batch_size": 4, "output_dir": str(tmp_path / name), **sft},
+            }
+        )
+        run_sft(cfg, show_progress=False)
+        return json.loads((tmp_path / name / "metrics.jsonl").read_text())["loss"]
+
+    seen = []
+
+    def recording(*args):
+        seen.append(args[5] if len(args) > 5 else None)  # the marks of the trained tokens
+        return summed_nll(*args)
+
+    monkeypatch.setattr(sft, "summed_nll", recording)
+    assert 0 < first_loss("masked") < 10
+    assert seen and all(t == [[*kept, True]] * len(t) for t in seen)  # + EOS, trained
+    seen.clear()
+    first_loss("plain", mask_tool_results=False)
+    assert seen and all(trained is None for trained in seen)
+    monkeypatch.setattr(type(TOK), "is_fast", property(lambda self: False))
+    with pytest.raises(ConfigError, match=r"sft\.mask_tool_results: the solutions have <result>"):
+        first_loss("slow")
+    first_loss("slow_plain", mask_tool_results=False)

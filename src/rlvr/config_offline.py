@@ -24,10 +24,11 @@ class SFTTrainConfig(Section):
     epochs: float | None = Field(default=None, gt=0)
     """Passes over the worked solutions instead of sft.steps (TRL's num_train_epochs): the
     steps are then ceil(epochs × solutions / batch_size), and sft.steps is not used."""
-    mask_tool_results: bool = False
+    mask_tool_results: bool = True
     """Leave the `<result>...</result>` spans of the solutions (a tool's output in a
     tool-calling solution, `rollout.tools`) out of the loss, as TRL's assistant-only loss
-    leaves tool turns out; the model still reads them. Needs a fast tokenizer."""
+    leaves tool turns out; the model still reads them (`docs/tools.md`: on the tiny model this
+    is what lets it learn to call the tool). Solutions without such a span are unaffected."""
     max_length: int | None = Field(default=None, ge=2)
     """Cut each example to this many tokens, prompt and solution together, from the
     solution's end (TRL's max_length, keep_start; TRL's default is 1024); an example whose
