@@ -285,3 +285,24 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"sft\.mask_tool_results: the solutions have <result>"):
         first_loss("slow")
     first_loss("slow_plain", mask_tool_results=False)
+
+
+def test_failed_calls_are_counted_and_can_be_penalised():
+    """One sample's call fails (`2+` is not an expression), the other's works: the step's
+    tool_calls/failed_frac is 1/2, and the `tool_error` reward (ToRL's penalty at weight 0.5)
+    scores the failing sample -1."""
+    from rlvr.rewards.builtin import tool_error_reward
+    from rlvr.training.metrics import step_metrics
+
+    overrides = ["data.train_size=4", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=200"]
+    cfg = resolve_config(overrides=overrides)
+    task = load_task(cfg.data)
+    engine = Scripted(["<calculator>2+</calculator>", "<calculator>2+3</calculator>"], ["?", "?"])
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    batch = rollout_batch(ToolCaller(engine, TOK, ["calculator"]), TOK, task, [0], cfg)
+    assert batch.completion_texts[0].startswith("<calculator>2+</calculator><result>error: ")
+    batch.rewards, batch.correct = torch.zeros(2), torch.zeros(2, dtype=torch.bool)
+    metrics = step_metrics(batch, batch, {}, [], cfg)
+    assert (metrics["tool_calls/mean"], metrics["tool_calls/frac"]) == (1.0, 1.0)
+    assert metrics["tool_calls/failed_frac"] == 0.5
+    assert tool_error_reward(["q", "q"], batch.completion_texts) == [-1.0, 0.0]

@@ -1,5 +1,5 @@
 """Built-in rewards: ``math``, ``format`` / ``format_strict`` / ``format_lenient`` (R1 tags),
-``countdown``.
+``countdown``, ``tool_error``.
 
 Each has TRL's signature ``f(prompts, completions, **columns) -> list[float]`` and scores 1.0 or
 0.0. A math-verify timeout is reported as ``float("nan")`` for that completion: the composer
@@ -29,6 +29,7 @@ from rlvr.rewards.verify import (
     current_verifier_timeout,
     parse_number,
 )
+from rlvr.rollout.base import FAILED_CALL
 
 TIMED_OUT = float("nan")
 """The score a reward returns for a completion whose verifier timed out (counted, scores 0)."""
@@ -243,3 +244,12 @@ def countdown_reward(
         countdown_score(extract_answer(c), nums, goal)
         for c, nums, goal in zip(completions, numbers, target, strict=True)
     ]
+
+
+@register_reward("tool_error")
+def tool_error_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """-1.0 for a completion with a failed tool call (a result beginning `error:`, as a tool
+    reports bad input, a timeout or a crash: `rlvr.rollout.tools`), else 0.0. ToRL's penalty for
+    code that does not run (Li et al. 2025, *ToRL: Scaling Tool-Integrated RL*,
+    arXiv:2503.23383, §2: −0.5 beside a ±1 answer reward) is this entry at weight 0.5."""
+    return [-1.0 if FAILED_CALL in completion else 0.0 for completion in completions]

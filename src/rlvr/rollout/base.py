@@ -7,6 +7,13 @@ from typing import Protocol
 
 from torch import nn
 
+RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
+"""What wraps a tool's output in a completion (`rlvr.rollout.tools`)."""
+
+FAILED_CALL = RESULT_OPEN + "error:"
+"""How a failed tool call's result starts: a tool reports bad input, a timeout or a crash as
+an output beginning `error:`."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:

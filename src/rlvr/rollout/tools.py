@@ -31,16 +31,19 @@ from typing import TYPE_CHECKING
 
 from rlvr.algorithms.registry import Registry
 from rlvr.rewards.sandbox import SandboxError, run_python
-from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
+from rlvr.rollout.base import (
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    Rollout,
+    RolloutEngine,
+    SamplingParams,
+)
 
 if TYPE_CHECKING:
     from rlvr.config import ToolSettings
 
 TOOLS: Registry = Registry("tool")
 """Tools by name: ``fn(arguments: str, *, timeout_s: float) -> str`` (its output text)."""
-
-RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-"""What wraps a tool's output in the completion."""
 
 MAX_OUTPUT_CHARS = 200
 """A tool's output is cut to this many characters (the model reads it as context)."""

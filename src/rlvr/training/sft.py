@@ -22,7 +22,8 @@ from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
-from rlvr.rollout.tools import RESULT_OPEN, result_tokens
+from rlvr.rollout.base import RESULT_OPEN
+from rlvr.rollout.tools import result_tokens
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
