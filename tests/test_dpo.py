@@ -578,10 +578,13 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
     assert [m["step"] for m in metrics] == [1, 2, 3]
 
 
-def test_sampled_pairs_are_verified_best_against_worst(tmp_path):
+def sampled_from_tiny(count: int, labelled: bool = False):
+    """`sample_pairs` of a random one-layer tiny model on `count` arithmetic problems, 4
+    samples each, scored by their length's parity: (tokenizer, model, problems, pairs,
+    records)."""
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
-    problems, _ = synthetic_splits("arithmetic", train_size=24, test_size=1, seed=0)
+    problems, _ = synthetic_splits("arithmetic", train_size=count, test_size=1, seed=0)
     pairs, records = sample_pairs(
         model,
         tok,
@@ -592,7 +595,13 @@ def test_sampled_pairs_are_verified_best_against_worst(tmp_path):
         temperature=1.0,
         max_new_tokens=9,
         seed=0,
+        labelled=labelled,
     )
+    return tok, model, problems, pairs, records
+
+
+def test_sampled_pairs_are_verified_best_against_worst():
+    tok, model, problems, pairs, records = sampled_from_tiny(24)
     assert 12 <= len(pairs) == len(records) <= 24  # most groups of 4 mix odd and even
     questions = [p.question for p in problems]
     eos = eos_token_ids(model, tok)
@@ -609,21 +618,7 @@ def test_labelled_samples_are_every_sample_one_sided_by_its_verdict(tmp_path):
     """dpo.sampled_as=labelled: all 4 samples of each of 8 problems, a sample the reward
     accepts (even length) desirable, any other undesirable; the records are TRL's unpaired
     rows, which load_preference_file reads back as the same one-sided pairs."""
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
-    problems, _ = synthetic_splits("arithmetic", train_size=8, test_size=1, seed=0)
-    pairs, records = sample_pairs(
-        model,
-        tok,
-        problems,
-        "test_dpo:even_length_reward",
-        template="chat",
-        samples_per_prompt=4,
-        temperature=1.0,
-        max_new_tokens=9,
-        seed=0,
-        labelled=True,
-    )
+    tok, model, _, pairs, records = sampled_from_tiny(8, labelled=True)
     assert len(pairs) == len(records) == 32
     eos = eos_token_ids(model, tok)
     for i, record in enumerate(records):

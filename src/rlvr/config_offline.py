@@ -18,7 +18,19 @@ from rlvr.config import (
 )
 
 
-class SFTTrainConfig(Section):
+class OfflineSharding(Section):
+    """The data-parallel settings `rlvr sft` and `rlvr dpo` take from `rlvr train`'s."""
+
+    shard_optimizer: bool = False
+    """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
+    fsdp: bool = False
+    """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
+    ranks with FSDP2; the output holds the whole weights."""
+    fsdp_reshard_after_forward: bool = True
+    """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
+
+
+class SFTTrainConfig(OfflineSharding):
     steps: int = Field(default=300, ge=1)
     """Optimizer steps of supervised fine-tuning."""
     epochs: float | None = Field(default=None, gt=0)
@@ -47,13 +59,6 @@ class SFTTrainConfig(Section):
     """Cosine floor as a fraction of the peak learning rate."""
     max_grad_norm: float = Field(default=1.0, ge=0.0)
     """Gradient clipping by global norm (0 = off)."""
-    shard_optimizer: bool = False
-    """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
-    fsdp: bool = False
-    """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
-    ranks with FSDP2; the output holds the whole weights."""
-    fsdp_reshard_after_forward: bool = True
-    """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
     micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
@@ -110,7 +115,7 @@ class PreferenceDataConfig(DataConfig):
     undesirable one (TRL's unpaired preference format)."""
 
 
-class DPOTrainConfig(Section):
+class DPOTrainConfig(OfflineSharding):
     loss: str | list[str] = "dpo"
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `cpo`,
     `orpo`, `hinge` (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise
@@ -179,13 +184,6 @@ class DPOTrainConfig(Section):
     """Cosine floor as a fraction of the peak learning rate."""
     max_grad_norm: float = Field(default=1.0, ge=0.0)
     """Gradient clipping by global norm (0 = off)."""
-    shard_optimizer: bool = False
-    """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
-    fsdp: bool = False
-    """As `train.fsdp`: under torchrun, the weights, gradients and AdamW state sharded over the
-    ranks with FSDP2; the output holds the whole weights."""
-    fsdp_reshard_after_forward: bool = True
-    """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
     micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch (as `train.micro_batch_tokens`); a
     pair's two responses share one micro-batch and one prompt forward."""
