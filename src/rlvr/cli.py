@@ -29,6 +29,7 @@ from rlvr.foreign_keys import rlvr_key
 from rlvr.tracking.jsonl import JsonlWriter
 
 if TYPE_CHECKING:
+    from rlvr.rollout.tools import ToolUse
     from rlvr.training.stopping import RunStopped
 
 app = typer.Typer(
@@ -485,11 +486,11 @@ def eval_cmd(
                 log.write(record)
 
 
-def _tool_use(option: str | None, trained: dict):
+def _tool_use(option: str | None, trained: dict) -> ToolUse:
     """`rlvr eval`'s tools: --tools (names, or `none`), else those the RL run trained with."""
     from pydantic import ValidationError
 
-    from rlvr.config import RolloutConfig
+    from rlvr.config import ToolSettings
     from rlvr.rollout.tools import ToolUse
 
     settings = dict(trained)
@@ -497,7 +498,7 @@ def _tool_use(option: str | None, trained: dict):
         names = [] if option.strip() == "none" else [n.strip() for n in option.split(",")]
         settings["tools"] = [name for name in names if name]
     try:
-        return ToolUse.of(RolloutConfig.model_validate(settings))
+        return ToolUse.of(ToolSettings.model_validate(settings))
     except ValidationError as exc:
         error = exc.errors()[0]
         _fail(f"--tools: {error.get('ctx', {}).get('error') or error['msg']}")
