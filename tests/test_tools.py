@@ -8,25 +8,19 @@ import torch
 
 from rlvr.config import ConfigError, RLConfig, resolve_config
 from rlvr.data.tasks import load_task
-from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.rollout.base import Rollout, SamplingParams
+from rlvr.models.tiny import build_tiny_model
+from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.tools import (
     MAX_OUTPUT_CHARS,
     TOOLS,
     ToolCaller,
     ToolUse,
     calculator,
-    count_calls,
     python,
     run_tool,
 )
 from rlvr.training.sampling import rollout_batch
-
-TOK = build_tiny_tokenizer()
-
-
-def ids(text: str) -> list[int]:
-    return TOK(text, add_special_tokens=False)["input_ids"]
+from scripted_engine import TOK, Scripted, ids
 
 
 @TOOLS.register("test_raises")
@@ -71,24 +65,6 @@ def test_a_tool_that_raises_or_talks_too_much_cannot_stop_the_rollout():
     assert run_tool("python", "print('x' * 1000)", 5.0) == "x" * MAX_OUTPUT_CHARS
 
 
-class Scripted:
-    """An engine that returns scripted turns (texts), recording what it was asked."""
-
-    def __init__(self, *turns: list[str]) -> None:
-        self.turns, self.asked, self.model = list(turns), [], None
-
-    def generate(self, prompts, params):
-        self.asked.append((prompts, params))
-        texts = self.turns.pop(0)
-        tokens = [ids(t) for t in texts]
-        return Rollout(
-            [i // params.n for i in range(len(tokens))],
-            tokens,
-            [[-0.5] * len(t) for t in tokens],
-            ["stop" if t.endswith("</calculator>") or t.endswith("?") else "length" for t in texts],
-        )
-
-
 def test_a_call_runs_between_turns_and_its_result_is_marked_as_the_tools():
     """Sample 0 calls the calculator, reads the result and answers; sample 1 never calls.
     The continuation starts from the prompt, the call and its result, one sample per row, with
@@ -112,7 +88,7 @@ def test_a_call_runs_between_turns_and_its_result_is_marked_as_the_tools():
     assert first.stop_sequences == (tuple(ids("</calculator>")),) and first.n == 2
     assert again == [prompt + ids(call + result)]
     assert params.n == 1 and params.max_new_tokens == 64 - n_call - n_result
-    assert [count_calls(m) for m in out.tool_mask] == [1, 0]
+    assert out.tool_calls == [1, 0] and out.failed_calls == [0, 0]
 
 
 def test_the_budget_counts_the_results_and_calls_stop_at_the_limit():
@@ -126,7 +102,7 @@ def test_the_budget_counts_the_results_and_calls_stop_at_the_limit():
     limited = ToolCaller(Scripted([call], [call]), TOK, ["calculator"], max_calls=1)
     out = limited.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=200))
     assert out.completion_ids[0] == ids(call + "<result>2</result>" + call)
-    assert count_calls(out.tool_mask[0]) == 1 and out.finish_reason == ["stop"]
+    assert out.tool_calls == [1] and out.finish_reason == ["stop"]
     orphan = ToolCaller(Scripted(["1+1</calculator>"], ["?"]), TOK, ["calculator"])
     out = orphan.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=200))
     assert TOK.decode(out.completion_ids[0]) == (
@@ -178,10 +154,21 @@ def test_the_trainer_does_not_train_on_a_tools_result():
 
 
 def test_tool_settings_are_checked_before_anything_loads():
+    from rlvr.config_offline import CurateConfig
+
     with pytest.raises(ValueError, match="unknown tool 'calc'; did you mean 'calculator'"):
         RLConfig.model_validate({"rollout": {"tools": ["calc"]}})
     with pytest.raises(ValueError, match="a tool is listed twice"):
         RLConfig.model_validate({"rollout": {"tools": ["python", "python"]}})
+    hermes = {"tools": ["calculator"], "tool_format": "hermes"}
+    for config, section in ((RLConfig, "rollout"), (CurateConfig, "curate")):
+        with pytest.raises(ValueError) as error:
+            config.model_validate({section: hermes, "data": {"template": "r1"}})
+        assert (
+            f"{section}.tool_format=hermes passes the tools' schemas through the chat template, "
+            "which data.template=r1 does not use: set data.template=chat"
+        ) in str(error.value)
+        config.model_validate({section: hermes})  # the chat template: fine
     assert ToolUse.of(RLConfig().rollout).around(engine := Scripted(), TOK) is engine
 
 
@@ -209,17 +196,34 @@ def test_an_rl_run_with_tools_logs_its_calls_and_is_evaluated_with_them(tmp_path
     assert [m["tool_calls/frac"] for m in metrics] == [0.0, 0.0]
     assert torch.isfinite(torch.tensor([m["loss"] for m in metrics])).all()
     saved = trained_on(latest_checkpoint(run_dir))
-    assert saved.tools == {"tools": ["calculator"], "max_tool_calls": 4, "tool_timeout": 5.0}
+    assert saved.tools == {
+        "tools": ["calculator"],
+        "max_tool_calls": 4,
+        "tool_timeout": 5.0,
+        "tool_format": "tags",
+    }
     runner = CliRunner()
     base = ["eval", "--model", str(run_dir), "--samples", "2", "--k", "1"]
-    for extra, shown in (([], "calculator"), (["--tools", "none"], None)):
-        out = tmp_path / f"eval{len(extra)}.jsonl"
+    for n, (extra, shown) in enumerate(
+        (
+            ([], ("calculator", "tags")),
+            (["--tools", "none"], (None, None)),
+            (["--tool-format", "hermes"], ("calculator", "hermes")),
+        )
+    ):
+        out = tmp_path / f"eval{n}.jsonl"
         result = runner.invoke(app, [*base, *extra, "--output", str(out)])
         assert result.exit_code == 0, result.output
-        assert json.loads(out.read_text()).get("tools") == shown
+        line = json.loads(out.read_text())
+        assert (line.get("tools"), line.get("tool_format")) == shown
     result = runner.invoke(app, [*base, "--tools", "calculator,calc"])
     assert result.exit_code == 2
     assert "--tools: unknown tool 'calc'; did you mean 'calculator'?" in result.stderr
+    result = runner.invoke(app, [*base, "--tool-format", "xml"])
+    assert result.exit_code == 2 and "--tool-format: Input should be 'tags'" in result.stderr
+    result = runner.invoke(app, [*base, "--tool-format", "hermes", "--template", "r1"])
+    assert result.exit_code == 2
+    assert "which data.template=r1 does not use: set --template chat" in result.stderr
 
 
 def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
@@ -230,12 +234,13 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
     import json
 
     from rlvr.config_offline import SFTConfig
+    from rlvr.rollout.call_formats import Code, Tags
     from rlvr.rollout.tools import result_tokens
     from rlvr.training import sft
     from rlvr.training.sft import run_sft, summed_nll
 
     text = "<calculator>1+2</calculator><result>3</result><answer>3</answer>"
-    target, marks = result_tokens(TOK, text)
+    target, marks = result_tokens(TOK, text, Tags())
     assert target == ids(text)
     assert TOK.decode([t for t, m in zip(target, marks) if m]) == "<result>3</result>"
     model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64, seed=2)
@@ -250,16 +255,20 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
     torch.testing.assert_close(
         masked, -(per_token * torch.tensor(kept)).sum(), atol=1e-4, rtol=1e-5
     )
-    rows = [{"prompt": f"What is {a}+2?", "answer": str(a + 2), "solution": text} for a in range(8)]
-    (tmp_path / "tool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = "```python\nprint(1+2)\n```\n```output\n3\n```\n<answer>3</answer>"
+    for file, solution in (("tool.jsonl", text), ("code.jsonl", code)):
+        rows = [
+            {"prompt": f"What is {a}+2?", "answer": "3", "solution": solution} for a in range(8)
+        ]
+        (tmp_path / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    def first_loss(name, **sft):
+    def first_loss(name, file="tool.jsonl", **sft):
         cfg = SFTConfig.model_validate(
             {
                 "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
                 "data": {
                     "task": "file",
-                    "path": str(tmp_path / "tool.jsonl"),
+                    "path": str(tmp_path / file),
                     "solution_column": "solution",
                     "test_size": 2,
                 },
@@ -281,8 +290,19 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
     seen.clear()
     first_loss("plain", mask_tool_results=False)
     assert seen and all(trained is None for trained in seen)
+    seen.clear()
+    first_loss("code", "code.jsonl", tool_format="code")
+    kept_code = [not mark for mark in result_tokens(TOK, code, Code())[1]]
+    assert sum(kept_code) == len(ids(code)) - len(ids("\n3\n```\n"))
+    assert seen and all(t == [[*kept_code, True]] * len(t) for t in seen)
+    seen.clear()
+    first_loss("code_as_tags", "code.jsonl")  # no <result> in them: nothing left out
+    assert seen and all(trained is None for trained in seen)
     monkeypatch.setattr(type(TOK), "is_fast", property(lambda self: False))
-    with pytest.raises(ConfigError, match=r"sft\.mask_tool_results: the solutions have <result>"):
+    with pytest.raises(
+        ConfigError,
+        match=r"sft\.mask_tool_results: the solutions have tool results \(sft\.tool_format=tags",
+    ):
         first_loss("slow")
     first_loss("slow_plain", mask_tool_results=False)
 
@@ -290,19 +310,29 @@ def test_sft_can_leave_a_tools_results_out_of_its_loss(tmp_path, monkeypatch):
 def test_failed_calls_are_counted_and_can_be_penalised():
     """One sample's call fails (`2+` is not an expression), the other's works: the step's
     tool_calls/failed_frac is 1/2, and the `tool_error` reward (ToRL's penalty at weight 0.5)
-    scores the failing sample -1."""
-    from rlvr.rewards.builtin import tool_error_reward
+    scores the failing sample -1 from the rollout's count of failed calls. Without tools that
+    reward is refused in the config."""
     from rlvr.training.metrics import step_metrics
+    from rlvr.training.rewarding import RewardScorer
 
-    overrides = ["data.train_size=4", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=200"]
-    cfg = resolve_config(overrides=overrides)
+    overrides = [
+        "data.train_size=4",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=200",
+        "reward.functions=[{name: math}, {name: tool_error, weight: 0.5}]",
+    ]
+    with pytest.raises(ConfigError, match="reward\\.functions has tool_error, which scores"):
+        resolve_config(overrides=overrides)
+    cfg = resolve_config(overrides=[*overrides, "rollout.tools=[calculator]"])
     task = load_task(cfg.data)
     engine = Scripted(["<calculator>2+</calculator>", "<calculator>2+3</calculator>"], ["?", "?"])
     engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
     batch = rollout_batch(ToolCaller(engine, TOK, ["calculator"]), TOK, task, [0], cfg)
     assert batch.completion_texts[0].startswith("<calculator>2+</calculator><result>error: ")
-    batch.rewards, batch.correct = torch.zeros(2), torch.zeros(2, dtype=torch.bool)
+    assert batch.failed_calls.tolist() == [1, 0]
+    RewardScorer(cfg, task)(batch)
+    assert batch.reward_parts["tool_error"].tolist() == [-1.0, 0.0]
+    assert batch.rewards.tolist() == [-0.5, 0.0]  # neither answers
     metrics = step_metrics(batch, batch, {}, [], cfg)
     assert (metrics["tool_calls/mean"], metrics["tool_calls/frac"]) == (1.0, 1.0)
     assert metrics["tool_calls/failed_frac"] == 0.5
-    assert tool_error_reward(["q", "q"], batch.completion_texts) == [-1.0, 0.0]

@@ -29,6 +29,7 @@ from rlvr.foreign_keys import rlvr_key
 from rlvr.tracking.jsonl import JsonlWriter
 
 if TYPE_CHECKING:
+    from rlvr.config import DataConfig
     from rlvr.rollout.tools import ToolUse
     from rlvr.training.stopping import RunStopped
 
@@ -402,6 +403,10 @@ def eval_cmd(
             "RL run's rollout.tools; 'none' for none)"
         ),
     ] = None,
+    tool_format: Annotated[
+        str | None,
+        typer.Option(help="How calls are written: tags, code or hermes (default: the run's)"),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
@@ -458,19 +463,23 @@ def eval_cmd(
     if data.chat_template_kwargs:
         sampling["chat_kwargs"] = data.chat_template_kwargs
     records: list[dict] | None = [] if log_samples is not None else None
-    tool_use = _tool_use(tools, run.tools if run else {})
-    result = evaluate(
-        policy,
-        tokenizer,
-        held_out,
-        reward=problems.reward,
-        k=k,
-        records=records,
-        tools=tool_use,
-        **sampling,
-    )
+    tool_use = _tool_use(tools, tool_format, run.tools if run else {}, data)
+    try:
+        result = evaluate(
+            policy,
+            tokenizer,
+            held_out,
+            reward=problems.reward,
+            k=k,
+            records=records,
+            tools=tool_use,
+            **sampling,
+        )
+    except ConfigError as exc:  # a tool format the tokenizer's chat template cannot write
+        _fail(str(exc))
     if tool_use.names:
         sampling["tools"] = ",".join(tool_use.names)
+        sampling["tool_format"] = tool_use.format
     result = {"model": model, "task": data.task, **sampling, **result}  # what to reproduce it
     table = Table("metric", "value")
     for key, value in result.items():
@@ -486,22 +495,31 @@ def eval_cmd(
                 log.write(record)
 
 
-def _tool_use(option: str | None, trained: dict) -> ToolUse:
-    """`rlvr eval`'s tools: --tools (names, or `none`), else those the RL run trained with."""
+def _tool_use(option: str | None, form: str | None, trained: dict, data: DataConfig) -> ToolUse:
+    """`rlvr eval`'s tools: --tools (names, or `none`), else those the RL run trained with;
+    --tool-format, else the run's (`hermes` only with the chat template)."""
     from pydantic import ValidationError
 
-    from rlvr.config import ToolSettings
+    from rlvr.config import ToolSettings, refuse_hermes_without_chat
     from rlvr.rollout.tools import ToolUse
 
     settings = dict(trained)
     if option is not None:
         names = [] if option.strip() == "none" else [n.strip() for n in option.split(",")]
         settings["tools"] = [name for name in names if name]
+    if form is not None:
+        settings["tool_format"] = form
     try:
-        return ToolUse.of(ToolSettings.model_validate(settings))
+        tool_settings = ToolSettings.model_validate(settings)
     except ValidationError as exc:
         error = exc.errors()[0]
-        _fail(f"--tools: {error.get('ctx', {}).get('error') or error['msg']}")
+        option_name = "--tool-format" if error["loc"][:1] == ("tool_format",) else "--tools"
+        _fail(f"{option_name}: {error.get('ctx', {}).get('error') or error['msg']}")
+    try:
+        refuse_hermes_without_chat(tool_settings, data, "--tool-format", "--template chat")
+    except ValueError as exc:
+        _fail(str(exc))
+    return ToolUse.of(tool_settings)
 
 
 @app.command()

@@ -186,9 +186,14 @@ class ToolSettings(Section):
 
     tools: list[str] = Field(default_factory=list)
     """Tools the policy may call while it generates (`calculator`, `python`, or one registered
-    in `rlvr.rollout.tools.TOOLS`): `<NAME>input</NAME>` in a completion runs the tool and
-    appends `<result>output</result>`, which counts against max_new_tokens and is not trained
-    on (`docs/tools.md`); empty = no tools. Curate with the tools RL will call."""
+    in `rlvr.rollout.tools.TOOLS`): a call in a completion runs the tool and appends its
+    output, which counts against max_new_tokens and is not trained on (`docs/tools.md`);
+    empty = no tools. Curate with the tools RL will call."""
+    tool_format: Literal["tags", "code", "hermes"] = "tags"
+    """How a call is written: `tags` (`<NAME>input</NAME>` → `<result>output</result>`, any
+    tokenizer), `code` (ToRL's ```` ```NAME ```` block, then ```` ```output ````) or `hermes`
+    (Qwen's `<tool_call>` JSON, answered in the chat template's tool turn; the tools' schemas
+    go into the prompt; verl's multi_turn.format)."""
     max_tool_calls: int = Field(default=4, ge=1)
     """Most tool calls in one completion; a call past it ends the completion."""
     tool_timeout: float = Field(default=5.0, gt=0.0)
@@ -631,6 +636,34 @@ class RLConfig(Section):
     def _fsdp_trains_whole_models(self) -> RLConfig:
         refuse_fsdp_with_lora(self.train.fsdp, self.model, "train")
         return self
+
+    @model_validator(mode="after")
+    def _hermes_calls_are_chats(self) -> RLConfig:
+        refuse_hermes_without_chat(self.rollout, self.data, "rollout.tool_format")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_rewards_have_tools(self) -> RLConfig:
+        if not self.rollout.tools and any(
+            spec.name == "tool_error" for spec in self.reward.functions or []
+        ):
+            raise ValueError(
+                "reward.functions has tool_error, which scores failed tool calls, but "
+                "rollout.tools is empty: name the tools the policy calls"
+            )
+        return self
+
+
+def refuse_hermes_without_chat(
+    tools: ToolSettings, data: DataConfig, key: str, fix: str = "data.template=chat"
+) -> None:
+    """`hermes` calls are chat turns: the schemas reach the prompt through the chat template
+    (`key`: the setting that asked for them)."""
+    if tools.tools and tools.tool_format == "hermes" and data.template != "chat":
+        raise ValueError(
+            f"{key}=hermes passes the tools' schemas through the chat template, which "
+            f"data.template={data.template} does not use: set {fix}"
+        )
 
 
 def refuse_fsdp_with_lora(fsdp: bool, model: ModelConfig, section: str) -> None:

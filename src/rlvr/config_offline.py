@@ -15,6 +15,7 @@ from rlvr.config import (
     ToolSettings,
     _at_most,
     refuse_fsdp_with_lora,
+    refuse_hermes_without_chat,
 )
 
 
@@ -37,10 +38,14 @@ class SFTTrainConfig(OfflineSharding):
     """Passes over the worked solutions instead of sft.steps (TRL's num_train_epochs): the
     steps are then ceil(epochs × solutions / batch_size), and sft.steps is not used."""
     mask_tool_results: bool = True
-    """Leave the `<result>...</result>` spans of the solutions (a tool's output in a
-    tool-calling solution, `rollout.tools`) out of the loss, as TRL's assistant-only loss
-    leaves tool turns out; the model still reads them (`docs/tools.md`: on the tiny model this
-    is what lets it learn to call the tool). Solutions without such a span are unaffected."""
+    """Leave the tools' results in the solutions (a tool's output in a tool-calling solution,
+    written in sft.tool_format: `<result>...</result>` by default) out of the loss, as TRL's
+    assistant-only loss leaves tool turns out; the model still reads them (`docs/tools.md`: on
+    the tiny model this is what lets it learn to call the tool). Solutions without a result
+    are unaffected."""
+    tool_format: Literal["tags", "code", "hermes"] = "tags"
+    """The call format of the tool-calling solutions (`rollout.tool_format`), whose results
+    sft.mask_tool_results leaves out."""
     max_length: int | None = Field(default=None, ge=2)
     """Cut each example to this many tokens, prompt and solution together, from the
     solution's end (TRL's max_length, keep_start; TRL's default is 1024); an example whose
@@ -323,3 +328,8 @@ class CurateConfig(Section):
     """The task whose training problems are curated."""
     curate: CurateSection = Field(default_factory=CurateSection)
     """Sampling, the pass-rate band and the output file."""
+
+    @model_validator(mode="after")
+    def _hermes_calls_are_chats(self) -> CurateConfig:
+        refuse_hermes_without_chat(self.curate, self.data, "curate.tool_format")
+        return self

@@ -118,6 +118,7 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.response_length": ("rollout.max_new_tokens",),
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": ("rollout.tools",),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": ("rollout.max_tool_calls",),
+    "actor_rollout_ref.rollout.multi_turn.format": ("rollout.tool_format",),
     "algorithm.adv_estimator": ("algorithm.advantage",),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.std_normalization",),
     "algorithm.use_kl_in_reward": ("algorithm.kl.in_reward",),

@@ -115,8 +115,8 @@ class TrainedOn:
     max_new_tokens: int | None
     """An RL run's evaluation budget (`eval.max_new_tokens`, else `rollout.max_new_tokens`)."""
     tools: dict = field(default_factory=dict)
-    """An RL run's tool settings (`rollout.tools`, `max_tool_calls`, `tool_timeout`, those it
-    set): its model is evaluated calling the same tools."""
+    """An RL run's tool settings (`rollout.tools`, `max_tool_calls`, `tool_timeout`,
+    `tool_format`, those it set): its model is evaluated calling the same tools."""
 
 
 def trained_on(model: str | Path) -> TrainedOn | None:
@@ -141,7 +141,7 @@ def trained_on(model: str | Path) -> TrainedOn | None:
         rollout = saved["rollout"]
         budget = (saved.get("eval") or {}).get("max_new_tokens") or rollout.get("max_new_tokens")
         if rollout.get("tools"):
-            keys = ("tools", "max_tool_calls", "tool_timeout")
+            keys = ("tools", "max_tool_calls", "tool_timeout", "tool_format")
             tools = {key: rollout[key] for key in keys if key in rollout}
     return TrainedOn(found, data, budget, tools)
 

@@ -61,13 +61,15 @@ def sample_and_verify(
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
     `reward` verifier (a score of 1 or more is correct); `chat_kwargs` go to the chat
-    template; the completions may call `tools`."""
+    template; the completions may call `tools` (whose schemas join `chat_kwargs` in the
+    `hermes` format)."""
+    chat_kwargs = tools.chat_kwargs(chat_kwargs or {})
     prompts = [p.prompt for p in problems]
     texts, prompt_ids = encode_prompts(template, prompts, tokenizer, chat_kwargs)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
-    engine = tools.around(engine, tokenizer)
+    engine = tools.around(engine, tokenizer, chat_kwargs)
     out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
     completions = decode_completions(tokenizer, out.completion_ids, eos)
     sample_problems = [problems[i] for i in out.prompt_index]

@@ -29,7 +29,6 @@ from rlvr.rewards.verify import (
     current_verifier_timeout,
     parse_number,
 )
-from rlvr.rollout.base import FAILED_CALL
 
 TIMED_OUT = float("nan")
 """The score a reward returns for a completion whose verifier timed out (counted, scores 0)."""
@@ -247,9 +246,18 @@ def countdown_reward(
 
 
 @register_reward("tool_error")
-def tool_error_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-    """-1.0 for a completion with a failed tool call (a result beginning `error:`, as a tool
-    reports bad input, a timeout or a crash: `rlvr.rollout.tools`), else 0.0. ToRL's penalty for
-    code that does not run (Li et al. 2025, *ToRL: Scaling Tool-Integrated RL*,
-    arXiv:2503.23383, §2: −0.5 beside a ±1 answer reward) is this entry at weight 0.5."""
-    return [-1.0 if FAILED_CALL in completion else 0.0 for completion in completions]
+def tool_error_reward(
+    prompts: list[str],
+    completions: list[str],
+    failed_calls: list[int] | None = None,
+    **_: Any,
+) -> list[float]:
+    """-1.0 for a completion with a failed tool call (an output beginning `error:`, as a tool
+    reports bad input, a timeout or a crash, or a call that could not be read:
+    `rlvr.rollout.tools`), else 0.0. ToRL's penalty for code that does not run (Li et al. 2025,
+    *ToRL: Scaling Tool-Integrated RL*, arXiv:2503.23383, §2: −0.5 beside a ±1 answer reward)
+    is this entry at weight 0.5. `failed_calls` (per completion) comes with rollouts that
+    call tools (`rollout.tools`)."""
+    if failed_calls is None:
+        raise ValueError("the 'tool_error' reward needs rollouts with tools (rollout.tools)")
+    return [-1.0 if failed else 0.0 for failed in failed_calls]

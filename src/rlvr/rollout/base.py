@@ -7,13 +7,6 @@ from typing import Protocol
 
 from torch import nn
 
-RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-"""What wraps a tool's output in a completion (`rlvr.rollout.tools`)."""
-
-FAILED_CALL = RESULT_OPEN + "error:"
-"""How a failed tool call's result starts: a tool reports bad input, a timeout or a crash as
-an output beginning `error:`."""
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -38,7 +31,7 @@ class SamplingParams:
     multiply the negative ones (CTRL's penalty; 1.0 = off)."""
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     """Token-id sequences that end a completion as EOS does, the sequence kept at its end
-    (a tool call's closing tag: `rlvr.rollout.tools`); finish reason `stop`."""
+    (the end of a tool call: `rlvr.rollout.tools`); finish reason `stop`."""
 
 
 @dataclass
@@ -57,6 +50,11 @@ class Rollout:
     tool_mask: list[list[bool]] | None = None
     """For each completion token, True where a tool wrote it rather than the policy (its
     result, not trained on: `rlvr.rollout.tools`); None: no tool ran."""
+    tool_calls: list[int] | None = None
+    """For each completion, how many tool calls it made; None: no tool ran."""
+    failed_calls: list[int] | None = None
+    """For each completion, how many of its tool calls failed (an output beginning `error:`:
+    bad input, a timeout, a crash); None: no tool ran."""
 
 
 class RolloutEngine(Protocol):

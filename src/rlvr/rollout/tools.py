@@ -1,22 +1,24 @@
 """Tools the policy calls while it generates (tool-integrated reasoning: ToRL, ReTool).
 
-A call is the tool's name as a tag around its input, `<calculator>12*(3+4)</calculator>`. The
-closing tag is a stop sequence of the engine: when a completion ends with one, the tool runs on
-the text after the last matching opening tag and its output is appended as
-`<result>OUTPUT</result>`, then generation continues from the prompt, the completion so far
-and the result, until an EOS, the generation budget (which the results count against) or
-`max_calls` calls. The result's tokens are the tool's, not the policy's: `Rollout.tool_mask`
+A call is written in a call format (`rlvr.rollout.call_formats`; by default the tool's name as
+a tag around its input, `<calculator>12*(3+4)</calculator>`). The end of a call is a stop
+sequence of the engine: when a completion ends with one, the format reads the call from the
+policy's turn, the tool runs, and its output is appended as the format writes it
+(`<result>84</result>`); then generation continues from the prompt, the completion so far and
+the result, until an EOS, the generation budget (which the results count against) or
+`max_calls` calls (a turn whose calls would pass it ends the completion without results). The
+result's tokens are the tool's, not the policy's: `Rollout.tool_mask`
 marks them, their rollout log-probs are 0, and the trainer leaves them out of the loss (their
 response mask is 0) while the policy still reads them as context.
 
 A tool is a function `f(arguments: str, *, timeout_s: float) -> str` registered in `TOOLS`;
 it never raises for bad input (it returns `error: ...`, as the model should see it), and an
-exception it does raise becomes such an output too, so a tool cannot stop a rollout.
+exception it does raise becomes such an output too, so a tool cannot stop a rollout. An
+output beginning `error:` is a failed call (`Rollout.failed_calls`).
 
 The calls that end a turn run at once, on threads. How this departs from verl's and TRL's
-multi-turn rollouts: the call format is a tag pair that any tokenizer can produce, not a chat
-template's tool-call JSON, and each continuation prefills its prompt and completion afresh (no
-KV cache is kept across a call).
+multi-turn rollouts: each continuation prefills its prompt and completion afresh (no KV cache
+is kept across a call), and decoding waits for a turn's calls.
 """
 
 from __future__ import annotations
@@ -24,26 +26,22 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlvr.algorithms.registry import Registry
 from rlvr.rewards.sandbox import SandboxError, run_python
-from rlvr.rollout.base import (
-    RESULT_CLOSE,
-    RESULT_OPEN,
-    Rollout,
-    RolloutEngine,
-    SamplingParams,
-)
+from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
+from rlvr.rollout.call_formats import Call, CallFormat, Tags, call_format, tool_schema
 
 if TYPE_CHECKING:
     from rlvr.config import ToolSettings
 
 TOOLS: Registry = Registry("tool")
-"""Tools by name: ``fn(arguments: str, *, timeout_s: float) -> str`` (its output text)."""
+"""Tools by name: ``fn(arguments: str, *, timeout_s: float) -> str`` (its output text; the
+first parameter's name is the JSON argument of a `hermes` call)."""
 
 MAX_OUTPUT_CHARS = 200
 """A tool's output is cut to this many characters (the model reads it as context)."""
@@ -86,11 +84,13 @@ def _evaluate(node: ast.AST) -> int | float:
 
 
 @TOOLS.register("calculator")
-def calculator(arguments: str, *, timeout_s: float = 5.0) -> str:
-    """The value of an arithmetic expression: numbers, + − × / // % ** and parentheses
-    (`12*(3+4)` → `84`, `7/2` → `3.5`); anything else, or a result above 1e30, is
-    `error: ...`. An integral value is written without a decimal point."""
-    text = arguments.strip()
+def calculator(expression: str, *, timeout_s: float = 5.0) -> str:
+    """Evaluates an arithmetic expression: numbers, + - * / // % ** and parentheses.
+
+    `12*(3+4)` → `84`, `7/2` → `3.5`; anything else, or a result above 1e30, is
+    `error: ...`. An integral value is written without a decimal point. (The first paragraph
+    of a tool's docstring is its description in the `hermes` format's schema.)"""
+    text = expression.strip()
     if len(text) > MAX_EXPRESSION_CHARS:
         return f"error: the expression is over {MAX_EXPRESSION_CHARS} characters"
     try:
@@ -109,12 +109,14 @@ def calculator(arguments: str, *, timeout_s: float = 5.0) -> str:
 
 
 @TOOLS.register("python")
-def python(arguments: str, *, timeout_s: float = 5.0) -> str:
-    """What a Python program prints, run in the code rewards' sandbox
-    (`rlvr.rewards.sandbox.run_python`: no network, CPU, memory and process limits,
-    `timeout_s` of wall clock); a failure is `error: ` and the last line of its stderr."""
+def python(code: str, *, timeout_s: float = 5.0) -> str:
+    """Runs a Python program and returns what it prints.
+
+    It runs in the code rewards' sandbox (`rlvr.rewards.sandbox.run_python`: no network, CPU,
+    memory and process limits, `timeout_s` of wall clock); a failure is `error: ` and the last
+    line of its stderr."""
     try:
-        result = run_python(arguments, timeout_s=timeout_s, max_output_bytes=1 << 16)
+        result = run_python(code, timeout_s=timeout_s, max_output_bytes=1 << 16)
     except SandboxError as exc:
         return f"error: the sandbox failed ({exc})"
     if result.timed_out:
@@ -125,24 +127,14 @@ def python(arguments: str, *, timeout_s: float = 5.0) -> str:
     return result.stdout.strip()
 
 
-def result_tokens(tokenizer, text: str) -> tuple[list[int], list[bool]]:
-    """The token ids of `text` and, for each, whether it lies within a `<result>...</result>`
-    span, tags included: what a tool wrote in a tool-calling solution (a token across a span's
+def result_tokens(tokenizer, text: str, form: CallFormat) -> tuple[list[int], list[bool]]:
+    """The token ids of `text` and, for each, whether a tool wrote it in this tool-calling
+    solution (within a result of format `form`, its texts included; a token across a result's
     edge is the policy's). Needs a fast tokenizer (its offsets)."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans, start = [], 0
-    while (opened := text.find(RESULT_OPEN, start)) >= 0:
-        closed = text.find(RESULT_CLOSE, opened)
-        end = len(text) if closed < 0 else closed + len(RESULT_CLOSE)
-        spans.append((opened, end))
-        start = end
+    spans = form.result_spans(text)
     marks = [any(a <= s and e <= b for a, b in spans) for s, e in encoded["offset_mapping"]]
     return encoded["input_ids"], marks
-
-
-def count_calls(by_tool: Sequence[bool]) -> int:
-    """The tool calls of a completion: its runs of tool-written tokens (`Rollout.tool_mask`)."""
-    return sum(1 for i, mark in enumerate(by_tool) if mark and (i == 0 or not by_tool[i - 1]))
 
 
 def run_tool(name: str, arguments: str, timeout_s: float) -> str:
@@ -165,6 +157,7 @@ class _Sample:
     by_tool: list[bool] = field(default_factory=list)
     finish: str = "length"
     calls: int = 0
+    failed: int = 0
 
     def extend(self, tokens: list[int], logprobs: list[float], by_tool: bool) -> None:
         self.tokens += tokens
@@ -179,9 +172,22 @@ class _Sample:
         return self.tokens[start:]
 
 
+def stop_variants(tokenizer, text: str) -> list[tuple[int, ...]]:
+    """The token sequences a completion ending in `text` can end with: `text` alone, and as a
+    BPE tokenizer writes it after a newline or a space when it merges them into its first
+    token (`\\n```` is one token in some vocabularies)."""
+    variants = [tuple(tokenizer(text, add_special_tokens=False)["input_ids"])]
+    for lead in ("\n", " "):
+        tokens = tuple(tokenizer(lead + text, add_special_tokens=False)["input_ids"])
+        if tokenizer.decode(tokens[:1]) != lead and tokens not in variants:
+            variants.append(tokens)
+    return variants
+
+
 class ToolCaller:
-    """A `RolloutEngine` whose completions may call `tools` (at most `max_calls` each): it
-    samples from `engine` and runs the calls between turns (the module docstring)."""
+    """A `RolloutEngine` whose completions may call `tools` (at most `max_calls` each) in
+    `form` (default: tags): it samples from `engine` and runs the calls between turns (the
+    module docstring)."""
 
     def __init__(
         self,
@@ -190,12 +196,17 @@ class ToolCaller:
         tools: Sequence[str],
         max_calls: int = 4,
         timeout_s: float = 5.0,
+        form: CallFormat | None = None,
     ) -> None:
         for name in tools:
             TOOLS.get(name)  # an unknown name fails here, with the valid ones
         self.engine, self.tokenizer = engine, tokenizer
         self.tools, self.max_calls, self.timeout_s = list(tools), max_calls, timeout_s
-        self.closing = {name: tuple(self._encode(f"</{name}>")) for name in self.tools}
+        self.form = form or Tags()
+        self.stops = self.form.stops(self.tools)
+        self.stop_sequences = tuple(
+            variant for stop in self.stops for variant in stop_variants(tokenizer, stop)
+        )
 
     @property
     def model(self):
@@ -206,45 +217,35 @@ class ToolCaller:
         """Make the wrapped engine sample from the current weights of `model`."""
         self.engine.sync_weights(model)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _calls(self, sample: _Sample) -> list[Call]:
+        """The calls of `sample`'s last turn, if it ended in a stop."""
+        turn = self.tokenizer.decode(sample.last_turn(), skip_special_tokens=False)
+        if not any(turn.endswith(stop) for stop in self.stops):
+            return []
+        return self.form.parse(turn, self.tools)
 
-    def _called(self, sample: _Sample) -> str | None:
-        """The tool whose closing tag ends `sample`, if one does."""
-        for name, closing in self.closing.items():
-            if tuple(sample.tokens[-len(closing) :]) == closing:
-                return name
-        return None
+    def _output(self, call: Call) -> str:
+        return call.error or run_tool(call.tool, call.arguments, self.timeout_s)
 
-    def _output(self, sample: _Sample, name: str) -> str:
-        """What the call that ends `sample` returns: the tool on the text between the last
-        opening tag of the policy's last turn and the closing tag."""
-        text = self.tokenizer.decode(sample.last_turn())
-        opening, closing = f"<{name}>", f"</{name}>"
-        start = text.rfind(opening)
-        if start < 0:
-            return f"error: no {opening} before {closing}"
-        return run_tool(name, text[start + len(opening) : text.rfind(closing)], self.timeout_s)
-
-    def _outputs(self, calls: list[tuple[_Sample, str]]) -> list[str]:
+    def _outputs(self, calls: list[Call]) -> list[str]:
         """The calls' outputs, run at once on threads (a `python` call waits on its sandbox
         process, and the processes run side by side)."""
         if len(calls) < 2:
-            return [self._output(sample, name) for sample, name in calls]
+            return [self._output(call) for call in calls]
         workers = min(len(calls), MAX_CONCURRENT_CALLS)
         with ThreadPoolExecutor(workers, thread_name_prefix="rlvr-tool") as pool:
-            return list(pool.map(lambda call: self._output(*call), calls))
+            return list(pool.map(self._output, calls))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         """Sample `params.n` completions per prompt, running their tool calls."""
         budget = params.max_new_tokens
-        params = replace(params, stop_sequences=tuple(self.closing.values()))
+        params = replace(params, stop_sequences=self.stop_sequences)
         first = self.engine.generate(prompts, params)
         samples = [_Sample(prompts[i]) for i in first.prompt_index]
         pending = list(range(len(samples)))
         turn = first
         while pending:
-            calls = []
+            calling: list[tuple[int, list[Call]]] = []
             for row, tokens, logprobs, finish in zip(
                 pending, turn.completion_ids, turn.logprobs, turn.finish_reason, strict=True
             ):
@@ -252,17 +253,18 @@ class ToolCaller:
                 room = budget - len(sample.tokens)
                 sample.extend(tokens[:room], logprobs[:room], by_tool=False)
                 sample.finish = "length" if len(tokens) > room else finish
-                name = self._called(sample)
-                if name is not None and sample.calls < self.max_calls and room > len(tokens):
-                    calls.append((row, name))
+                calls = self._calls(sample) if room > len(tokens) else []
+                if calls and sample.calls + len(calls) <= self.max_calls:
+                    calling.append((row, calls))
             going = []
-            outputs = self._outputs([(samples[row], name) for row, name in calls])
-            for (row, _), output in zip(calls, outputs, strict=True):
-                sample = samples[row]
-                result = self._encode(f"{RESULT_OPEN}{output}{RESULT_CLOSE}")
+            outputs = iter(self._outputs([call for _, calls in calling for call in calls]))
+            for row, calls in calling:
+                sample, ran = samples[row], [next(outputs) for _ in calls]
+                result = self._encode(self.form.result(ran))
                 room = budget - len(sample.tokens)
                 sample.extend(result[:room], [0.0] * min(room, len(result)), by_tool=True)
-                sample.calls += 1
+                sample.calls += len(calls)
+                sample.failed += sum(output.startswith("error:") for output in ran)
                 if len(result) < room:
                     going.append(row)
                 else:
@@ -281,25 +283,47 @@ class ToolCaller:
             [s.logprobs for s in samples],
             [s.finish for s in samples],
             [s.by_tool for s in samples],
+            [s.calls for s in samples],
+            [s.failed for s in samples],
         )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass(frozen=True)
 class ToolUse:
-    """Which tools a rollout may call and how often (the `rollout.tools`, `max_tool_calls`
-    and `tool_timeout` settings)."""
+    """Which tools a rollout may call, how often and in which format (the `rollout.tools`,
+    `max_tool_calls`, `tool_timeout` and `tool_format` settings)."""
 
     names: tuple[str, ...] = ()
     max_calls: int = 4
     timeout_s: float = 5.0
+    format: str = "tags"
 
     @classmethod
     def of(cls, settings: ToolSettings) -> ToolUse:
         """The settings of a config section (`rollout`, `curate`)."""
-        return cls(tuple(settings.tools), settings.max_tool_calls, settings.tool_timeout)
+        return cls(
+            tuple(settings.tools),
+            settings.max_tool_calls,
+            settings.tool_timeout,
+            settings.tool_format,
+        )
 
-    def around(self, engine: RolloutEngine, tokenizer) -> RolloutEngine:
-        """`engine` itself when no tool is named, else a `ToolCaller` around it."""
+    def chat_kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The chat template's arguments (`data.chat_template_kwargs`) with the tools' schemas
+        added where the format passes them (`hermes`) and the user gave none."""
+        if not self.names or self.format != "hermes" or "tools" in given:
+            return dict(given)
+        return {**given, "tools": [tool_schema(name) for name in self.names]}
+
+    def around(
+        self, engine: RolloutEngine, tokenizer, chat_kwargs: Mapping[str, Any] | None = None
+    ) -> RolloutEngine:
+        """`engine` itself when no tool is named, else a `ToolCaller` around it (a `hermes`
+        format reads its tool turn from the chat template rendered with `chat_kwargs`)."""
         if not self.names:
             return engine
-        return ToolCaller(engine, tokenizer, self.names, self.max_calls, self.timeout_s)
+        form = call_format(self.format, tokenizer, chat_kwargs)
+        return ToolCaller(engine, tokenizer, self.names, self.max_calls, self.timeout_s, form)

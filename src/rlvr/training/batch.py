@@ -36,6 +36,8 @@ class RolloutBatch:
     """[N, T] sampling log-probs reported by the rollout engine."""
     tool_calls: torch.Tensor | None = None
     """[N] long: tool calls in each completion (`rollout.tools`); None without tools."""
+    failed_calls: torch.Tensor | None = None
+    """[N] long: the failed ones among them (an output beginning `error:`)."""
     rewards: torch.Tensor | None = None
     """[N] total reward."""
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -6,7 +6,6 @@ import torch
 
 from rlvr.algorithms.groups import constant_groups
 from rlvr.config import RLConfig
-from rlvr.rollout.base import FAILED_CALL
 from rlvr.training.batch import RolloutBatch
 
 
@@ -75,7 +74,7 @@ def step_metrics(
     if sampled.tool_calls is not None:
         metrics["tool_calls/mean"] = _mean(sampled.tool_calls)
         metrics["tool_calls/frac"] = _mean(sampled.tool_calls > 0)
-        failed = sum(text.count(FAILED_CALL) for text in sampled.completion_texts)
+        failed = int(sampled.failed_calls.sum())
         metrics["tool_calls/failed_frac"] = failed / max(int(sampled.tool_calls.sum()), 1)
     for name, values in sampled.reward_parts.items():
         metrics[f"reward/{name}"] = _mean(values)

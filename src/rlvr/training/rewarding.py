@@ -91,6 +91,8 @@ class RewardScorer:
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
         columns = {**reward_columns(batch.problems), "completion_ids": batch.completion_ids}
+        if batch.failed_calls is not None:
+            columns["failed_calls"] = batch.failed_calls.tolist()
         messages = [prompt_messages(p) for p in batch.problems]
         state = TrainerState(global_step=max(self.step - 1, 0), max_steps=self.max_steps)
         out = self.compose(batch.prompt_texts, batch.completion_texts, columns, messages, state)

@@ -138,9 +138,8 @@ def without_long_prompts(task: Task, cfg: RLConfig, tokenizer, announce: bool) -
     """`task` with only the training prompts of at most `rollout.max_prompt_tokens` tokens;
     the held-out problems stay whole, so that evaluations match `rlvr eval`."""
     limit, total = cfg.rollout.max_prompt_tokens, len(task.train)
-    kept = short_prompts(
-        cfg.data.template, task.train, tokenizer, limit, cfg.data.chat_template_kwargs
-    )
+    chat_kwargs = ToolUse.of(cfg.rollout).chat_kwargs(cfg.data.chat_template_kwargs)
+    kept = short_prompts(cfg.data.template, task.train, tokenizer, limit, chat_kwargs)
     if not kept:
         raise ConfigError(
             f"rollout.max_prompt_tokens={limit}: all {total} training prompts are longer "
@@ -246,7 +245,7 @@ def _train(
         generator,
         cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed weight addresses
     )
-    engine = ToolUse.of(r).around(engine, tokenizer)
+    engine = ToolUse.of(r).around(engine, tokenizer, cfg.data.chat_template_kwargs)
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(
         algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id

@@ -18,7 +18,7 @@ from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import RewardOutput, concat_outputs
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.rollout.tools import count_calls
+from rlvr.rollout.tools import ToolUse
 from rlvr.training.batch import RolloutBatch, concat_batches
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.distributed import ONE_PROCESS, Ranks
@@ -36,8 +36,9 @@ def rollout_batch(
     `indices[g]`."""
     problems = [task.train[i] for i in indices]
     d = cfg.data
+    chat_kwargs = ToolUse.of(cfg.rollout).chat_kwargs(d.chat_template_kwargs)
     texts, prompt_ids = encode_prompts(
-        d.template, [p.prompt for p in problems], tokenizer, d.chat_template_kwargs
+        d.template, [p.prompt for p in problems], tokenizer, chat_kwargs
     )
     r = cfg.rollout
     params = SamplingParams(
@@ -60,11 +61,12 @@ def rollout_batch(
         tokenizer, out.completion_ids, eos_token_ids(engine.model, tokenizer)
     )
     response_mask = response_mask_from_lengths(lengths, width)
-    tool_calls = None
+    tool_calls = failed_calls = None
     if out.tool_mask is not None:  # a tool's result is context, not the policy's action
         for i, by_tool in enumerate(out.tool_mask):
             response_mask[i, : len(by_tool)] *= ~torch.tensor(by_tool, dtype=torch.bool)
-        tool_calls = torch.tensor([count_calls(m) for m in out.tool_mask])
+        tool_calls = torch.tensor(out.tool_calls)
+        failed_calls = torch.tensor(out.failed_calls)
     return RolloutBatch(
         problems=[problems[g] for g in out.prompt_index],
         prompt_ids=[prompt_ids[g] for g in out.prompt_index],
@@ -76,6 +78,7 @@ def rollout_batch(
         response_mask=response_mask,
         rollout_logprobs=logprobs,
         tool_calls=tool_calls,
+        failed_calls=failed_calls,
     )
 
 

@@ -22,7 +22,7 @@ from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
-from rlvr.rollout.base import RESULT_OPEN
+from rlvr.rollout.call_formats import call_format
 from rlvr.rollout.tools import result_tokens
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
@@ -138,14 +138,15 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         cfg.data.template, [p.prompt for p in examples], tokenizer, cfg.data.chat_template_kwargs
     )
     trained = None
-    if s.mask_tool_results and any(RESULT_OPEN in p.solution for p in examples):
+    form = call_format(s.tool_format, tokenizer, cfg.data.chat_template_kwargs)
+    if s.mask_tool_results and any(form.result_spans(p.solution) for p in examples):
         if not tokenizer.is_fast:
             raise ConfigError(
-                f"sft.mask_tool_results: the solutions have {RESULT_OPEN} spans, which only a "
-                "fast tokenizer (its offsets) can leave out of the loss; set it to false to "
-                "train on them"
+                f"sft.mask_tool_results: the solutions have tool results "
+                f"(sft.tool_format={s.tool_format}), which only a fast tokenizer (its offsets) "
+                "can leave out of the loss; set it to false to train on them"
             )
-        encoded = [result_tokens(tokenizer, p.solution) for p in examples]
+        encoded = [result_tokens(tokenizer, p.solution, form) for p in examples]
         targets = [[*ids, tokenizer.eos_token_id] for ids, _ in encoded]
         trained = [[not mark for mark in marks] + [True] for _, marks in encoded]
     else:
