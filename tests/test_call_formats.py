@@ -1,6 +1,7 @@
 """The call formats (`rollout.tool_format`): how a call is read and how its result is written."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,37 @@ def test_a_stop_is_also_matched_as_a_merging_tokenizer_writes_it_after_a_newline
     assert stop_variants(merging, "```output") == [(3, 5), (4, 5)]
     plain = Greedy(["\n", " ", "`", "output"])
     assert stop_variants(plain, "```output") == [(2, 2, 2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("template", "chat_kwargs", "opening"),
+    [
+        ("qwen2_5.jinja", {}, "<|im_start|>assistant\n"),
+        ("qwen3.jinja", {}, "<|im_start|>assistant\n"),
+        (
+            "qwen3.jinja",
+            {"enable_thinking": False},
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        ),
+    ],
+)
+def test_hermes_with_qwens_own_templates(template, chat_kwargs, opening):
+    """Qwen2.5's and Qwen3's chat templates as TRL ships them: the schemas land in the system
+    turn as Qwen was trained to read them, and two outputs come back in one user turn of
+    <tool_response> blocks, then the assistant's opening (Qwen3 without thinking: its empty
+    think block)."""
+    import trl
+
+    tokenizer = qwen_like_tokenizer(
+        (Path(trl.__file__).parent / "chat_templates" / template).read_text()
+    )
+    use = ToolUse(("calculator",), format="hermes")
+    kwargs = use.chat_kwargs(chat_kwargs)
+    (text,), _ = encode_prompts("chat", ["What is 6*7?"], tokenizer, kwargs)
+    assert f"<tools>\n{json.dumps(tool_schema('calculator'))}\n</tools>" in text
+    form = Hermes(tokenizer, kwargs)
+    assert form.anchor == "<|im_end|>"
+    assert form.result(["A", "B"]) == (
+        "\n<|im_start|>user\n<tool_response>\nA\n</tool_response>\n<tool_response>\nB\n"
+        "</tool_response><|im_end|>\n" + opening
+    )
