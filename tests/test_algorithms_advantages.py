@@ -10,6 +10,7 @@ from rlvr.algorithms import (
     ADVANTAGES,
     decoupled_group_advantages,
     group_normalized_advantages,
+    opo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
 )
@@ -280,3 +281,56 @@ def test_gdpo_equals_trls_normalize_then_sum():
     _close(ours, trl, atol=1e-9)
     with pytest.raises(ValueError, match=r"parts must be \[N, K\] and weights \[K\]"):
         decoupled_group_advantages(parts, weights[:2], torch.arange(32) // 4)
+
+
+def test_opo_weights_the_baseline_by_length():
+    """Group 0: rewards [1, 0, 0, 0] of lengths [2, 2, 4, 8]: b = 2/16 = 0.125; group 1:
+    [1, 1, 0, 0] of lengths [1, 3, 2, 2]: b = 4/8 = 0.5. Equal lengths give Dr. GRPO's
+    advantage; a constant group gets 0; `std_normalization` divides as for grpo."""
+    lengths = torch.tensor([2, 2, 4, 8, 1, 3, 2, 2])
+    adv = opo_advantages(REWARDS, GROUPS, lengths=lengths)
+    _close(adv, [0.875, -0.125, -0.125, -0.125, 0.5, 0.5, -0.5, -0.5])
+    equal = opo_advantages(REWARDS, GROUPS, lengths=torch.full((8,), 5))
+    _close(equal, group_normalized_advantages(REWARDS, GROUPS, std_normalization="none"))
+    constant = opo_advantages(
+        torch.ones(3), torch.tensor([0, 0, 0]), lengths=torch.tensor([1, 2, 9])
+    )
+    assert constant.tolist() == [0.0, 0.0, 0.0]
+    group = opo_advantages(REWARDS, GROUPS, lengths=lengths, std_normalization="group")
+    _close(group[:4], [a / (0.5 + EPS) for a in [0.875, -0.125, -0.125, -0.125]])
+    with pytest.raises(ValueError, match=r"opo needs lengths of shape \(8,\), got None"):
+        opo_advantages(REWARDS, GROUPS)
+    assert ADVANTAGES.get("opo") is opo_advantages
+
+
+def test_opo_baseline_is_the_variance_minimising_one_for_length_proportional_norms():
+    """The minimiser over b of E[l (r - b)^2] (the gradient's second moment when its squared
+    norm is proportional to the length l), found by a dense search, is OPO's baseline."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    lengths = torch.tensor([3.0, 10.0, 1.0, 6.0, 2.0], dtype=torch.float64)
+    grid = torch.linspace(0, 1, 100001, dtype=torch.float64)
+    second_moment = (lengths[None] * (rewards[None] - grid[:, None]) ** 2).sum(-1)
+    best = grid[second_moment.argmin()]
+    baseline = (
+        rewards[0] - opo_advantages(rewards, torch.zeros(5, dtype=torch.long), lengths=lengths)[0]
+    )
+    _close(baseline, best.item(), atol=1e-5)
+
+
+def test_the_loop_gives_opo_the_trained_token_counts():
+    """`batch_advantages` with `advantage: opo` weights by each row's trained tokens (its
+    response mask: a tool's result inside a completion is not counted), on every token."""
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = token_batch(
+        [[5]] * 4, [[7] * 2, [7] * 6, [7] * 4, [7] * 4], torch.tensor([0, 0, 1, 1]), torch.zeros(4)
+    )
+    batch.response_mask[1, 1:4] = 0  # three tool tokens: 3 trained tokens of 6
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    algo = AlgorithmConfig(advantage="opo", std_normalization="none")
+    advantages, _ = batch_advantages(batch, algo, kl_coef=0.0)
+    # group 0: b = (2·1 + 3·0) / 5 = 0.4; group 1: equal lengths, b = 0.5
+    expected = torch.tensor([0.6, -0.4, -0.5, 0.5])
+    torch.testing.assert_close(advantages, expected[:, None] * batch.response_mask)

@@ -36,6 +36,7 @@ PRESETS = {
     "dr_grpo": [],
     "dapo": [],
     "rloo": [SLOW],
+    "opo": [],
     "ppo": [*CRITIC, "algorithm.kl.coef=0.0"],
     # VAPO's alpha = 0.05 is set for responses of thousands of tokens: at the tiny task's ~12
     # tokens it gives lambda = 0 (pure TD); alpha = 1 gives lambda ~ 0.92, as the paper's

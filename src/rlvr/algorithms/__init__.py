@@ -1,7 +1,7 @@
 """Pure tensor functions of RLVR, selected by name through registries.
 
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
-  ``reinforce_pp`` (global batch whitening).
+  ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
   ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
@@ -16,6 +16,7 @@ arguments, never a config object.
 from rlvr.algorithms.advantages import (
     decoupled_group_advantages,
     group_normalized_advantages,
+    opo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "length_normalized_dpo_loss",
     "luspo_loss",
     "nca_pair_loss",
+    "opo_advantages",
     "orpo_loss",
     "overlong_mask",
     "ppo_clip_loss",

@@ -30,9 +30,12 @@ from rlvr.algorithms.registry import ADVANTAGES
 
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
-GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline"})
+GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo"})
 """The estimators that compare each sample with the others of its prompt: with one sample per
 prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
+
+LENGTH_WEIGHTED = frozenset({"opo"})
+"""The estimators that also take each sequence's number of trained tokens (``lengths=``)."""
 
 
 def _check_inputs(rewards: Tensor, group_ids: Tensor, std_normalization: str) -> None:
@@ -309,4 +312,62 @@ def reinforce_pp_baseline_advantages(
     _, _, centered, _, constant = _group_statistics(rewards, group_ids)
     centered = torch.where(constant, torch.zeros_like(centered), centered)
     adv = centered / (_batch_std(centered) + epsilon)
+    return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("opo")
+def opo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    lengths: Tensor | None = None,
+    std_normalization: str = "none",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""OPO: the baseline is the group's rewards weighted by the responses' lengths.
+
+    .. math::
+
+        b_g = \frac{\sum_{j:\,g_j = g} l_j\, r_j}{\sum_{j:\,g_j = g} l_j}, \qquad
+        A_i = r_i - b_{g_i}
+
+    (Hao et al. 2025, *On-Policy RL with Optimal Reward Baseline*, arXiv:2505.23585.) The
+    baseline that minimises the variance of the policy gradient is
+    :math:`\mathbb{E}[\lVert\nabla\log\pi(y)\rVert^2 r] /
+    \mathbb{E}[\lVert\nabla\log\pi(y)\rVert^2]`; taking the squared gradient norm of a
+    response proportional to its length :math:`l` (its tokens' gradients roughly orthogonal
+    and of equal size) gives :math:`b_g`. With equal lengths it is GRPO's group mean (Dr.
+    GRPO's advantage). The assumption holds for a sequence gradient that sums its tokens' —
+    the ``token_mean`` and ``seq_mean_token_sum`` aggregations, not ``seq_mean_token_mean``.
+
+    A group whose rewards are all equal, and a group of one, get exactly 0.
+    ``std_normalization`` is applied as in :func:`group_normalized_advantages` (the paper's
+    OPO: ``"none"``).
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer id of each sequence's prompt group.
+        lengths: ``[N]`` number of trained tokens of each sequence (required; > 0 in every
+            group with differing rewards).
+        std_normalization: ``"group"``, ``"batch"`` or ``"none"``.
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if lengths is None or lengths.shape != rewards.shape:
+        shape = None if lengths is None else tuple(lengths.shape)
+        raise ValueError(f"opo needs lengths of shape {tuple(rewards.shape)}, got {shape}")
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
+    r, _, _, group_var, constant = _group_statistics(rewards, group_ids)
+    length = lengths.detach().to(torch.float64)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    weighted = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64, device=r.device)
+    total = torch.zeros_like(weighted).index_add_(0, inverse, length)
+    weighted.index_add_(0, inverse, length * r)
+    baseline = weighted[inverse] / total[inverse].clamp(min=1.0)
+    adv = _normalize(r - baseline, r, group_var, std_normalization, epsilon)
+    adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))
