@@ -12,6 +12,7 @@ from rlvr.algorithms import (
     group_normalized_advantages,
     opo_advantages,
     reinforce_pp_advantages,
+    remax_advantages,
     rloo_advantages,
 )
 
@@ -334,3 +335,68 @@ def test_the_loop_gives_opo_the_trained_token_counts():
     # group 0: b = (2·1 + 3·0) / 5 = 0.4; group 1: equal lengths, b = 0.5
     expected = torch.tensor([0.6, -0.4, -0.5, 0.5])
     torch.testing.assert_close(advantages, expected[:, None] * batch.response_mask)
+
+
+def test_remax_subtracts_the_greedy_reward():
+    """A_i = r_i − r(greedy completion of prompt i), one sample per prompt or several; the
+    batch normalisation divides by the std of the rewards; the group one is refused."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    greedy = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    adv = remax_advantages(rewards, torch.arange(4), baselines=greedy)
+    _close(adv, [1.0, 0.0, 0.0, -1.0])
+    batch = remax_advantages(rewards, torch.arange(4), baselines=greedy, std_normalization="batch")
+    _close(batch, [a / (math.sqrt(1 / 3) + EPS) for a in [1.0, 0.0, 0.0, -1.0]])
+    with pytest.raises(ValueError, match="std_normalization='group' has no spread"):
+        remax_advantages(rewards, torch.arange(4), baselines=greedy, std_normalization="group")
+    with pytest.raises(ValueError, match=r"remax needs baselines of shape \(4,\), got None"):
+        remax_advantages(rewards, torch.arange(4))
+
+
+def test_the_loop_gives_remax_each_prompts_greedy_reward():
+    """`batch_advantages` with `advantage: remax` subtracts the batch's `greedy_rewards`."""
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = token_batch([[5]] * 3, [[7] * 2] * 3, torch.tensor([0, 0, 1]), torch.zeros(3))
+    batch.rewards = torch.tensor([1.0, 0.0, 1.0])
+    batch.greedy_rewards = torch.tensor([0.0, 0.0, 1.0])
+    algo = AlgorithmConfig(advantage="remax", std_normalization="none")
+    advantages, _ = batch_advantages(batch, algo, kl_coef=0.0)
+    torch.testing.assert_close(advantages, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))
+
+
+def test_a_remax_step_scores_each_prompts_greedy_completion():
+    """`collect_step` with `advantage: remax` asks the engine for one argmax completion per
+    prompt after the samples, scores it with the same rewards, and gives every sample its
+    prompt's greedy reward; the greedy completions are not in the batch."""
+    from rlvr.config import resolve_config
+    from rlvr.data.sampler import build_sampler
+    from rlvr.data.tasks import load_task
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.training.rewarding import RewardScorer
+    from rlvr.training.sampling import collect_step
+    from scripted_engine import TOK, Scripted
+
+    cfg = resolve_config(
+        preset="remax",
+        overrides=[
+            "data.train_size=8",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+        ],
+    )
+    task = load_task(cfg.data)
+    sampler = build_sampler("sequential", len(task.train), seed=0)
+    first, second = task.train[0].answer, task.train[1].answer
+    sampled = [f"<answer>{first}</answer>", "<answer>x</answer>", "<answer>x</answer>", "?"]
+    greedy = ["<answer>x</answer>", f"<answer>{second}</answer>"]
+    engine = Scripted(sampled, greedy)
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    step = collect_step(engine, TOK, task, sampler, cfg, RewardScorer(cfg, task))
+    (_, sampling), (_, argmax) = engine.asked
+    assert (sampling.n, sampling.temperature) == (2, cfg.rollout.temperature)
+    assert (argmax.n, argmax.temperature) == (1, 0.0)
+    assert step.kept.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert step.kept.greedy_rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert len(step.kept) == 4

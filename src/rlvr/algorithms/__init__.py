@@ -1,7 +1,8 @@
 """Pure tensor functions of RLVR, selected by name through registries.
 
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
-  ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline).
+  ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline),
+  ``remax`` (the greedy completion's reward).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
   ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
@@ -18,6 +19,7 @@ from rlvr.algorithms.advantages import (
     group_normalized_advantages,
     opo_advantages,
     reinforce_pp_advantages,
+    remax_advantages,
     rloo_advantages,
 )
 from rlvr.algorithms.aggregation import (
@@ -148,6 +150,7 @@ __all__ = [
     "preference_loss",
     "reinforce_loss",
     "reinforce_pp_advantages",
+    "remax_advantages",
     "repetition_penalty",
     "rloo_advantages",
     "robust_dpo_loss",

@@ -37,6 +37,10 @@ prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 
 LENGTH_WEIGHTED = frozenset({"opo"})
 """The estimators that also take each sequence's number of trained tokens (``lengths=``)."""
 
+GREEDY_BASELINES = frozenset({"remax"})
+"""The estimators that take the reward of a greedy completion of each sample's prompt
+(``baselines=``): the loop samples one per prompt and scores it, untrained."""
+
 
 def _check_inputs(rewards: Tensor, group_ids: Tensor, std_normalization: str) -> None:
     check_grouped(rewards, group_ids)
@@ -370,4 +374,56 @@ def opo_advantages(
     baseline = weighted[inverse] / total[inverse].clamp(min=1.0)
     adv = _normalize(r - baseline, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
+    return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("remax")
+def remax_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    baselines: Tensor | None = None,
+    std_normalization: str = "none",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""ReMax: the baseline is the reward of the prompt's greedy completion.
+
+    .. math::
+
+        A_i = r(x_i, y_i) - r(x_i, \bar y_i), \qquad
+        \bar y_i = \text{the argmax decoding of } \pi_\theta(\cdot \mid x_i)
+
+    (Li et al. 2023, *ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method
+    for Aligning Large Language Models*, arXiv:2310.10505.) The greedy completion's reward
+    depends on the prompt only, so it is a valid baseline (no bias), and it tracks what the
+    policy already does best: a sample scores above 0 when it beats the greedy answer. Unlike
+    the group baselines it needs no second sample (``rollout.samples_per_prompt`` may be 1);
+    the price is one greedy completion per prompt, sampled and scored but not trained on.
+
+    ``std_normalization``: ``"none"`` (the paper) or ``"batch"`` (divide by the std of all N
+    rewards); ``"group"`` is refused, a group of one sample having no spread.
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer id of each sequence's prompt group (checked).
+        baselines: ``[N]`` reward of the greedy completion of each sequence's prompt.
+        std_normalization: ``"none"`` or ``"batch"``.
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if std_normalization == "group":
+        raise ValueError(
+            "remax: std_normalization='group' has no spread to divide by with "
+            "one sample per prompt; use 'none' or 'batch'"
+        )
+    if baselines is None or baselines.shape != rewards.shape:
+        shape = None if baselines is None else tuple(baselines.shape)
+        raise ValueError(f"remax needs baselines of shape {tuple(rewards.shape)}, got {shape}")
+    r = rewards.detach().to(torch.float64)
+    adv = r - baselines.detach().to(torch.float64)
+    if std_normalization == "batch":
+        adv = adv / (_batch_std(r) + epsilon)
     return adv.to(_out_dtype(rewards))

@@ -78,4 +78,6 @@ def step_metrics(
         metrics["tool_calls/failed_frac"] = failed / max(int(sampled.tool_calls.sum()), 1)
     for name, values in sampled.reward_parts.items():
         metrics[f"reward/{name}"] = _mean(values)
+    if sampled.greedy_rewards is not None:
+        metrics["reward/greedy"] = _mean(sampled.greedy_rewards)
     return metrics

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.algorithms.advantages import GREEDY_BASELINES
 from rlvr.algorithms.filters import DynamicSampling, overlong_mask
 from rlvr.algorithms.groups import group_pass_rates
 from rlvr.config import RLConfig
@@ -31,9 +32,10 @@ def rollout_batch(
     task: Task,
     indices: list[int],
     cfg: RLConfig,
+    greedy: bool = False,
 ) -> RolloutBatch:
     """Sample G completions for each chosen problem; group g holds the samples of
-    `indices[g]`."""
+    `indices[g]`. `greedy`: one argmax completion each instead (ReMax's baselines)."""
     problems = [task.train[i] for i in indices]
     d = cfg.data
     chat_kwargs = ToolUse.of(cfg.rollout).chat_kwargs(d.chat_template_kwargs)
@@ -51,6 +53,8 @@ def rollout_batch(
         r.min_p,
         r.repetition_penalty,
     )
+    if greedy:
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens)
     out = engine.generate(prompt_ids, params)
     lengths = [len(c) for c in out.completion_ids]
     width = max(lengths)
@@ -157,8 +161,16 @@ def collect_step(
         drawn = sampler.next(r.prompts_per_step)
         mine = ranks.chunk(len(drawn))
         batch = rollout_batch(engine, tokenizer, task, drawn[mine.start : mine.stop], cfg)
-        batch.group_ids += offset + mine.start
+        greedy = None
+        if algo.advantage in GREEDY_BASELINES:  # ReMax: each prompt's argmax completion
+            greedy = rollout_batch(
+                engine, tokenizer, task, drawn[mine.start : mine.stop], cfg, True
+            )
         t1 = time.perf_counter()
+        if greedy is not None:
+            rewarder(greedy)
+            batch.greedy_rewards = greedy.rewards[batch.group_ids]
+        batch.group_ids += offset + mine.start
         scored = rewarder(batch)
         if ranks.world > 1:
             parts = ranks.gather((batch, scored))
