@@ -302,6 +302,12 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
         check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))
 
 
+def test_one_sample_per_prompt_is_remaxs_and_not_dynamic_samplings():
+    check_choices(resolve_config(preset="remax"))  # one sample per prompt, the greedy baseline
+    with pytest.raises(ConfigError, match=r"dynamic_sampling keeps the groups whose samples"):
+        check_choices(resolve_config(preset="remax", overrides=["algorithm.dynamic_sampling=true"]))
+
+
 def terms(text: str) -> int:
     """The terms of a one-digit sum: its digits."""
     return sum(c.isdigit() for c in text)

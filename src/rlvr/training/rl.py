@@ -80,7 +80,7 @@ class NonFiniteError(RuntimeError):
 def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
     rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads;
-    refuse a group baseline with one sample per prompt."""
+    refuse a group baseline, or dynamic sampling, with one sample per prompt."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
@@ -98,6 +98,11 @@ def check_choices(cfg: RLConfig) -> None:
             f"algorithm.advantage={cfg.algorithm.advantage!r} compares each sample with the "
             "others of its prompt, so rollout.samples_per_prompt=1 would train nothing; "
             "sample at least 2, or set algorithm.advantage=reinforce_pp (or gae)"
+        )
+    if cfg.algorithm.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError(
+            "algorithm.dynamic_sampling keeps the groups whose samples disagree, and with "
+            "rollout.samples_per_prompt=1 none can; sample at least 2, or turn it off"
         )
 
 
