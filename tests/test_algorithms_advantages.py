@@ -11,10 +11,12 @@ from rlvr.algorithms import (
     decoupled_group_advantages,
     group_normalized_advantages,
     opo_advantages,
+    pass_at_k_advantages,
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
 )
+from rlvr.algorithms.advantages import pass_at_k_estimate
 
 EPS = 1e-6
 
@@ -400,3 +402,45 @@ def test_a_remax_step_scores_each_prompts_greedy_completion():
     assert step.kept.rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
     assert step.kept.greedy_rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
     assert len(step.kept) == 4
+
+
+def _expected_pkpo_gradient(n: int, k: int, p: float) -> float:
+    """E[Σ_i A_i ∂log π(y_i)/∂θ] for n Bernoulli(p = sigmoid θ) samples of one prompt, by
+    enumerating all 2^n outcomes (∂log π/∂θ is 1 − p for a pass, −p for a fail)."""
+    import itertools
+
+    total = 0.0
+    for outcome in itertools.product([0.0, 1.0], repeat=n):
+        c = sum(outcome)
+        probability = p**c * (1 - p) ** (n - c)
+        rewards = torch.tensor(outcome, dtype=torch.float64)
+        if 0 < c < n:
+            adv = pass_at_k_advantages(rewards, torch.zeros(n, dtype=torch.long), k=k)
+            score = rewards * (1 - p) - (1 - rewards) * p
+            total += probability * float((adv * score).sum())
+    return total
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_pass_at_k_advantages_follow_the_gradient_of_pass_at_k(k):
+    """PKPO (Walder & Karkhanis 2025): in expectation the advantages' policy gradient is
+    n/k × d pass@k / dθ, pass@k = 1 − (1 − p)^k, for each k below the group size."""
+    n, p = 6, 0.3
+    exact = k * (1 - p) ** (k - 1) * p * (1 - p)  # d/dθ [1 − (1 − p)^k], dp/dθ = p(1 − p)
+    assert _expected_pkpo_gradient(n, k, p) == pytest.approx(n / k * exact, rel=1e-9)
+
+
+def test_pass_at_k_hand_values_and_k1_is_rloo():
+    """n = 4, c = 1: the pass gets 1 − ρ(3, 0, 2) = 1, each fail ρ(3, 1, 1) − ρ(3, 1, 2) =
+    1/3 − 2/3 = −1/3; c = 2: a pass 1 − ρ(3, 1, 2) = 1/3, a fail ρ(3, 2, 1) − ρ(3, 2, 2) =
+    2/3 − 1 = −1/3. k = 1 is RLOO; non-binary rewards and k ≥ the group size are refused."""
+    adv = pass_at_k_advantages(REWARDS, GROUPS, k=2)
+    _close(adv, [1, -1 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -1 / 3, -1 / 3])
+    _close(pass_at_k_advantages(REWARDS, GROUPS, k=1), rloo_advantages(REWARDS, GROUPS))
+    assert pass_at_k_estimate(torch.tensor(8.0), torch.tensor(2.0), 3) == pytest.approx(
+        1 - math.comb(6, 3) / math.comb(8, 3)
+    )
+    with pytest.raises(ValueError, match=r"needs rewards of 0 or 1 .*got 0\.5"):
+        pass_at_k_advantages(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]), k=1)
+    with pytest.raises(ValueError, match=r"k=4 must be at least 1 and below every group's size"):
+        pass_at_k_advantages(REWARDS, GROUPS, k=4)

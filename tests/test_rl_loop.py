@@ -302,6 +302,13 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
         check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))
 
 
+def test_pass_at_k_needs_k_below_the_group_size():
+    overrides = ["algorithm.advantage=pass_at_k", "rollout.samples_per_prompt=4"]
+    check_choices(resolve_config(overrides=[*overrides, "algorithm.pass_k=3"]))
+    with pytest.raises(ConfigError, match=r"algorithm\.pass_k=4: .*the other .* = 3, so k must"):
+        check_choices(resolve_config(overrides=[*overrides, "algorithm.pass_k=4"]))
+
+
 def test_one_sample_per_prompt_is_remaxs_and_not_dynamic_samplings():
     check_choices(resolve_config(preset="remax"))  # one sample per prompt, the greedy baseline
     with pytest.raises(ConfigError, match=r"dynamic_sampling keeps the groups whose samples"):

@@ -430,6 +430,9 @@ class AlgorithmConfig(Section):
     """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
     epsilon: float = Field(default=1e-6, ge=0.0)
     """Added to the std before dividing."""
+    pass_k: int = Field(default=1, ge=1)
+    """The k of `advantage: pass_at_k` (PKPO): train for pass@k, k below
+    rollout.samples_per_prompt (1 = RLOO's advantage)."""
     reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """Several rewards: normalise their weighted sum (the default), or each reward within its
     group, then the weighted sum over the batch (GDPO; TRL's multi_objective_aggregation)."""

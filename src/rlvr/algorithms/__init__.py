@@ -2,7 +2,7 @@
 
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
   ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline),
-  ``remax`` (the greedy completion's reward).
+  ``remax`` (the greedy completion's reward), ``pass_at_k`` (PKPO).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
   ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
@@ -18,6 +18,7 @@ from rlvr.algorithms.advantages import (
     decoupled_group_advantages,
     group_normalized_advantages,
     opo_advantages,
+    pass_at_k_advantages,
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
@@ -146,6 +147,7 @@ __all__ = [
     "opo_advantages",
     "orpo_loss",
     "overlong_mask",
+    "pass_at_k_advantages",
     "ppo_clip_loss",
     "preference_loss",
     "reinforce_loss",

@@ -30,12 +30,15 @@ from rlvr.algorithms.registry import ADVANTAGES
 
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
-GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo"})
+GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "pass_at_k"})
 """The estimators that compare each sample with the others of its prompt: with one sample per
 prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
 
 LENGTH_WEIGHTED = frozenset({"opo"})
 """The estimators that also take each sequence's number of trained tokens (``lengths=``)."""
+
+PASS_AT_K = frozenset({"pass_at_k"})
+"""The estimators that take the k of the pass@k they optimise (``k=``)."""
 
 GREEDY_BASELINES = frozenset({"remax"})
 """The estimators that take the reward of a greedy completion of each sample's prompt
@@ -426,4 +429,88 @@ def remax_advantages(
     adv = r - baselines.detach().to(torch.float64)
     if std_normalization == "batch":
         adv = adv / (_batch_std(r) + epsilon)
+    return adv.to(_out_dtype(rewards))
+
+
+def _comb(a: Tensor, b: Tensor | int) -> Tensor:
+    """C(a, b) elementwise in float64 (0 where b > a or b < 0)."""
+    b = torch.as_tensor(b, dtype=torch.float64, device=a.device).expand_as(a)
+    valid = (b >= 0) & (b <= a)
+    a, b = a.clamp(min=0), b.clamp(min=0)
+    log = torch.lgamma(a + 1) - torch.lgamma(b + 1) - torch.lgamma((a - b).clamp(min=0) + 1)
+    return torch.where(valid, log.exp(), torch.zeros_like(a))
+
+
+def pass_at_k_estimate(n: Tensor, c: Tensor, k: Tensor | int) -> Tensor:
+    """ρ(n, c, k) = 1 − C(n − c, k) / C(n, k): the unbiased pass@k of n samples of which c
+    pass (Chen et al. 2021), elementwise, float64; 0 for k = 0."""
+    return 1.0 - _comb(n - c, k) / _comb(n, k)
+
+
+@ADVANTAGES.register("pass_at_k")
+def pass_at_k_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    k: int = 1,
+    std_normalization: str = "none",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""PKPO: advantages whose policy gradient is that of pass@k, for any k below the group size.
+
+    With n samples of a prompt, c of them passing, and ρ(n, c, k) the unbiased pass@k
+    estimate, Walder & Karkhanis (2025, *Pass@K Policy Optimization: Solving Harder
+    Reinforcement Learning Problems*, arXiv:2505.15201) show that the effective rewards
+    :math:`r_i = \tfrac{k}{n}` for a passing sample and
+    :math:`\tfrac{k}{n}\,\rho(n-1, c, k-1)` for a failing one give an unbiased estimate
+    :math:`\sum_i r_i \nabla\log\pi(y_i)` of ∇ pass@k. Here each is scaled by n/k and
+    given the baseline of the pass@k of the other n − 1 samples, which does not depend on
+    :math:`y_i` (so the estimate stays unbiased):
+
+    .. math::
+
+        A_i = 1 - \rho(n-1,\, c-1,\, k) \ \text{(passing)}, \qquad
+        A_i = \rho(n-1,\, c,\, k-1) - \rho(n-1,\, c,\, k) \ \text{(failing)}
+
+    so that :math:`\mathbb{E}[\sum_i A_i \nabla\log\pi(y_i)] = \tfrac{n}{k}\nabla
+    \text{pass@}k` (tested by enumeration on a Bernoulli policy). k = 1 is RLOO's advantage.
+    A passing sample gains less, and a failing one loses less, the more of the group passes:
+    past a few passes another pass adds little to pass@k. A group whose samples all pass or
+    all fail gets 0. The scaled rewards and the baseline are ours (the paper's own
+    variance-reduced forms differ); the unbiasedness is the paper's result.
+
+    Args:
+        rewards: ``[N]`` 0 or 1 (a verifier's verdict) for each sequence.
+        group_ids: ``[N]`` integer id of each sequence's prompt group.
+        k: the k of pass@k, below every group's size.
+        std_normalization: ``"group"``, ``"batch"`` or ``"none"`` (as for ``grpo``).
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
+    binary = (rewards == 0) | (rewards == 1)
+    if not bool(binary.all()):
+        bad = float(rewards[~binary][0])
+        raise ValueError(f"pass_at_k needs rewards of 0 or 1 (a verifier's verdict); got {bad}")
+    r, counts, _, group_var, constant = _group_statistics(rewards, group_ids)
+    if k < 1 or bool((counts <= k).any()):
+        raise ValueError(
+            f"pass_at_k: k={k} must be at least 1 and below every group's size "
+            f"(smallest {int(counts.min())})"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    passes = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64, device=r.device)
+    passes = passes.index_add_(0, inverse, r)[inverse]
+    others = counts - 1
+    adv = torch.where(
+        r == 1,
+        1.0 - pass_at_k_estimate(others, passes - 1, k),
+        pass_at_k_estimate(others, passes, k - 1) - pass_at_k_estimate(others, passes, k),
+    )
+    adv = _normalize(adv, r, group_var, std_normalization, epsilon)
+    adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))

@@ -99,6 +99,14 @@ def check_choices(cfg: RLConfig) -> None:
             "others of its prompt, so rollout.samples_per_prompt=1 would train nothing; "
             "sample at least 2, or set algorithm.advantage=reinforce_pp (or gae)"
         )
+    if cfg.algorithm.advantage == "pass_at_k" and cfg.algorithm.pass_k >= (
+        cfg.rollout.samples_per_prompt
+    ):
+        raise ConfigError(
+            f"algorithm.pass_k={cfg.algorithm.pass_k}: pass_at_k compares each sample with the "
+            f"pass@k of the other rollout.samples_per_prompt - 1 = "
+            f"{cfg.rollout.samples_per_prompt - 1}, so k must be below samples_per_prompt"
+        )
     if cfg.algorithm.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(
             "algorithm.dynamic_sampling keeps the groups whose samples disagree, and with "
