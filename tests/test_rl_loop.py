@@ -307,6 +307,8 @@ def test_pass_at_k_needs_k_below_the_group_size():
     check_choices(resolve_config(overrides=[*overrides, "algorithm.pass_k=3"]))
     with pytest.raises(ConfigError, match=r"algorithm\.pass_k=4: .*the other .* = 3, so k must"):
         check_choices(resolve_config(overrides=[*overrides, "algorithm.pass_k=4"]))
+    with pytest.raises(ConfigError, match=r"counts passes.*: algorithm\.overlong\.buffer$"):
+        resolve_config(preset="dapo", overrides=overrides)  # its soft overlong punishment
 
 
 def test_one_sample_per_prompt_is_remaxs_and_not_dynamic_samplings():

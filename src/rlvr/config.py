@@ -495,6 +495,25 @@ class AlgorithmConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _pass_at_k_scores_verdicts(self) -> AlgorithmConfig:
+        if self.advantage != "pass_at_k":
+            return self
+        clashes = {
+            "algorithm.kl.in_reward": self.kl.in_reward and self.kl.coef > 0,
+            "algorithm.overlong.buffer": self.overlong.buffer > 0,
+            "algorithm.overlong.truncation_reward": self.overlong.truncation_reward is not None,
+            "algorithm.shaping.length_coef": self.shaping.length_coef != 0,
+            "algorithm.shaping.repetition_coef": self.shaping.repetition_coef != 0,
+        }
+        if any(clashes.values()):
+            keys = ", ".join(key for key, clash in clashes.items() if clash)
+            raise ValueError(
+                "algorithm.advantage=pass_at_k counts passes, so its rewards must be the "
+                f"verifier's 0 or 1; these add to them: {keys}"
+            )
+        return self
+
 
 class RewardSpec(Section):
     name: str
