@@ -15,6 +15,7 @@ from rlvr.algorithms import (
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
+    weighted_reinforce_advantages,
 )
 from rlvr.algorithms.advantages import pass_at_k_estimate
 
@@ -444,3 +445,33 @@ def test_pass_at_k_hand_values_and_k1_is_rloo():
         pass_at_k_advantages(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]), k=1)
     with pytest.raises(ValueError, match=r"k=4 must be at least 1 and below every group's size"):
         pass_at_k_advantages(REWARDS, GROUPS, k=4)
+
+
+def test_weighted_reinforce_gives_passes_lambda_and_fails_minus_one():
+    """W-REINFORCE: +λ for a pass and −1 for a fail, whatever the group (an all-pass group
+    keeps its signal); λ = 0 is negative samples alone; batch normalisation divides by the
+    rewards' std; group normalisation and non-binary rewards are refused."""
+    adv = weighted_reinforce_advantages(REWARDS, GROUPS)
+    _close(adv, [0.1, -1, -1, -1, 0.1, 0.1, -1, -1])
+    all_pass = weighted_reinforce_advantages(torch.ones(3), torch.zeros(3, dtype=torch.long))
+    _close(all_pass, [0.1, 0.1, 0.1])
+    nsr = weighted_reinforce_advantages(REWARDS, GROUPS, positive_weight=0.0)
+    _close(nsr, [0, -1, -1, -1, 0, 0, -1, -1])
+    batch = weighted_reinforce_advantages(REWARDS, GROUPS, std_normalization="batch")
+    _close(batch, [a / (BATCH_STD + EPS) for a in [0.1, -1, -1, -1, 0.1, 0.1, -1, -1]])
+    with pytest.raises(ValueError, match="std_normalization='group' would divide"):
+        weighted_reinforce_advantages(REWARDS, GROUPS, std_normalization="group")
+    with pytest.raises(ValueError, match=r"w_reinforce needs rewards of 0 or 1 .*got 2\.0"):
+        weighted_reinforce_advantages(torch.tensor([2.0, 1.0]), torch.tensor([0, 0]))
+
+
+def test_the_loop_gives_w_reinforce_its_positive_weight():
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = token_batch([[5]] * 2, [[7] * 2] * 2, torch.tensor([0, 0]), torch.zeros(2))
+    batch.rewards = torch.tensor([1.0, 0.0])
+    algo = AlgorithmConfig(advantage="w_reinforce", positive_weight=0.5, std_normalization="none")
+    advantages, _ = batch_advantages(batch, algo, kl_coef=0.0)
+    torch.testing.assert_close(advantages, torch.tensor([[0.5, 0.5], [-1.0, -1.0]]))

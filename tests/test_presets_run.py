@@ -44,6 +44,7 @@ ALL_PRESETS = {
     "t1",
     "vapo",
     "vespo",
+    "w_reinforce",
 }
 
 

@@ -433,6 +433,9 @@ class AlgorithmConfig(Section):
     pass_k: int = Field(default=1, ge=1)
     """The k of `advantage: pass_at_k` (PKPO): train for pass@k, k below
     rollout.samples_per_prompt (1 = RLOO's advantage)."""
+    positive_weight: float = Field(default=0.1, ge=0.0)
+    """λ of `advantage: w_reinforce`: the advantage of a passing sample (a failing one's is
+    −1; 0 = negative sample reinforcement alone)."""
     reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """Several rewards: normalise their weighted sum (the default), or each reward within its
     group, then the weighted sum over the batch (GDPO; TRL's multi_objective_aggregation)."""
@@ -496,8 +499,8 @@ class AlgorithmConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _pass_at_k_scores_verdicts(self) -> AlgorithmConfig:
-        if self.advantage != "pass_at_k":
+    def _verdict_estimators_score_verdicts(self) -> AlgorithmConfig:
+        if self.advantage not in ("pass_at_k", "w_reinforce"):
             return self
         clashes = {
             "algorithm.kl.in_reward": self.kl.in_reward and self.kl.coef > 0,
@@ -509,8 +512,8 @@ class AlgorithmConfig(Section):
         if any(clashes.values()):
             keys = ", ".join(key for key, clash in clashes.items() if clash)
             raise ValueError(
-                "algorithm.advantage=pass_at_k counts passes, so its rewards must be the "
-                f"verifier's 0 or 1; these add to them: {keys}"
+                f"algorithm.advantage={self.advantage} counts passes, so its rewards must be "
+                f"the verifier's 0 or 1; these add to them: {keys}"
             )
         return self
 

@@ -2,7 +2,8 @@
 
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
   ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline),
-  ``remax`` (the greedy completion's reward), ``pass_at_k`` (PKPO).
+  ``remax`` (the greedy completion's reward), ``pass_at_k`` (PKPO), ``w_reinforce`` (±1 with passes
+  down-weighted).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
   ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
@@ -22,6 +23,7 @@ from rlvr.algorithms.advantages import (
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
+    weighted_reinforce_advantages,
 )
 from rlvr.algorithms.aggregation import (
     aggregate,
@@ -165,4 +167,5 @@ __all__ = [
     "token_mean",
     "vespo_loss",
     "vespo_weights",
+    "weighted_reinforce_advantages",
 ]

@@ -40,6 +40,9 @@ LENGTH_WEIGHTED = frozenset({"opo"})
 PASS_AT_K = frozenset({"pass_at_k"})
 """The estimators that take the k of the pass@k they optimise (``k=``)."""
 
+POSITIVE_WEIGHTED = frozenset({"w_reinforce"})
+"""The estimators that take the weight of the passing samples (``positive_weight=``)."""
+
 GREEDY_BASELINES = frozenset({"remax"})
 """The estimators that take the reward of a greedy completion of each sample's prompt
 (``baselines=``): the loop samples one per prompt and scores it, untrained."""
@@ -432,6 +435,14 @@ def remax_advantages(
     return adv.to(_out_dtype(rewards))
 
 
+def _check_verdicts(rewards: Tensor, name: str) -> None:
+    """A ValueError naming the first reward that is neither 0 nor 1."""
+    binary = (rewards == 0) | (rewards == 1)
+    if not bool(binary.all()):
+        bad = float(rewards[~binary][0])
+        raise ValueError(f"{name} needs rewards of 0 or 1 (a verifier's verdict); got {bad}")
+
+
 def _comb(a: Tensor, b: Tensor | int) -> Tensor:
     """C(a, b) elementwise in float64 (0 where b > a or b < 0)."""
     b = torch.as_tensor(b, dtype=torch.float64, device=a.device).expand_as(a)
@@ -492,10 +503,7 @@ def pass_at_k_advantages(
     _check_inputs(rewards, group_ids, std_normalization)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    binary = (rewards == 0) | (rewards == 1)
-    if not bool(binary.all()):
-        bad = float(rewards[~binary][0])
-        raise ValueError(f"pass_at_k needs rewards of 0 or 1 (a verifier's verdict); got {bad}")
+    _check_verdicts(rewards, "pass_at_k")
     r, counts, _, group_var, constant = _group_statistics(rewards, group_ids)
     if k < 1 or bool((counts <= k).any()):
         raise ValueError(
@@ -513,4 +521,52 @@ def pass_at_k_advantages(
     )
     adv = _normalize(adv, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
+    return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("w_reinforce")
+def weighted_reinforce_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    positive_weight: float = 0.1,
+    std_normalization: str = "none",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""Weighted REINFORCE: a passing sample gets λ, a failing one −1, no baseline.
+
+    .. math::
+
+        A_i = \lambda \ \text{(pass)}, \qquad A_i = -1 \ \text{(fail)}
+
+    (Zhu et al. 2025, *The Surprising Effectiveness of Negative Reinforcement in LLM
+    Reasoning*, arXiv:2506.01347: the RLVR objective with rewards ±1 split into positive and
+    negative sample reinforcement, PSR and NSR, and PSR down-weighted to λ = 0.1.) NSR alone
+    (λ = 0) pushes probability off wrong answers onto the model's other candidates and keeps
+    pass@k at large k; PSR alone sharpens pass@1 and narrows the samples. Every sample counts,
+    a group that all passes included, so unlike the group baselines nothing here is 0 for a
+    constant group. ``std_normalization``: ``"none"`` (the paper) or ``"batch"``; ``"group"``
+    is refused (a constant group has no spread but a nonzero signal).
+
+    Args:
+        rewards: ``[N]`` 0 or 1 (a verifier's verdict) for each sequence.
+        group_ids: ``[N]`` integer group ids (checked, otherwise unused).
+        positive_weight: λ, the advantage of a passing sample (≥ 0).
+        std_normalization: ``"none"`` or ``"batch"``.
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    _check_inputs(rewards, group_ids, std_normalization)
+    if std_normalization == "group":
+        raise ValueError(
+            "w_reinforce: std_normalization='group' would divide an all-pass or "
+            "all-fail group's signal by 0; use 'none' or 'batch'"
+        )
+    _check_verdicts(rewards, "w_reinforce")
+    r = rewards.detach().to(torch.float64)
+    adv = torch.where(r == 1, torch.full_like(r, positive_weight), torch.full_like(r, -1.0))
+    if std_normalization == "batch":
+        adv = adv / (_batch_std(r) + epsilon)
     return adv.to(_out_dtype(rewards))

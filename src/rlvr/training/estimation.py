@@ -11,7 +11,12 @@ from contextlib import nullcontext
 import torch
 
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS, decoupled_group_advantages
-from rlvr.algorithms.advantages import GREEDY_BASELINES, LENGTH_WEIGHTED, PASS_AT_K
+from rlvr.algorithms.advantages import (
+    GREEDY_BASELINES,
+    LENGTH_WEIGHTED,
+    PASS_AT_K,
+    POSITIVE_WEIGHTED,
+)
 from rlvr.algorithms.controllers import high_entropy_mask
 from rlvr.algorithms.value import (
     gae_advantages,
@@ -80,13 +85,15 @@ def batch_advantages(
         )
         return advantages[:, None] * mask, None
     rewards = batch.rewards if penalty is None else batch.rewards - penalty.sum(-1)
-    extra: dict[str, torch.Tensor | int | None] = {}
+    extra: dict[str, torch.Tensor | float | None] = {}
     if algo.advantage in LENGTH_WEIGHTED:
         extra["lengths"] = mask.sum(-1)
     if algo.advantage in GREEDY_BASELINES:
         extra["baselines"] = batch.greedy_rewards
     if algo.advantage in PASS_AT_K:
         extra["k"] = algo.pass_k
+    if algo.advantage in POSITIVE_WEIGHTED:
+        extra["positive_weight"] = algo.positive_weight
     advantages = ADVANTAGES.get(algo.advantage)(
         rewards,
         batch.group_ids,
