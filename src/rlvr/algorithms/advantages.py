@@ -93,6 +93,17 @@ def _batch_std(r: Tensor) -> Tensor:
     return ((r - r.mean()).square().sum() / (n - 1)).sqrt()
 
 
+def _refuse_group_std(name: str, std_normalization: str, why: str) -> None:
+    """The estimators without groups to normalise in (`remax`, `w_reinforce`)."""
+    if std_normalization == "group":
+        raise ValueError(f"{name}: std_normalization='group' {why}; use 'none' or 'batch'")
+
+
+def _ungrouped(values: Tensor, r: Tensor, std_normalization: str, epsilon: float) -> Tensor:
+    """`values` divided by the std of all the rewards `r` (``"batch"``), or as they are."""
+    return values / (_batch_std(r) + epsilon) if std_normalization == "batch" else values
+
+
 def _normalize(
     values: Tensor, r: Tensor, group_var: Tensor, std_normalization: str, epsilon: float
 ) -> Tensor:
@@ -420,18 +431,12 @@ def remax_advantages(
         ``[N]`` advantages, in the rewards' float dtype, without a gradient.
     """
     _check_inputs(rewards, group_ids, std_normalization)
-    if std_normalization == "group":
-        raise ValueError(
-            "remax: std_normalization='group' has no spread to divide by with "
-            "one sample per prompt; use 'none' or 'batch'"
-        )
+    _refuse_group_std("remax", std_normalization, "has no spread to divide by with one sample")
     if baselines is None or baselines.shape != rewards.shape:
         shape = None if baselines is None else tuple(baselines.shape)
         raise ValueError(f"remax needs baselines of shape {tuple(rewards.shape)}, got {shape}")
     r = rewards.detach().to(torch.float64)
-    adv = r - baselines.detach().to(torch.float64)
-    if std_normalization == "batch":
-        adv = adv / (_batch_std(r) + epsilon)
+    adv = _ungrouped(r - baselines.detach().to(torch.float64), r, std_normalization, epsilon)
     return adv.to(_out_dtype(rewards))
 
 
@@ -559,14 +564,11 @@ def weighted_reinforce_advantages(
         ``[N]`` advantages, in the rewards' float dtype, without a gradient.
     """
     _check_inputs(rewards, group_ids, std_normalization)
-    if std_normalization == "group":
-        raise ValueError(
-            "w_reinforce: std_normalization='group' would divide an all-pass or "
-            "all-fail group's signal by 0; use 'none' or 'batch'"
-        )
+    _refuse_group_std(
+        "w_reinforce", std_normalization, "would divide a constant group's signal by 0"
+    )
     _check_verdicts(rewards, "w_reinforce")
     r = rewards.detach().to(torch.float64)
     adv = torch.where(r == 1, torch.full_like(r, positive_weight), torch.full_like(r, -1.0))
-    if std_normalization == "batch":
-        adv = adv / (_batch_std(r) + epsilon)
+    adv = _ungrouped(adv, r, std_normalization, epsilon)
     return adv.to(_out_dtype(rewards))
