@@ -336,3 +336,57 @@ def test_failed_calls_are_counted_and_can_be_penalised():
     metrics = step_metrics(batch, batch, {}, [], cfg)
     assert (metrics["tool_calls/mean"], metrics["tool_calls/frac"]) == (1.0, 1.0)
     assert metrics["tool_calls/failed_frac"] == 0.5
+
+
+def test_sft_on_hermes_solutions_prompts_with_the_schemas_and_eval_calls_its_tools(
+    tmp_path, monkeypatch
+):
+    """`sft.tools` with `sft.tool_format=hermes`: the prompts are rendered with the tools'
+    schemas (as RL's are), the tool turns are left out of the loss, and `rlvr eval` of the
+    SFT model calls the same tools in the same format."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+    from rlvr.config_offline import SFTConfig
+    from rlvr.data.tasks import trained_on
+    from rlvr.data.templates import encode_prompts
+    from rlvr.rollout.call_formats import Hermes, tool_schema
+    from rlvr.training import sft
+    from rlvr.training.sft import run_sft
+
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
+    solution = call + "<|im_end|>" + Hermes(TOK).result(["3"]) + "<answer>3</answer>"
+    rows = [{"prompt": f"What is {a}+2?", "answer": "3", "solution": solution} for a in range(6)]
+    (tmp_path / "hermes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rendered = []
+
+    def recording(template, questions, tokenizer, chat_kwargs=None):
+        rendered.append(chat_kwargs)
+        return encode_prompts(template, questions, tokenizer, chat_kwargs)
+
+    monkeypatch.setattr(sft, "encode_prompts", recording)
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {"task": "file", "path": str(tmp_path / "hermes.jsonl"),
+                     "solution_column": "solution", "test_size": 2},
+            "sft": {"steps": 1, "batch_size": 4, "output_dir": str(tmp_path / "sft"),
+                    "tools": ["calculator"], "tool_format": "hermes"},
+        }
+    )  # fmt: skip
+    model_dir = run_sft(cfg, show_progress=False)
+    assert rendered == [{"tools": [tool_schema("calculator")]}]
+    assert trained_on(model_dir).tools == {
+        "tools": ["calculator"],
+        "max_tool_calls": 4,
+        "tool_timeout": 5.0,
+        "tool_format": "hermes",
+    }
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--model", str(model_dir), "--samples", "2", "--k", "1", "--output", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = json.loads(out.read_text())
+    assert (line["tools"], line["tool_format"]) == ("calculator", "hermes")

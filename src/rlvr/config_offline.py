@@ -31,7 +31,11 @@ class OfflineSharding(Section):
     """As `train.fsdp_reshard_after_forward`: False keeps the gathered weights through a step."""
 
 
-class SFTTrainConfig(OfflineSharding):
+class SFTTrainConfig(OfflineSharding, ToolSettings):
+    """`rlvr sft`'s settings; its tool settings (`sft.tools`, `sft.tool_format`, ...) are those
+    of the tool-calling solutions: `hermes` schemas go into the prompts as in RL, the results
+    are left out of the loss, and `rlvr eval` of the model calls the same tools."""
+
     steps: int = Field(default=300, ge=1)
     """Optimizer steps of supervised fine-tuning."""
     epochs: float | None = Field(default=None, gt=0)
@@ -43,9 +47,6 @@ class SFTTrainConfig(OfflineSharding):
     assistant-only loss leaves tool turns out; the model still reads them (`docs/tools.md`: on
     the tiny model this is what lets it learn to call the tool). Solutions without a result
     are unaffected."""
-    tool_format: Literal["tags", "code", "hermes"] = "tags"
-    """The call format of the tool-calling solutions (`rollout.tool_format`), whose results
-    sft.mask_tool_results leaves out."""
     max_length: int | None = Field(default=None, ge=2)
     """Cut each example to this many tokens, prompt and solution together, from the
     solution's end (TRL's max_length, keep_start; TRL's default is 1024); an example whose
@@ -100,6 +101,11 @@ class SFTConfig(Section):
     @model_validator(mode="after")
     def _fsdp_trains_whole_models(self) -> SFTConfig:
         refuse_fsdp_with_lora(self.sft.fsdp, self.model, "sft")
+        return self
+
+    @model_validator(mode="after")
+    def _hermes_calls_are_chats(self) -> SFTConfig:
+        refuse_hermes_without_chat(self.sft, self.data, "sft.tool_format")
         return self
 
 

@@ -116,7 +116,8 @@ class TrainedOn:
     """An RL run's evaluation budget (`eval.max_new_tokens`, else `rollout.max_new_tokens`)."""
     tools: dict = field(default_factory=dict)
     """An RL run's tool settings (`rollout.tools`, `max_tool_calls`, `tool_timeout`,
-    `tool_format`, those it set): its model is evaluated calling the same tools."""
+    `tool_format`, those it set), or an SFT run's (`sft.tools`, ...): its model is evaluated
+    calling the same tools."""
 
 
 def trained_on(model: str | Path) -> TrainedOn | None:
@@ -140,9 +141,11 @@ def trained_on(model: str | Path) -> TrainedOn | None:
     if isinstance(saved.get("rollout"), dict):
         rollout = saved["rollout"]
         budget = (saved.get("eval") or {}).get("max_new_tokens") or rollout.get("max_new_tokens")
-        if rollout.get("tools"):
+    for section in ("rollout", "sft"):  # an RL run's tools, or those its solutions called
+        settings = saved.get(section)
+        if isinstance(settings, dict) and settings.get("tools"):
             keys = ("tools", "max_tool_calls", "tool_timeout", "tool_format")
-            tools = {key: rollout[key] for key in keys if key in rollout}
+            tools = {key: settings[key] for key in keys if key in settings}
     return TrainedOn(found, data, budget, tools)
 
 

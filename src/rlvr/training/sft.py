@@ -23,7 +23,7 @@ from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.rollout.call_formats import call_format
-from rlvr.rollout.tools import result_tokens
+from rlvr.rollout.tools import ToolUse, result_tokens
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -134,11 +134,12 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         save_config(cfg, out_dir / CONFIG_FILE)
 
     ranks.on_main(start)
+    chat_kwargs = ToolUse.of(s).chat_kwargs(cfg.data.chat_template_kwargs)  # hermes schemas
     _, prompts = encode_prompts(
-        cfg.data.template, [p.prompt for p in examples], tokenizer, cfg.data.chat_template_kwargs
+        cfg.data.template, [p.prompt for p in examples], tokenizer, chat_kwargs
     )
     trained = None
-    form = call_format(s.tool_format, tokenizer, cfg.data.chat_template_kwargs)
+    form = call_format(s.tool_format, tokenizer, chat_kwargs)
     if s.mask_tool_results and any(form.result_spans(p.solution) for p in examples):
         if not tokenizer.is_fast:
             raise ConfigError(
