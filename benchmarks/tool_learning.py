@@ -123,6 +123,7 @@ def main() -> None:
                 "sft": {
                     **SFT,
                     "steps": args.sft_steps,
+                    "tools": list(tools.names) if name == "tool" else [],
                     "tool_format": args.format,
                     "output_dir": str(args.out / name),
                 },
