@@ -415,10 +415,9 @@ def _expected_pkpo_gradient(n: int, k: int, p: float) -> float:
         c = sum(outcome)
         probability = p**c * (1 - p) ** (n - c)
         rewards = torch.tensor(outcome, dtype=torch.float64)
-        if 0 < c < n:
-            adv = pass_at_k_advantages(rewards, torch.zeros(n, dtype=torch.long), k=k)
-            score = rewards * (1 - p) - (1 - rewards) * p
-            total += probability * float((adv * score).sum())
+        adv = pass_at_k_advantages(rewards, torch.zeros(n, dtype=torch.long), k=k)
+        score = rewards * (1 - p) - (1 - rewards) * p
+        total += probability * float((adv * score).sum())
     return total
 
 

@@ -2,7 +2,10 @@
 
 Every estimator here takes the scalar rewards of N sequences and the id of the prompt group each
 came from (the G samples of one prompt share an id), and returns one advantage per sequence;
-the training loop broadcasts it over the sequence's response tokens.
+the training loop broadcasts it over the sequence's response tokens. An estimator that reads
+more names it as a keyword argument, and the loop passes it: ``lengths`` (each sequence's
+trained tokens), ``baselines`` (the reward of its prompt's greedy completion), ``k``
+(``algorithm.pass_k``), ``positive_weight`` (``algorithm.positive_weight``).
 
 How this code departs from the papers:
 
@@ -33,15 +36,6 @@ STD_NORMALIZATIONS = ("group", "batch", "none")
 GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "pass_at_k"})
 """The estimators that compare each sample with the others of its prompt: with one sample per
 prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
-
-LENGTH_WEIGHTED = frozenset({"opo"})
-"""The estimators that also take each sequence's number of trained tokens (``lengths=``)."""
-
-PASS_AT_K = frozenset({"pass_at_k"})
-"""The estimators that take the k of the pass@k they optimise (``k=``)."""
-
-POSITIVE_WEIGHTED = frozenset({"w_reinforce"})
-"""The estimators that take the weight of the passing samples (``positive_weight=``)."""
 
 GREEDY_BASELINES = frozenset({"remax"})
 """The estimators that take the reward of a greedy completion of each sample's prompt

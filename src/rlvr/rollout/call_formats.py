@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,12 @@ class Call:
     error: str = ""
 
 
-class CallFormat:
-    """The texts of one call format (the module docstring)."""
+class CallFormat(ABC):
+    """The texts of one call format (the module docstring). A format is built from the
+    tokenizer and the chat template's arguments (`CALL_FORMATS`)."""
+
+    schemas_in_prompt = False
+    """Whether the tools' schemas go into the prompt (the chat template's `tools`)."""
 
     def __init__(self, before: str, after: str, anchor: str = "") -> None:
         self.before = before
@@ -58,13 +63,13 @@ class CallFormat:
         """What the policy writes right before `before` in every call ('' when the call's end
         varies): a written solution's results are found after it."""
 
+    @abstractmethod
     def stops(self, tools: Sequence[str]) -> list[str]:
         """The texts that end a policy turn that may hold calls."""
-        raise NotImplementedError
 
+    @abstractmethod
     def parse(self, turn: str, tools: Sequence[str]) -> list[Call]:
         """The calls of `turn` (the policy's text since the last result, ending in a stop)."""
-        raise NotImplementedError
 
     def result(self, outputs: list[str]) -> str:
         """The text the outputs of a turn's calls enter the completion as."""
@@ -86,7 +91,7 @@ class CallFormat:
 class Tags(CallFormat):
     """`<NAME>input</NAME>` → `<result>output</result>`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer=None, chat_kwargs: Mapping[str, Any] | None = None) -> None:
         super().__init__("<result>", "</result>")
 
     def stops(self, tools: Sequence[str]) -> list[str]:
@@ -109,7 +114,7 @@ class Code(CallFormat):
     """ToRL's fences: a ```` ```NAME ```` block, then ```` ```output ```` written by the policy
     (the stop); the output follows as `\\nOUTPUT\\n```\\n`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer=None, chat_kwargs: Mapping[str, Any] | None = None) -> None:
         super().__init__("\n", "\n```\n", anchor="```output")
 
     def stops(self, tools: Sequence[str]) -> list[str]:
@@ -170,6 +175,8 @@ class Hermes(CallFormat):
     `anchor`), answered by the chat template's `tool` messages, one per call, and the opening
     of the next assistant turn: all read from the template rendered around placeholders
     (`chat_kwargs`: `data.chat_template_kwargs`)."""
+
+    schemas_in_prompt = True
 
     def __init__(self, tokenizer, chat_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer, self.chat_kwargs = tokenizer, dict(chat_kwargs or {})
@@ -248,9 +255,9 @@ class Hermes(CallFormat):
 
 
 CALL_FORMATS: Registry = Registry("tool call format")
-"""Formats by name: ``build(tokenizer, chat_kwargs) -> CallFormat``."""
-CALL_FORMATS.register("tags")(lambda tokenizer, chat_kwargs=None: Tags())
-CALL_FORMATS.register("code")(lambda tokenizer, chat_kwargs=None: Code())
+"""Format classes by name, each built as ``cls(tokenizer, chat_kwargs)``."""
+CALL_FORMATS.register("tags")(Tags)
+CALL_FORMATS.register("code")(Code)
 CALL_FORMATS.register("hermes")(Hermes)
 
 

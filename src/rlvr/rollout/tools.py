@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Any
 from rlvr.algorithms.registry import Registry
 from rlvr.rewards.sandbox import SandboxError, run_python
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
-from rlvr.rollout.call_formats import Call, CallFormat, Tags, call_format, tool_schema
+from rlvr.rollout.call_formats import (
+    CALL_FORMATS,
+    Call,
+    CallFormat,
+    Tags,
+    call_format,
+    tool_schema,
+)
 
 if TYPE_CHECKING:
     from rlvr.config import ToolSettings
@@ -313,8 +320,9 @@ class ToolUse:
 
     def chat_kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The chat template's arguments (`data.chat_template_kwargs`) with the tools' schemas
-        added where the format passes them (`hermes`) and the user gave none."""
-        if not self.names or self.format != "hermes" or "tools" in given:
+        added where the format puts them in the prompt (`hermes`) and the user gave none."""
+        schemas = CALL_FORMATS.get(self.format).schemas_in_prompt
+        if not self.names or not schemas or "tools" in given:
             return dict(given)
         return {**given, "tools": [tool_schema(name) for name in self.names]}
 

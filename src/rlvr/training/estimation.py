@@ -6,17 +6,12 @@ The KL penalty, when it sits in the reward, is subtracted here: per token before
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 
 import torch
 
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS, decoupled_group_advantages
-from rlvr.algorithms.advantages import (
-    GREEDY_BASELINES,
-    LENGTH_WEIGHTED,
-    PASS_AT_K,
-    POSITIVE_WEIGHTED,
-)
 from rlvr.algorithms.controllers import high_entropy_mask
 from rlvr.algorithms.value import (
     gae_advantages,
@@ -85,21 +80,20 @@ def batch_advantages(
         )
         return advantages[:, None] * mask, None
     rewards = batch.rewards if penalty is None else batch.rewards - penalty.sum(-1)
-    extra: dict[str, torch.Tensor | float | None] = {}
-    if algo.advantage in LENGTH_WEIGHTED:
-        extra["lengths"] = mask.sum(-1)
-    if algo.advantage in GREEDY_BASELINES:
-        extra["baselines"] = batch.greedy_rewards
-    if algo.advantage in PASS_AT_K:
-        extra["k"] = algo.pass_k
-    if algo.advantage in POSITIVE_WEIGHTED:
-        extra["positive_weight"] = algo.positive_weight
-    advantages = ADVANTAGES.get(algo.advantage)(
+    estimator = ADVANTAGES.get(algo.advantage)
+    available = {  # what an estimator may read besides the rewards, if its signature asks
+        "lengths": mask.sum(-1),
+        "baselines": batch.greedy_rewards,
+        "k": algo.pass_k,
+        "positive_weight": algo.positive_weight,
+    }
+    wanted = inspect.signature(estimator).parameters
+    advantages = estimator(
         rewards,
         batch.group_ids,
         std_normalization=algo.std_normalization,
         epsilon=algo.epsilon,
-        **extra,
+        **{name: value for name, value in available.items() if name in wanted},
     )
     return advantages[:, None] * mask, None
 

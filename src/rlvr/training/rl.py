@@ -258,7 +258,8 @@ def _train(
         generator,
         cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed weight addresses
     )
-    engine = ToolUse.of(r).around(engine, tokenizer, cfg.data.chat_template_kwargs)
+    tool_use = ToolUse.of(r)
+    engine = tool_use.around(engine, tokenizer, tool_use.chat_kwargs(cfg.data.chat_template_kwargs))
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
     settings = LossSettings(
         algo, r.temperature, r.max_new_tokens, cfg.train.micro_batch_tokens, tokenizer.pad_token_id

@@ -164,7 +164,7 @@ def collect_step(
         greedy = None
         if algo.advantage in GREEDY_BASELINES:  # ReMax: each prompt's argmax completion
             greedy = rollout_batch(
-                engine, tokenizer, task, drawn[mine.start : mine.stop], cfg, True
+                engine, tokenizer, task, drawn[mine.start : mine.stop], cfg, greedy=True
             )
         t1 = time.perf_counter()
         if greedy is not None:
