@@ -17,7 +17,7 @@ from rlvr.algorithms import (
     rloo_advantages,
     weighted_reinforce_advantages,
 )
-from rlvr.algorithms.advantages import pass_at_k_estimate
+from rlvr.algorithms.verdict_advantages import pass_at_k_estimate
 
 EPS = 1e-6
 

@@ -19,11 +19,9 @@ from rlvr.algorithms.advantages import (
     decoupled_group_advantages,
     group_normalized_advantages,
     opo_advantages,
-    pass_at_k_advantages,
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
-    weighted_reinforce_advantages,
 )
 from rlvr.algorithms.aggregation import (
     aggregate,
@@ -97,6 +95,10 @@ from rlvr.algorithms.shaping import (
     kimi_length_reward,
     repetition_penalty,
     soft_overlong_penalty,
+)
+from rlvr.algorithms.verdict_advantages import (
+    pass_at_k_advantages,
+    weighted_reinforce_advantages,
 )
 
 __all__ = [
