@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from rlvr.config import preset_names, resolve_config
+from rlvr.models.loading import save_pretrained
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
 from tiny_run import TINY_RUN
@@ -33,6 +35,7 @@ ALL_PRESETS = {
     "kl_cov",
     "lite_ppo",
     "luspo",
+    "opd",
     "opo",
     "orz",
     "ppo",
@@ -54,9 +57,13 @@ def test_every_recipe_of_the_issue_ships_as_a_preset():
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_preset_runs_twenty_steps(preset, tmp_path):
-    cfg = resolve_config(
-        preset=preset, overrides=[*TINY_RUN, "train.steps=20", f"train.output_dir={tmp_path}"]
-    )
+    overrides = [*TINY_RUN, "train.steps=20", f"train.output_dir={tmp_path / 'run'}"]
+    if preset == "opd":  # distillation needs a teacher: another tiny model of the same shape
+        tok = build_tiny_tokenizer()
+        teacher = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=5)
+        save_pretrained(teacher, tok, tmp_path / "teacher")
+        overrides.append(f"algorithm.distill.teacher={tmp_path / 'teacher'}")
+    cfg = resolve_config(preset=preset, overrides=overrides)
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 21))
     warmup = cfg.algorithm.critic.warmup_steps if cfg.algorithm.advantage == "gae" else 0

@@ -423,6 +423,22 @@ class VespoConfig(Section):
     """λ where the advantage is negative (TRL's vespo_lambda_neg)."""
 
 
+class DistillConfig(Section):
+    teacher: str | None = None
+    """On-policy distillation: a teacher model (a local model directory or a hub name, with
+    the policy's tokenizer) that scores every sampled token; its log-prob minus the student's
+    is added to each token's advantage (`rlvr.algorithms.distillation`). None = off."""
+    coef: float = Field(default=1.0, gt=0.0)
+    """Weight of the teacher's per-token term in the advantages."""
+    discount: float = Field(default=0.0, ge=0.0, le=1.0)
+    """γ over the following tokens' terms: 0 = each token's own (Thinking Machines' on-policy
+    distillation), 1 = the unbiased gradient of the sequence-level reverse KL."""
+    outcome_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the outcome advantage (`algorithm.advantage` over the rewards) beside the
+    teacher's term: 1 = RL plus distillation, 0 = distillation alone (the rewards are still
+    scored and logged)."""
+
+
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
     """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
@@ -477,6 +493,8 @@ class AlgorithmConfig(Section):
     """Which tokens the `clip_cov` and `kl_cov` losses treat, and `kl_cov`'s weight."""
     rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig)
     """Importance weights for the rollout engine's mismatch with the trainer (DESIGN rule 8)."""
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from a teacher model (off unless `distill.teacher` is set)."""
 
     @model_validator(mode="after")
     def _decoupled_rewards_are_grpos(self) -> AlgorithmConfig:

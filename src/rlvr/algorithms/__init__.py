@@ -36,6 +36,7 @@ from rlvr.algorithms.controllers import (
     high_entropy_mask,
 )
 from rlvr.algorithms.covariance import clip_cov_loss, kl_cov_loss
+from rlvr.algorithms.distillation import reverse_kl_estimate, teacher_token_advantages
 from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
 from rlvr.algorithms.kl import kl_k1, kl_k2, kl_k3
 from rlvr.algorithms.policy_losses import (
@@ -158,6 +159,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "remax_advantages",
     "repetition_penalty",
+    "reverse_kl_estimate",
     "rloo_advantages",
     "robust_dpo_loss",
     "sapo_loss",
@@ -166,6 +168,7 @@ __all__ = [
     "simpo_loss",
     "soft_overlong_penalty",
     "sppo_hard_loss",
+    "teacher_token_advantages",
     "token_mean",
     "vespo_loss",
     "vespo_weights",

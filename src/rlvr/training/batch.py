@@ -53,6 +53,8 @@ class RolloutBatch:
     """[N, T] log-probs of the policy before this step's updates (when several updates)."""
     ref_logprobs: torch.Tensor | None = None
     """[N, T] log-probs of the frozen reference model (when KL is on)."""
+    teacher_logprobs: torch.Tensor | None = None
+    """[N, T] log-probs of the distillation teacher (`algorithm.distill.teacher`)."""
     values: torch.Tensor | None = None
     """[N, T] critic values before this step's updates (GAE presets)."""
     returns: torch.Tensor | None = None

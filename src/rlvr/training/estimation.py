@@ -13,6 +13,7 @@ import torch
 
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS, decoupled_group_advantages
 from rlvr.algorithms.controllers import high_entropy_mask
+from rlvr.algorithms.distillation import teacher_token_advantages
 from rlvr.algorithms.value import (
     gae_advantages,
     length_adaptive_lambda,
@@ -48,7 +49,27 @@ def batch_advantages(
     kl_coef: float,
     reward_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """([N, T] advantages, [N, T] critic returns or None) for the batch.
+    """([N, T] advantages, [N, T] critic returns or None) for the batch: the outcome
+    advantages (`outcome_advantages`), and with a distillation teacher (`batch.teacher_logprobs`)
+    `algorithm.distill.outcome_weight` times them plus `coef` times the teacher's per-token
+    term."""
+    advantages, returns = outcome_advantages(batch, algo, kl_coef, reward_weights)
+    if batch.teacher_logprobs is None:
+        return advantages, returns
+    d = algo.distill
+    teacher = teacher_token_advantages(
+        batch.rollout_logprobs, batch.teacher_logprobs, batch.response_mask, discount=d.discount
+    )
+    return d.outcome_weight * advantages + d.coef * teacher, returns
+
+
+def outcome_advantages(
+    batch: RolloutBatch,
+    algo: AlgorithmConfig,
+    kl_coef: float,
+    reward_weights: dict[str, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([N, T] advantages, [N, T] critic returns or None) from the batch's rewards.
 
     With `advantage: gae`, `batch.values` must hold the critic's values; the policy's λ is
     `critic.lam` or VAPO's length-adaptive λ, the critic's targets use `critic.critic_lam`
@@ -118,13 +139,19 @@ def prepare_update(
     settings: LossSettings,
     needs_old_logprobs: bool,
     ranks: Ranks = ONE_PROCESS,
+    teacher: torch.nn.Module | None = None,
 ) -> None:
-    """Add what the update reads to `batch`: reference / old log-probs, values, advantages.
+    """Add what the update reads to `batch`: reference / teacher / old log-probs, values,
+    advantages.
 
     A `reference` that is the policy itself (a LoRA policy's, `Regularization`) is scored with
     its adapters off. With several ranks each scores its share of the rows and every rank
     gets the whole batch's scores."""
     algo, budget, pad = settings.algorithm, settings.micro_batch_tokens, settings.pad_id
+    if teacher is not None:
+        batch.teacher_logprobs = batch_logprobs(
+            teacher, batch, settings.temperature, budget, pad, ranks
+        )
     if reference is not None:
         base = lora.adapters_disabled(model) if reference is model else nullcontext()
         with base:

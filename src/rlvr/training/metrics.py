@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.algorithms.distillation import reverse_kl_estimate
 from rlvr.algorithms.groups import constant_groups
 from rlvr.config import RLConfig
 from rlvr.training.batch import RolloutBatch
@@ -80,4 +81,8 @@ def step_metrics(
         metrics[f"reward/{name}"] = _mean(values)
     if sampled.greedy_rewards is not None:
         metrics["reward/greedy"] = _mean(sampled.greedy_rewards)
+    if trained.teacher_logprobs is not None:
+        metrics["distill/reverse_kl"] = reverse_kl_estimate(
+            trained.rollout_logprobs, trained.teacher_logprobs, trained.response_mask
+        )
     return metrics

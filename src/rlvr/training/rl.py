@@ -68,6 +68,7 @@ from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
 from rlvr.training.sampling import collect_step, config_filters, config_for_step
 from rlvr.training.stopping import RunStopped, StopOnSignal
+from rlvr.training.teacher import load_teacher
 from rlvr.training.update import LossSettings, minibatch_backward
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
@@ -80,7 +81,8 @@ class NonFiniteError(RuntimeError):
 def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
     rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads;
-    refuse a group baseline, or dynamic sampling, with one sample per prompt."""
+    refuse a group baseline, or dynamic sampling, with one sample per prompt, and distillation
+    alone without a teacher."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
@@ -93,7 +95,14 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
-    if cfg.algorithm.advantage in GROUP_BASELINES and cfg.rollout.samples_per_prompt < 2:
+    outcome = cfg.algorithm.distill.outcome_weight > 0  # else only the teacher's term trains
+    if not outcome and cfg.algorithm.distill.teacher is None:
+        raise ConfigError(
+            "algorithm.distill.outcome_weight=0 leaves only the teacher's term, and "
+            "algorithm.distill.teacher is not set: name the teacher model"
+        )
+    single = cfg.rollout.samples_per_prompt < 2
+    if outcome and single and cfg.algorithm.advantage in GROUP_BASELINES:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage!r} compares each sample with the "
             "others of its prompt, so rollout.samples_per_prompt=1 would train nothing; "
@@ -207,6 +216,9 @@ def _train(
             fused.enable_activation_checkpointing(model)
         except ValueError as error:
             raise ConfigError(f"train.gradient_checkpointing: {error}") from None
+    teacher = None
+    if algo.distill.teacher is not None:
+        teacher = load_teacher(algo.distill.teacher, cfg.model, model, tokenizer)
     ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))  # once the model and task fit
     regularization = Regularization(algo, model)
     reference = regularization.reference
@@ -321,7 +333,7 @@ def _train(
                 settings.kl_coef = regularization.kl_coef
                 settings.entropy_coef = regularization.entropy_coef
                 several = updates_per_step > 1
-                prepare_update(batch, model, reference, critic, settings, several, ranks)
+                prepare_update(batch, model, reference, critic, settings, several, ranks, teacher)
             train_policy = critic is None or step > algo.critic.warmup_steps
 
             totals: dict[str, float] = {}
