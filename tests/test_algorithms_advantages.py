@@ -8,6 +8,7 @@ import torch
 
 from rlvr.algorithms import (
     ADVANTAGES,
+    best_of_group_advantages,
     decoupled_group_advantages,
     group_normalized_advantages,
     opo_advantages,
@@ -476,3 +477,40 @@ def test_the_loop_gives_w_reinforce_its_positive_weight():
     algo = AlgorithmConfig(advantage="w_reinforce", positive_weight=0.5, std_normalization="none")
     advantages, _ = batch_advantages(batch, algo, kl_coef=0.0)
     torch.testing.assert_close(advantages, torch.tensor([[0.5, 0.5], [-1.0, -1.0]]))
+
+
+def test_best_of_group_moves_only_the_sole_best_sample():
+    """A_i = max_g r − max_{j≠i} r: the best reward minus the second best for the sole best
+    sample, 0 for the others and for a tie at the top; a group of one gets 0; group std
+    normalisation divides by the group's std."""
+    rewards = torch.tensor([0.2, 0.9, 0.5, 1.0, 1.0, 0.0, 0.7], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    _close(best_of_group_advantages(rewards, groups), [0, 0.4, 0, 0, 0, 0, 0])
+    verdicts = best_of_group_advantages(REWARDS, GROUPS)  # one pass in group 0, two in 1
+    _close(verdicts, [1, 0, 0, 0, 0, 0, 0, 0])
+    normalised = best_of_group_advantages(rewards, groups, std_normalization="group")
+    std = torch.tensor([0.2, 0.9, 0.5]).std().item()
+    _close(normalised, [0, 0.4 / (std + EPS), 0, 0, 0, 0, 0])
+
+
+def test_best_of_group_follows_the_gradient_of_the_expected_max():
+    """Tang et al. 2025's leave-one-out estimator for k = n: enumerating all 3^4 outcomes of
+    four samples with rewards 0, 0.5 or 1 (probabilities softmax θ), E[Σ_i A_i ∇log π(y_i)]
+    equals ∇ E[max_i r_i], computed by autograd of the enumerated expectation."""
+    import itertools
+
+    levels = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    theta = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64, requires_grad=True)
+    logp = theta.log_softmax(-1)
+    expected_max = torch.zeros((), dtype=torch.float64)
+    estimate = torch.zeros((), dtype=torch.float64)
+    for outcome in itertools.product(range(3), repeat=4):
+        index = torch.tensor(outcome)
+        probability = logp[index].sum().exp()
+        rewards = levels[index]
+        expected_max = expected_max + probability * rewards.max()
+        adv = best_of_group_advantages(rewards, torch.zeros(4, dtype=torch.long))
+        estimate = estimate + probability.detach() * (adv * logp[index]).sum()
+    (want,) = torch.autograd.grad(expected_max, theta, retain_graph=True)
+    (got,) = torch.autograd.grad(estimate, theta)
+    torch.testing.assert_close(got, want)

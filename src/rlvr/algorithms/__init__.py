@@ -3,7 +3,7 @@
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
   ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline),
   ``remax`` (the greedy completion's reward), ``pass_at_k`` (PKPO), ``w_reinforce`` (±1 with passes
-  down-weighted).
+  down-weighted), ``best_of_group`` (max@n, leave-one-out).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
   ``gspo`` (sequence-level ratio), ``cispo`` (clipped stop-gradient IS weight).
 - :data:`AGGREGATIONS` — ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``,
@@ -29,6 +29,7 @@ from rlvr.algorithms.aggregation import (
     seq_mean_token_sum,
     token_mean,
 )
+from rlvr.algorithms.best_of_group import best_of_group_advantages
 from rlvr.algorithms.controllers import (
     AdaptiveEntropyCoef,
     AdaptiveKLCoef,
@@ -124,6 +125,7 @@ __all__ = [
     "apo_zero_loss",
     "apply_truncation_reward",
     "bco_pair_loss",
+    "best_of_group_advantages",
     "cispo_loss",
     "clip_cov_loss",
     "cpo_loss",

@@ -35,7 +35,9 @@ from rlvr.algorithms.registry import ADVANTAGES
 
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
-GROUP_BASELINES = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "opo", "pass_at_k"})
+GROUP_BASELINES = frozenset(
+    {"grpo", "rloo", "reinforce_pp_baseline", "opo", "pass_at_k", "best_of_group"}
+)
 """The estimators that compare each sample with the others of its prompt: with one sample per
 prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
 
