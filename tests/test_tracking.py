@@ -203,6 +203,9 @@ def test_a_run_s_held_out_evaluations_join_its_curves(tmp_path):
     plain = load_run_metrics(_fake_run(tmp_path / "plain", steps=4, scale=1.0))
     assert default_metrics([plain]) == DEFAULT_METRICS
     assert default_metrics([plain, records]) == (*DEFAULT_METRICS, HELD_OUT_METRIC)
+    distilled = [{**record, "distill/reverse_kl": 0.1} for record in plain]
+    both = (*DEFAULT_METRICS, HELD_OUT_METRIC, "distill/reverse_kl")
+    assert default_metrics([distilled, records]) == both
     _assert_png(plot_runs([run], tmp_path / "with_eval.png"))
 
 

@@ -31,6 +31,10 @@ DEFAULT_METRICS: tuple[str, ...] = (
 HELD_OUT_METRIC = "eval/pass@1"
 """The held-out pass@1 of `eval.jsonl`, a panel of its own wherever a run evaluated."""
 
+WHEN_LOGGED: tuple[str, ...] = (HELD_OUT_METRIC, "distill/reverse_kl")
+"""Panels drawn after `DEFAULT_METRICS` wherever one of the runs logs them: the held-out
+pass@1, and the reverse KL to a distillation teacher (`algorithm.distill.teacher`)."""
+
 _COLUMNS = 3
 
 
@@ -70,9 +74,9 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
 
 
 def default_metrics(runs: Sequence[Sequence[dict]]) -> tuple[str, ...]:
-    """`DEFAULT_METRICS`, then `HELD_OUT_METRIC` where one of the runs' records logs it."""
-    evaluated = any(HELD_OUT_METRIC in record for records in runs for record in records)
-    return DEFAULT_METRICS + ((HELD_OUT_METRIC,) if evaluated else ())
+    """`DEFAULT_METRICS`, then each of `WHEN_LOGGED` that one of the runs' records logs."""
+    logged = {key for records in runs for record in records for key in record}
+    return DEFAULT_METRICS + tuple(metric for metric in WHEN_LOGGED if metric in logged)
 
 
 def metric_series(
@@ -165,8 +169,8 @@ def plot_runs(
         out_path: the PNG to write (parent directories are created).
         metrics: one subplot each, in a grid of up to three columns; any logged key works,
             e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
-            that says "not logged". None: `DEFAULT_METRICS`, then `HELD_OUT_METRIC` where a
-            run has an `eval.jsonl` that logs it.
+            that says "not logged". None: `DEFAULT_METRICS`, then those of `WHEN_LOGGED`
+            that a run logs (`eval.jsonl`'s pass@1, the distillation reverse KL).
         smoothing: EMA weight in [0, 1) (TensorBoard-style); 0, the default, plots raw values.
             When smoothing, the raw curve is drawn faintly behind the smoothed one.
         title: figure title (default: none).
