@@ -410,6 +410,23 @@ def test_fsdp_train_resumes_the_replicated_run_and_continues_it(tmp_path, replic
     assert config["architectures"] == ["LlamaForCausalLM"]
 
 
+def test_a_distillation_teacher_scores_every_row_on_two_ranks(tmp_path, replicated_run):
+    """The replicated run again with its own step-2 checkpoint as a distillation teacher
+    (GRPO plus the teacher's term): each rank scores its share with the teacher and every
+    rank gets the whole batch's scores; step 1 samples what the run without a teacher sampled
+    (the teacher changes the advantages, not the rollout), and trains on something else."""
+    teacher = replicated_run / "checkpoints" / "step-2"
+    launch(tmp_path / "distilled", f"algorithm.distill.teacher={teacher}")
+    with_teacher = read_jsonl(tmp_path / "distilled" / "metrics.jsonl")
+    without = read_jsonl(replicated_run / "metrics.jsonl")
+    # the k1 estimate is a sample mean and may fall below 0 once the student nears the teacher
+    assert all(math.isfinite(m["distill/reverse_kl"]) for m in with_teacher)
+    assert with_teacher[0]["distill/reverse_kl"] > 0.01  # the initial model against step 2
+    assert with_teacher[0]["reward/mean"] == without[0]["reward/mean"]
+    assert with_teacher[0]["response_length/mean"] == without[0]["response_length/mean"]
+    assert with_teacher[0]["loss"] != pytest.approx(without[0]["loss"], rel=1e-3)
+
+
 ONE_LAYER = [
     "model.tiny.hidden_size=32",
     "model.tiny.num_layers=1",
