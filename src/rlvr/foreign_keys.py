@@ -93,6 +93,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "max_length": ("sft.max_length", "dpo.max_length"),
     "max_seq_length": ("sft.max_length",),
     "shuffle_dataset": ("data.sampler",),
+    "teacher_model_name_or_path": ("algorithm.distill.teacher",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;
