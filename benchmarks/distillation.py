@@ -1,0 +1,98 @@
+"""On-policy distillation on the tiny default task: a student closing on a GRPO-trained teacher.
+
+From the learning test's cold start (the demo's SFT model, 600 steps), the teacher is the
+cold start after `--teacher-steps` GRPO steps; each `--discounts` value then trains the cold
+start with the `opd` preset (the teacher's per-token term alone) for `--steps` steps, and a
+GRPO run of the same length from the cold start is the reference.
+
+    python benchmarks/distillation.py [--teacher-steps 24] [--steps 24] [--discounts 0 1]
+        [--seeds 0] [--out DIR]
+
+prints pass@1 (k = 4, 200 held-out problems) of the cold start, the teacher and each run,
+with each distillation run's reverse KL at its first and last steps, and writes
+`summary.json` under --out (`docs/algorithms.md`, "On-policy distillation").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rlvr.config import resolve_config
+from rlvr.data.tasks import load_task
+from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from rlvr.run_layout import latest_checkpoint
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training.rl import train
+from rlvr.training.sft import run_sft
+
+EVAL_PROBLEMS, PROMPTS = 200, 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sft-steps", type=int, default=600)
+    parser.add_argument("--teacher-steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--discounts", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_distillation"))
+    args = parser.parse_args()
+
+    sft_cfg, rl_cfg = demo_configs(args.out, sft_steps=args.sft_steps, rl_steps=args.steps)
+    cold_start = run_sft(sft_cfg)
+    task = load_task(rl_cfg.data)
+    held_out = task.test[:EVAL_PROBLEMS]
+    small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": 4})})
+
+    def pass_at_1(model_dir: Path) -> float:
+        return round(evaluate_model_dir(model_dir, small, held_out, task.reward)["pass@1"], 4)
+
+    def run(name: str, preset: str, steps: int, seed: int, *more: str) -> Path:
+        overrides = [
+            *(f"data.{k}={v}" for k, v in DATA.items()),
+            *RL,
+            f"model.name_or_path={cold_start}",
+            f"rollout.prompts_per_step={PROMPTS}",
+            f"train.steps={steps}",
+            f"train.seed={seed}",
+            f"train.output_dir={args.out / name}",
+            *more,
+        ]
+        return train(resolve_config(preset=preset, overrides=overrides), show_progress=False)
+
+    summary: dict = {"cold_start": pass_at_1(cold_start)}
+    teacher = latest_checkpoint(run("teacher", "grpo", args.teacher_steps, 0))
+    summary["teacher"] = pass_at_1(teacher)
+    print(f"cold start {summary['cold_start']}  teacher {summary['teacher']}", flush=True)
+    for seed in args.seeds:
+        start = time.perf_counter()
+        same = seed == 0 and args.steps == args.teacher_steps  # the teacher's own run
+        grpo = args.out / "teacher" if same else run(f"grpo-{seed}", "grpo", args.steps, seed)
+        summary[f"grpo seed {seed}"] = pass_at_1(latest_checkpoint(grpo))
+        print(f"grpo seed {seed}: {summary[f'grpo seed {seed}']}", flush=True)
+        for gamma in args.discounts:
+            name = f"opd-g{gamma:g}-{seed}"
+            opd = run(
+                name,
+                "opd",
+                args.steps,
+                seed,
+                f"algorithm.distill.teacher={teacher}",
+                f"algorithm.distill.discount={gamma}",
+            )
+            kl = [m["distill/reverse_kl"] for m in read_jsonl(opd / "metrics.jsonl")]
+            summary[name] = {
+                "pass@1": pass_at_1(latest_checkpoint(opd)),
+                "reverse_kl_first": round(kl[0], 4),
+                "reverse_kl_last4": round(sum(kl[-4:]) / len(kl[-4:]), 4),
+            }
+            print(f"{name}: {summary[name]}", flush=True)
+        print(f"seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
