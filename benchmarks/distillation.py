@@ -2,8 +2,9 @@
 
 From the learning test's cold start (the demo's SFT model, 600 steps), the teacher is the
 cold start after `--teacher-steps` GRPO steps; each `--discounts` value then trains the cold
-start with the `opd` preset (the teacher's per-token term alone) for `--steps` steps, and a
-GRPO run of the same length from the cold start is the reference.
+start with the `opd` preset (the teacher's per-token term alone) for `--steps` steps; a
+GRPO run of the same length from the cold start is the reference, and GRPO with the teacher's
+term added (`algorithm.distill.outcome_weight` 1, the default) the mix of the two.
 
     python benchmarks/distillation.py [--teacher-steps 24] [--steps 24] [--discounts 0 1]
         [--seeds 0] [--out DIR]
@@ -90,6 +91,11 @@ def main() -> None:
                 "reverse_kl_last4": round(sum(kl[-4:]) / len(kl[-4:]), 4),
             }
             print(f"{name}: {summary[name]}", flush=True)
+        mixed = run(
+            f"grpo+teacher-{seed}", "grpo", args.steps, seed, f"algorithm.distill.teacher={teacher}"
+        )
+        summary[f"grpo+teacher seed {seed}"] = pass_at_1(latest_checkpoint(mixed))
+        print(f"grpo+teacher seed {seed}: {summary[f'grpo+teacher seed {seed}']}", flush=True)
         print(f"seed {seed}: {time.perf_counter() - start:.0f} s", flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
