@@ -55,6 +55,13 @@ PRESETS = {
     # 24 steps; after 32 steps, full fine-tuning at 1e-4 reaches 0.50, LoRA at 1e-4 0.33:
     # docs/algorithms.md)
     "grpo+lora": ["model.lora.rank=8", "train.lr=1e-3", SLOW],
+    # two attempts a sample, a wrong one told "Wrong." (0.354 -> 0.48-0.50 at one attempt)
+    "grpo+attempts": [
+        "rollout.attempts=2",
+        "rollout.retry_message=Wrong.",
+        "rollout.max_new_tokens=96",
+        SLOW,
+    ],
 }
 
 

@@ -407,6 +407,17 @@ def eval_cmd(
         str | None,
         typer.Option(help="How calls are written: tags, code or hermes (default: the run's)"),
     ] = None,
+    attempts: Annotated[
+        int,
+        typer.Option(
+            help="Attempts per sample: a wrong one is told so in a user turn of the chat "
+            "template and tries again (multi-attempt; needs --template chat)",
+            min=1,
+        ),
+    ] = 1,
+    retry_message: Annotated[
+        str, typer.Option(help="The user turn after a wrong attempt")
+    ] = "Your answer is incorrect. Please try again.",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
@@ -464,6 +475,11 @@ def eval_cmd(
         sampling["chat_kwargs"] = data.chat_template_kwargs
     records: list[dict] | None = [] if log_samples is not None else None
     tool_use = _tool_use(tools, tool_format, run.tools if run else {}, data)
+    if attempts > 1 and data.template != "chat":
+        _fail(f"--attempts {attempts} tells a wrong attempt so in a chat turn: use --template chat")
+    if attempts > 1 and tool_use.names:
+        _fail(f"--attempts {attempts} with tools is not built: add --tools none")
+
     try:
         result = evaluate(
             policy,
@@ -473,10 +489,13 @@ def eval_cmd(
             k=k,
             records=records,
             tools=tool_use,
+            attempts=(attempts, retry_message),
             **sampling,
         )
     except ConfigError as exc:  # a tool format the tokenizer's chat template cannot write
         _fail(str(exc))
+    if attempts > 1:
+        sampling["attempts"] = attempts
     if tool_use.names:
         sampling["tools"] = ",".join(tool_use.names)
         sampling["tool_format"] = tool_use.format

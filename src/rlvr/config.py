@@ -247,6 +247,13 @@ class RolloutConfig(ToolSettings):
     """On a GPU, replay each decode step from a captured CUDA graph (false: eager, to debug)."""
     schedule: list[RolloutStage] = Field(default_factory=list)
     """Stages that change the budget / temperature from a step on (multi-stage context)."""
+    attempts: int = Field(default=1, ge=1)
+    """Multi-attempt rollouts (Chung et al. 2025): after a wrong answer a user turn says so
+    (`retry_message`) and the policy tries again in the same completion, up to this many
+    attempts; the user turns are masked out of the loss and the verifier reads the last
+    answer. Needs data.template=chat; 1 = off."""
+    retry_message: str = "Your answer is incorrect. Please try again."
+    """The user turn after a wrong attempt."""
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -653,6 +660,9 @@ class EvalConfig(Section):
     every_steps: int = Field(default=0, ge=0)
     """`rlvr train` evaluates the policy on the held-out problems before the first step, every
     this many steps and after the last one, one line each in the run's eval.jsonl (0 = never)."""
+    attempts: int = Field(default=1, ge=1)
+    """Attempts per sample, as `rollout.attempts` (with its retry_message): pass@1 then counts
+    a sample right when its last attempt is."""
 
 
 class RLConfig(Section):
@@ -683,6 +693,22 @@ class RLConfig(Section):
     @model_validator(mode="after")
     def _hermes_calls_are_chats(self) -> RLConfig:
         refuse_hermes_without_chat(self.rollout, self.data, "rollout.tool_format")
+        return self
+
+    @model_validator(mode="after")
+    def _retries_are_chat_turns(self) -> RLConfig:
+        attempts = max(self.rollout.attempts, self.eval.attempts)
+        if attempts > 1 and self.data.template != "chat":
+            raise ValueError(
+                "rollout.attempts / eval.attempts > 1 tell a wrong attempt so in a user turn "
+                f"of the chat template, which data.template={self.data.template} does not use: "
+                "set data.template=chat"
+            )
+        if attempts > 1 and self.rollout.tools:
+            raise ValueError(
+                "rollout.attempts / eval.attempts > 1 with rollout.tools is not built: "
+                "use one of the two"
+            )
         return self
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from rlvr.rollout.base import Rollout, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.rewarding import reward_columns
+from rlvr.training.rewarding import attempts_around, reward_columns
 
 if TYPE_CHECKING:
     from rlvr.config import RLConfig
@@ -58,11 +58,13 @@ def sample_and_verify(
     batch_size: int = 512,
     chat_kwargs: Mapping[str, Any] | None = None,
     tools: ToolUse = ToolUse(),
+    attempts: tuple[int, str] = (1, ""),
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
     `reward` verifier (a score of 1 or more is correct); `chat_kwargs` go to the chat
     template; the completions may call `tools` (whose schemas join `chat_kwargs` in the
-    `hermes` format)."""
+    `hermes` format); `attempts` = (attempts, retry message) gives a wrong attempt another
+    one (`rlvr.rollout.attempts`)."""
     chat_kwargs = tools.chat_kwargs(chat_kwargs or {})
     prompts = [p.prompt for p in problems]
     texts, prompt_ids = encode_prompts(template, prompts, tokenizer, chat_kwargs)
@@ -70,6 +72,9 @@ def sample_and_verify(
     eos = eos_token_ids(model, tokenizer)
     engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
     engine = tools.around(engine, tokenizer, chat_kwargs)
+    engine = attempts_around(
+        engine, tokenizer, attempts, problems, texts, (reward, 5.0), chat_kwargs
+    )
     out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
     completions = decode_completions(tokenizer, out.completion_ids, eos)
     sample_problems = [problems[i] for i in out.prompt_index]
@@ -104,6 +109,7 @@ def sample_records(
             "correct": samples.correct[n // k][n % k],
             "length": len(out.completion_ids[n]),
             "finish_reason": out.finish_reason[n],
+            **({"attempts": out.attempts[n]} if out.attempts is not None else {}),
         }
         for n in range(len(problems) * k)
     ]
@@ -126,6 +132,7 @@ def evaluate(
     records: list[dict] | None = None,
     chat_kwargs: Mapping[str, Any] | None = None,
     tools: ToolUse = ToolUse(),
+    attempts: tuple[int, str] = (1, ""),
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier; append
     every sample's `sample_records` to `records` when it is given.
@@ -133,12 +140,14 @@ def evaluate(
     pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
     With several ranks, rank r samples its chunk of the problems (`Ranks.chunk`) with seed +
-    r, and every rank returns the metrics of all of them.
+    r, and every rank returns the metrics of all of them. With `attempts` = (n > 1, retry
+    message) a sample is right when its last attempt is, and `attempts/mean` is reported.
     """
     start = time.perf_counter()
     chunk = ranks.chunk(len(problems))
     mine = problems[chunk.start : chunk.stop]
-    part: tuple[list, list, list[int], int, int, int, list[dict]] = ([], [], [], 0, 0, 0, [])
+    part: tuple[list, list, list[int], int, int, int, list[dict], list[int]]
+    part = ([], [], [], 0, 0, 0, [], [])
     if mine:
         s = sample_and_verify(
             model,
@@ -154,6 +163,7 @@ def evaluate(
             batch_size,
             chat_kwargs,
             tools,
+            attempts,
         )
         out = s.rollout
         part = (
@@ -164,12 +174,14 @@ def evaluate(
             s.scored.errors,
             s.scored.timeouts,
             sample_records(mine, s, k, chunk.start) if records is not None else [],
+            out.attempts or [],
         )
     parts = ranks.gather(part)
     if records is not None:
         records.extend(record for p in parts for record in p[6])
     per_problem, votes, lengths = ([x for p in parts for x in p[i]] for i in range(3))
     truncated, errors, timeouts = (sum(p[i] for p in parts) for i in range(3, 6))
+    tries = [n for p in parts for n in p[7]]
     return {
         "problems": len(problems),
         "k": k,
@@ -178,6 +190,7 @@ def evaluate(
         f"maj@{k}": mean_majority_at_k(votes, per_problem, k),
         "response_length/mean": sum(lengths) / len(lengths),
         "truncated_frac": truncated / len(lengths),
+        **({"attempts/mean": sum(tries) / len(tries)} if tries else {}),
         "reward/errors": errors,
         "reward/timeouts": timeouts,
         "seconds": time.perf_counter() - start,
@@ -208,4 +221,5 @@ def evaluate_as_configured(
         seed=cfg.train.seed,
         ranks=ranks,
         tools=ToolUse.of(cfg.rollout),
+        attempts=(cfg.eval.attempts, cfg.rollout.retry_message),
     )

@@ -55,6 +55,8 @@ class Rollout:
     failed_calls: list[int] | None = None
     """For each completion, how many of its tool calls failed (an output beginning `error:`:
     bad input, a timeout, a crash); None: no tool ran."""
+    attempts: list[int] | None = None
+    """For each completion, how many attempts it made (`rlvr.rollout.attempts`); None: one."""
 
 
 class RolloutEngine(Protocol):

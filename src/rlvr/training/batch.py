@@ -38,6 +38,8 @@ class RolloutBatch:
     """[N] long: tool calls in each completion (`rollout.tools`); None without tools."""
     failed_calls: torch.Tensor | None = None
     """[N] long: the failed ones among them (an output beginning `error:`)."""
+    attempts: torch.Tensor | None = None
+    """[N] long: attempts in each completion (`rollout.attempts`); None: one each."""
     greedy_rewards: torch.Tensor | None = None
     """[N] the reward of the greedy completion of each sample's prompt (ReMax's baseline,
     `algorithm.advantage: remax`); None otherwise."""

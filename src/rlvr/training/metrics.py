@@ -81,6 +81,8 @@ def step_metrics(
         metrics[f"reward/{name}"] = _mean(values)
     if sampled.greedy_rewards is not None:
         metrics["reward/greedy"] = _mean(sampled.greedy_rewards)
+    if sampled.attempts is not None:
+        metrics["attempts/mean"] = _mean(sampled.attempts)
     if trained.teacher_logprobs is not None:
         metrics["distill/reverse_kl"] = reverse_kl_estimate(
             trained.rollout_logprobs, trained.teacher_logprobs, trained.response_mask

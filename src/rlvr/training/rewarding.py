@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from rlvr.algorithms.shaping import (
@@ -20,6 +23,8 @@ from rlvr.rewards.model_based import (
     add_model_rewards,
     build_model_rewards,
 )
+from rlvr.rollout.attempts import Attempts, retry_turn
+from rlvr.rollout.base import RolloutEngine
 from rlvr.training.batch import RolloutBatch
 
 
@@ -29,6 +34,33 @@ def reward_columns(problems: list[Problem]) -> dict[str, list]:
     for name in sorted({key for p in problems for key in p.columns}):
         columns[name] = [p.columns.get(name) for p in problems]
     return columns
+
+
+def attempts_around(
+    engine: RolloutEngine,
+    tokenizer,
+    settings: tuple[int, str],
+    problems: list[Problem],
+    prompt_texts: list[str],
+    verifier: tuple[str, float],
+    chat_kwargs: Mapping[str, Any] | None = None,
+) -> RolloutEngine:
+    """`engine`, or with `settings` = (attempts, retry message) above one attempt, `engine`
+    giving each wrong attempt at `problems` (templated as `prompt_texts`) another one, judged
+    by the task's verifier = (reward name, timeout in seconds): a score of 1 or more is right
+    (`rlvr.rollout.attempts`)."""
+    attempts, message = settings
+    if attempts == 1:
+        return engine
+    verify = compose_rewards([(verifier[0], 1.0)], timeout_s=verifier[1])
+
+    def judge(rows: list[int], texts: list[str]) -> list[bool]:
+        chosen = [problems[i] for i in rows]
+        scored = verify([prompt_texts[i] for i in rows], texts, reward_columns(chosen))
+        return [score >= 1.0 for score in scored.total]
+
+    turn = retry_turn(tokenizer, message, chat_kwargs)
+    return Attempts(engine, tokenizer, attempts, judge, turn)
 
 
 def prompt_messages(problem: Problem) -> list[dict[str, str]]:

@@ -23,7 +23,7 @@ from rlvr.rollout.tools import ToolUse
 from rlvr.training.batch import RolloutBatch, concat_batches
 from rlvr.training.batching import response_mask_from_lengths
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.rewarding import RewardScorer
+from rlvr.training.rewarding import RewardScorer, attempts_around
 
 
 def rollout_batch(
@@ -55,6 +55,12 @@ def rollout_batch(
     )
     if greedy:
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens)
+    if not greedy:
+        settings = (r.attempts, r.retry_message)
+        verifier = (task.reward, cfg.reward.timeout_s)
+        engine = attempts_around(
+            engine, tokenizer, settings, problems, texts, verifier, chat_kwargs
+        )
     out = engine.generate(prompt_ids, params)
     lengths = [len(c) for c in out.completion_ids]
     width = max(lengths)
@@ -71,6 +77,7 @@ def rollout_batch(
             response_mask[i, : len(by_tool)] *= ~torch.tensor(by_tool, dtype=torch.bool)
         tool_calls = torch.tensor(out.tool_calls)
         failed_calls = torch.tensor(out.failed_calls)
+    attempts = None if out.attempts is None else torch.tensor(out.attempts)
     return RolloutBatch(
         problems=[problems[g] for g in out.prompt_index],
         prompt_ids=[prompt_ids[g] for g in out.prompt_index],
@@ -83,6 +90,7 @@ def rollout_batch(
         rollout_logprobs=logprobs,
         tool_calls=tool_calls,
         failed_calls=failed_calls,
+        attempts=attempts,
     )
 
 

@@ -1,0 +1,152 @@
+"""Multi-attempt rollouts (`rollout.attempts`): a wrong attempt is told so and tries again."""
+
+import pytest
+
+from rlvr.config import ConfigError, resolve_config
+from rlvr.rollout.attempts import Attempts, retry_turn
+from rlvr.rollout.base import SamplingParams
+from rlvr.training.rl import train
+from scripted_engine import TOK, Scripted, ids
+from test_call_formats import qwen_like_tokenizer
+from tiny_run import TINY_RUN
+
+END = TOK.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_the_retry_turn_is_the_chat_templates_user_turn_after_the_end_of_turn():
+    end, tokens = retry_turn(TOK, "Wrong.")
+    assert end == END
+    assert TOK.decode(tokens) == "<|user|>Wrong.<|im_end|><|assistant|>"
+    qwen = qwen_like_tokenizer()
+    end, tokens = retry_turn(qwen, "Wrong.")
+    assert qwen.decode([end]) == "<|im_end|>"
+    assert qwen.decode(tokens) == "\n<|im_start|>user\nWrong.<|im_end|>\n<|im_start|>assistant\n"
+    plain = qwen_like_tokenizer("{% for m in messages %}{{ m.content }}\n{% endfor %}")
+    with pytest.raises(ConfigError, match="ends an assistant turn with '\\\\n', not a special"):
+        retry_turn(plain, "Wrong.")
+
+
+def _right_if_five(rows, texts):
+    return ["5" in text for text in texts]
+
+
+def test_a_wrong_attempt_gets_the_user_turn_and_another_sample():
+    """Row 0 answers 3 (wrong): the retry turn (masked, log-prob 0) and a second attempt
+    follow, sampled from the prompt and everything before it; row 1 answers 5 (right) and
+    stops; the judge reads each attempt's own text, without its end-of-turn token."""
+    first, second = "<answer>3</answer><|im_end|>", "<answer>5</answer><|im_end|>"
+    engine = Scripted([first, second], [second])
+    seen = []
+
+    def judge(rows, texts):
+        seen.append((rows, texts))
+        return _right_if_five(rows, texts)
+
+    turn = retry_turn(TOK, "Wrong.")
+    out = Attempts(engine, TOK, 2, judge, turn).generate(
+        [ids("Q")], SamplingParams(n=2, max_new_tokens=100)
+    )
+    retry = turn[1]
+    assert out.completion_ids[0] == ids(first) + retry + ids(second)
+    assert out.completion_ids[1] == ids(second)
+    assert out.tool_mask[0] == [False] * len(ids(first)) + [True] * len(retry) + [False] * len(
+        ids(second)
+    )
+    assert out.logprobs[0][len(ids(first)) : len(ids(first)) + len(retry)] == [0.0] * len(retry)
+    assert out.attempts == [2, 1] and out.finish_reason == ["stop", "stop"]
+    assert seen == [([0, 0], ["<answer>3</answer>", "<answer>5</answer>"])]
+    (again, params) = engine.asked[1]
+    assert again == [ids("Q") + ids(first) + retry]
+    assert (params.n, params.max_new_tokens) == (1, 100 - len(ids(first)) - len(retry))
+
+
+def test_attempts_stop_at_the_limit_the_budget_and_a_cut_off_attempt():
+    wrong = "<answer>3</answer><|im_end|>"
+    turn = retry_turn(TOK, "Wrong.")
+    # two attempts at most: a second wrong one ends the completion
+    engine = Scripted([wrong], [wrong])
+    out = Attempts(engine, TOK, 2, _right_if_five, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=100)
+    )
+    assert out.attempts == [2] and len(engine.asked) == 2
+    # no room for the retry turn, or an attempt cut off by the budget: no retry
+    for budget, text in ((len(ids(wrong)) + 5, wrong), (100, "<answer>3")):
+        engine = Scripted([text])
+        out = Attempts(engine, TOK, 3, _right_if_five, turn).generate(
+            [ids("Q")], SamplingParams(n=1, max_new_tokens=budget)
+        )
+        assert out.attempts == [1] and len(engine.asked) == 1
+    # a second attempt longer than the room left is cut and ends by length
+    budget = len(ids(wrong)) + len(turn[1]) + 2
+    engine = Scripted([wrong], [wrong])
+    out = Attempts(engine, TOK, 2, _right_if_five, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=budget)
+    )
+    assert len(out.completion_ids[0]) == budget and out.finish_reason == ["length"]
+
+
+def test_attempts_need_the_chat_template_and_no_tools():
+    with pytest.raises(ConfigError, match=r"set data\.template=chat"):
+        resolve_config(preset="grpo", overrides=["rollout.attempts=2", "data.template=r1"])
+    with pytest.raises(ConfigError, match=r"set data\.template=chat"):
+        resolve_config(preset="grpo", overrides=["eval.attempts=2", "data.template=r1"])
+    with pytest.raises(ConfigError, match=r"with rollout\.tools is not built"):
+        resolve_config(
+            preset="grpo", overrides=["rollout.attempts=2", "rollout.tools=[calculator]"]
+        )
+
+
+def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
+    """The retry turns of every sample are out of the response mask, exactly
+    (attempts − 1) × the turn's length of them; `attempts/mean` is the mean count."""
+    from rlvr.tracking.jsonl import read_jsonl
+
+    seen = []
+
+    def record(batch):
+        seen.append(batch)
+        return batch
+
+    settings = [
+        *TINY_RUN,
+        "data.template=chat",
+        "rollout.max_new_tokens=40",
+        "rollout.attempts=3",
+        "rollout.retry_message=No.",
+        "train.steps=2",
+        f"train.output_dir={tmp_path}",
+    ]
+    run = train(resolve_config(preset="grpo", overrides=settings), filters=(record,))
+    metrics = read_jsonl(run / "metrics.jsonl")
+    retry = len(retry_turn(TOK, "No.")[1])
+    for batch, logged in zip(seen, metrics, strict=True):
+        lengths = [len(c) for c in batch.completion_ids]
+        masked = [n - int(m.sum()) for n, m in zip(lengths, batch.response_mask, strict=True)]
+        assert masked == [(a - 1) * retry for a in batch.attempts.tolist()]
+        assert logged["attempts/mean"] == pytest.approx(batch.attempts.float().mean().item())
+    assert any(batch.attempts.max() > 1 for batch in seen)  # a random model is mostly wrong
+    _evaluated_with_attempts(run, tmp_path)
+
+
+def _evaluated_with_attempts(run, tmp_path):
+    """`rlvr eval --attempts`: the line says how many attempts were allowed and made; the
+    option is refused, named, with another template or with tools."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    runner = CliRunner()
+    base = ["eval", "--model", str(run), "--samples", "4", "--k", "2", "--max-new-tokens", "40"]
+    out = tmp_path / "eval.jsonl"
+    result = runner.invoke(
+        app, [*base, "--attempts", "2", "--retry-message", "No.", "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    line = json.loads(out.read_text())
+    assert line["attempts"] == 2 and 1.0 <= line["attempts/mean"] <= 2.0
+    result = runner.invoke(app, [*base, "--attempts", "2", "--template", "r1"])
+    assert result.exit_code == 2 and "--attempts 2 tells a wrong attempt so" in result.stderr
+    result = runner.invoke(app, [*base, "--attempts", "2", "--tools", "calculator"])
+    assert result.exit_code == 2 and "--attempts 2 with tools is not built" in result.stderr
