@@ -27,6 +27,7 @@ from typing import Any
 
 from rlvr.config_files import ConfigError
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
+from rlvr.rollout.call_formats import turn_end
 
 ANSWER = "\x00ANSWER\x00"
 """A placeholder for the assistant's attempt, rendered through the chat template."""
@@ -54,14 +55,8 @@ def retry_turn(
             "rollout.attempts: the tokenizer's chat template does not render a user turn "
             "after an assistant turn"
         )
-    first = tokenizer(after, add_special_tokens=False)["input_ids"][:1]
-    end = tokenizer.decode(first, skip_special_tokens=False)
-    if end not in {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}:
-        raise ConfigError(
-            f"rollout.attempts: the tokenizer's chat template ends an assistant turn with "
-            f"{end!r}, not a special token the policy can end an attempt with"
-        )
-    return first[0], tokenizer(after[len(end) :], add_special_tokens=False)["input_ids"]
+    end_id, end = turn_end(tokenizer, after, "rollout.attempts")
+    return end_id, tokenizer(after[len(end) :], add_special_tokens=False)["input_ids"]
 
 
 class Attempts:

@@ -156,6 +156,20 @@ def tool_schema(name: str) -> dict[str, Any]:
     }
 
 
+def turn_end(tokenizer, turn: str, setting: str, advice: str = "") -> tuple[int, str]:
+    """(id, text) of the token that opens `turn`, what a chat template writes right after an
+    assistant's message: the end of the assistant's turn, which the policy samples, so it
+    must be a special token (else a `ConfigError` naming `setting`, then `advice`)."""
+    first = tokenizer(turn, add_special_tokens=False)["input_ids"][:1]
+    end = tokenizer.decode(first, skip_special_tokens=False)
+    if not first or end not in {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}:
+        raise ConfigError(
+            f"{setting}: the tokenizer's chat template ends an assistant turn with {end!r}, "
+            f"not a special token{advice}"
+        )
+    return first[0], end
+
+
 CALL = "\x00CALL\x00"
 """A placeholder for the assistant's turn, rendered through a chat template."""
 
@@ -182,13 +196,7 @@ class Hermes(CallFormat):
         self.tokenizer, self.chat_kwargs = tokenizer, dict(chat_kwargs or {})
         self._rendered: dict[int, str] = {}
         turn = self._tool_turns(1)
-        first = tokenizer(turn, add_special_tokens=False)["input_ids"][:1]
-        end = tokenizer.decode(first, skip_special_tokens=False)
-        if end not in {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}:
-            raise ConfigError(
-                f"tool_format=hermes: the tokenizer's chat template ends an assistant turn "
-                f"with {end!r}, not a special token; use tool_format=tags or code"
-            )
+        _, end = turn_end(tokenizer, turn, "tool_format=hermes", "; use tool_format=tags or code")
         before, after = turn[len(end) :].split(_output(1))
         super().__init__(before, after, anchor=end)
 
