@@ -60,6 +60,39 @@ def test_a_wrong_attempt_gets_the_user_turn_and_another_sample():
     assert (params.n, params.max_new_tokens) == (1, 100 - len(ids(first)) - len(retry))
 
 
+def test_each_attempt_may_call_tools_and_their_results_stay_masked():
+    """Attempts around a tool caller: the first attempt calls the calculator and answers
+    wrong, the second answers right; the tool's result and the retry turn are masked, the
+    calls of every attempt are counted, and the judge reads the attempt with its result."""
+    from rlvr.rollout.tools import ToolCaller
+
+    call = "<calculator>2+3</calculator>"
+    engine = Scripted([call], ["<answer>4</answer><|im_end|>"], ["<answer>5</answer><|im_end|>"])
+    caller = ToolCaller(engine, TOK, ["calculator"])
+    seen = []
+
+    def judge(rows, texts):
+        seen.extend(texts)
+        return _right_if_five(rows, [text.rsplit("<answer>", 1)[-1] for text in texts])
+
+    turn = retry_turn(TOK, "Wrong.")
+    out = Attempts(caller, TOK, 2, judge, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=200)
+    )
+    result = "<result>5</result>"
+    first = call + result + "<answer>4</answer><|im_end|>"
+    assert seen == [call + result + "<answer>4</answer>"]
+    assert out.completion_ids[0] == ids(first) + turn[1] + ids("<answer>5</answer><|im_end|>")
+    assert out.tool_mask[0] == (
+        [False] * len(ids(call))
+        + [True] * len(ids(result))
+        + [False] * len(ids("<answer>4</answer><|im_end|>"))
+        + [True] * len(turn[1])
+        + [False] * len(ids("<answer>5</answer><|im_end|>"))
+    )
+    assert (out.tool_calls, out.failed_calls, out.attempts) == ([1], [0], [2])
+
+
 def test_attempts_stop_at_the_limit_the_budget_and_a_cut_off_attempt():
     wrong = "<answer>3</answer><|im_end|>"
     turn = retry_turn(TOK, "Wrong.")
@@ -85,15 +118,11 @@ def test_attempts_stop_at_the_limit_the_budget_and_a_cut_off_attempt():
     assert len(out.completion_ids[0]) == budget and out.finish_reason == ["length"]
 
 
-def test_attempts_need_the_chat_template_and_no_tools():
+def test_attempts_need_the_chat_template():
     with pytest.raises(ConfigError, match=r"set data\.template=chat"):
         resolve_config(preset="grpo", overrides=["rollout.attempts=2", "data.template=r1"])
     with pytest.raises(ConfigError, match=r"set data\.template=chat"):
         resolve_config(preset="grpo", overrides=["eval.attempts=2", "data.template=r1"])
-    with pytest.raises(ConfigError, match=r"with rollout\.tools is not built"):
-        resolve_config(
-            preset="grpo", overrides=["rollout.attempts=2", "rollout.tools=[calculator]"]
-        )
 
 
 def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
@@ -130,7 +159,7 @@ def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
 
 def _evaluated_with_attempts(run, tmp_path):
     """`rlvr eval --attempts`: the line says how many attempts were allowed and made; the
-    option is refused, named, with another template or with tools."""
+    option is refused, named, with another template."""
     import json
 
     from typer.testing import CliRunner
@@ -148,5 +177,3 @@ def _evaluated_with_attempts(run, tmp_path):
     assert line["attempts"] == 2 and 1.0 <= line["attempts/mean"] <= 2.0
     result = runner.invoke(app, [*base, "--attempts", "2", "--template", "r1"])
     assert result.exit_code == 2 and "--attempts 2 tells a wrong attempt so" in result.stderr
-    result = runner.invoke(app, [*base, "--attempts", "2", "--tools", "calculator"])
-    assert result.exit_code == 2 and "--attempts 2 with tools is not built" in result.stderr

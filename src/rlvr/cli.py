@@ -477,8 +477,6 @@ def eval_cmd(
     tool_use = _tool_use(tools, tool_format, run.tools if run else {}, data)
     if attempts > 1 and data.template != "chat":
         _fail(f"--attempts {attempts} tells a wrong attempt so in a chat turn: use --template chat")
-    if attempts > 1 and tool_use.names:
-        _fail(f"--attempts {attempts} with tools is not built: add --tools none")
 
     try:
         result = evaluate(

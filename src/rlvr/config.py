@@ -251,7 +251,7 @@ class RolloutConfig(ToolSettings):
     """Multi-attempt rollouts (Chung et al. 2025): after a wrong answer a user turn says so
     (`retry_message`) and the policy tries again in the same completion, up to this many
     attempts; the user turns are masked out of the loss and the verifier reads the last
-    answer. Needs data.template=chat; 1 = off."""
+    answer. Each attempt may call `tools`. Needs data.template=chat; 1 = off."""
     retry_message: str = "Your answer is incorrect. Please try again."
     """The user turn after a wrong attempt."""
 
@@ -703,11 +703,6 @@ class RLConfig(Section):
                 "rollout.attempts / eval.attempts > 1 tell a wrong attempt so in a user turn "
                 f"of the chat template, which data.template={self.data.template} does not use: "
                 "set data.template=chat"
-            )
-        if attempts > 1 and self.rollout.tools:
-            raise ValueError(
-                "rollout.attempts / eval.attempts > 1 with rollout.tools is not built: "
-                "use one of the two"
             )
         return self
 

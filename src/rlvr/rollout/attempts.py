@@ -7,10 +7,11 @@ number of attempts, and is rewarded for the answer it ends with. Here:
 
 - an attempt ends where the policy ends its turn: the chat template's end-of-turn token,
   which must be one of the EOS ids (it is the policy's, trained on);
-- the verifier judges the attempt's text (the tokens since the last user turn); a wrong one
-  with room left in the generation budget gets the user turn (`retry_message`, rendered by
-  the chat template, read from it around a placeholder) and the opening of the next
-  assistant turn, both masked out of the loss like a tool's result, then one more sample;
+- the verifier judges the attempt's text (the tokens since the last user turn, with the
+  results of its tool calls, `rollout.max_tool_calls` of them per attempt); a wrong one with
+  room left in the generation budget gets the user turn (`retry_message`, rendered by the
+  chat template, read from it around a placeholder) and the opening of the next assistant
+  turn, both masked out of the loss like a tool's result, then one more sample;
 - the completion is the whole dialogue after the prompt, scored by the rewards as one text:
   the verifiers read the last answer, so the reward is the last attempt's.
 
@@ -93,7 +94,11 @@ class Attempts:
         index = list(first.prompt_index)
         tokens = [list(t) for t in first.completion_ids]
         logprobs = [list(lp) for lp in first.logprobs]
-        by_user = [[False] * len(t) for t in tokens]
+        masked = [list(m) for m in _masks(first)]
+        calls, failed = (
+            _counts(first.tool_calls, len(tokens)),
+            _counts(first.failed_calls, len(tokens)),
+        )
         finish, tries, starts = list(first.finish_reason), [1] * len(tokens), [0] * len(tokens)
         for _ in range(self.attempts - 1):
             ended = [
@@ -112,33 +117,39 @@ class Attempts:
             for row in wrong:
                 tokens[row] += self.retry_ids
                 logprobs[row] += [0.0] * len(self.retry_ids)
-                by_user[row] += [True] * len(self.retry_ids)
+                masked[row] += [True] * len(self.retry_ids)
                 starts[row], tries[row] = len(tokens[row]), tries[row] + 1
             room = budget - min(len(tokens[row]) for row in wrong)
             turn = self.engine.generate(
                 [prompts[index[row]] + tokens[row] for row in wrong],
                 replace(params, n=1, min_new_tokens=0, max_new_tokens=room),
             )
-            for row, new, lp, end in zip(
-                wrong, turn.completion_ids, turn.logprobs, turn.finish_reason, strict=True
-            ):
-                left = budget - len(tokens[row])
+            turn_calls = _counts(turn.tool_calls, len(wrong))
+            turn_failed = _counts(turn.failed_calls, len(wrong))
+            for i, row in enumerate(wrong):
+                new, left = turn.completion_ids[i], budget - len(tokens[row])
                 tokens[row] += new[:left]
-                logprobs[row] += lp[:left]
-                by_user[row] += [False] * len(new[:left])
-                finish[row] = "length" if len(new) > left else end
-        return Rollout(
-            index,
-            tokens,
-            logprobs,
-            finish,
-            by_user,
-            [0] * len(tokens),
-            [0] * len(tokens),
-            attempts=tries,
-        )
+                logprobs[row] += turn.logprobs[i][:left]
+                masked[row] += _masks(turn)[i][:left]
+                calls[row], failed[row] = calls[row] + turn_calls[i], failed[row] + turn_failed[i]
+                finish[row] = "length" if len(new) > left else turn.finish_reason[i]
+        if first.tool_calls is None:  # no tools: nothing to count
+            calls = failed = None
+        return Rollout(index, tokens, logprobs, finish, masked, calls, failed, attempts=tries)
 
     def _text(self, tokens: list[int]) -> str:
         """An attempt's text as the rewards read completions: special tags kept, its
         end-of-turn token dropped."""
         return self.tokenizer.decode(tokens[:-1], skip_special_tokens=False)
+
+
+def _masks(out: Rollout) -> list[list[bool]]:
+    """Each completion's tool mask (True: a tool wrote the token), all False without tools."""
+    if out.tool_mask is not None:
+        return out.tool_mask
+    return [[False] * len(tokens) for tokens in out.completion_ids]
+
+
+def _counts(values: list[int] | None, n: int) -> list[int]:
+    """Per-completion counts of tool calls, 0 each without tools."""
+    return list(values) if values is not None else [0] * n

@@ -72,9 +72,10 @@ def rollout_batch(
     )
     response_mask = response_mask_from_lengths(lengths, width)
     tool_calls = failed_calls = None
-    if out.tool_mask is not None:  # a tool's result is context, not the policy's action
+    if out.tool_mask is not None:  # a tool's result, a retry turn: context, not the policy's
         for i, by_tool in enumerate(out.tool_mask):
             response_mask[i, : len(by_tool)] *= ~torch.tensor(by_tool, dtype=torch.bool)
+    if out.tool_calls is not None:
         tool_calls = torch.tensor(out.tool_calls)
         failed_calls = torch.tensor(out.failed_calls)
     attempts = None if out.attempts is None else torch.tensor(out.attempts)
