@@ -124,13 +124,14 @@ class Attempts:
                 [prompts[index[row]] + tokens[row] for row in wrong],
                 replace(params, n=1, min_new_tokens=0, max_new_tokens=room),
             )
+            turn_masks = _masks(turn)
             turn_calls = _counts(turn.tool_calls, len(wrong))
             turn_failed = _counts(turn.failed_calls, len(wrong))
             for i, row in enumerate(wrong):
                 new, left = turn.completion_ids[i], budget - len(tokens[row])
                 tokens[row] += new[:left]
                 logprobs[row] += turn.logprobs[i][:left]
-                masked[row] += _masks(turn)[i][:left]
+                masked[row] += turn_masks[i][:left]
                 calls[row], failed[row] = calls[row] + turn_calls[i], failed[row] + turn_failed[i]
                 finish[row] = "length" if len(new) > left else turn.finish_reason[i]
         if first.tool_calls is None:  # no tools: nothing to count
