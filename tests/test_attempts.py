@@ -127,7 +127,8 @@ def test_attempts_need_the_chat_template():
 
 def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
     """The retry turns of every sample are out of the response mask, exactly
-    (attempts − 1) × the turn's length of them; `attempts/mean` is the mean count."""
+    (attempts − 1) × the turn's length of them; `attempts/mean` is the mean count; the
+    held-out evaluations allow `eval.attempts`."""
     from rlvr.tracking.jsonl import read_jsonl
 
     seen = []
@@ -144,6 +145,10 @@ def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
         "rollout.retry_message=No.",
         "train.steps=2",
         f"train.output_dir={tmp_path}",
+        "eval.every_steps=2",
+        "eval.samples=4",
+        "eval.k=2",
+        "eval.attempts=2",
     ]
     run = train(resolve_config(preset="grpo", overrides=settings), filters=(record,))
     metrics = read_jsonl(run / "metrics.jsonl")
@@ -154,6 +159,9 @@ def test_an_rl_run_masks_the_retry_turns_and_logs_the_attempts(tmp_path):
         assert masked == [(a - 1) * retry for a in batch.attempts.tolist()]
         assert logged["attempts/mean"] == pytest.approx(batch.attempts.float().mean().item())
     assert any(batch.attempts.max() > 1 for batch in seen)  # a random model is mostly wrong
+    evaluations = read_jsonl(run / "eval.jsonl")  # held out with eval.attempts, steps 0 and 2
+    assert [e["step"] for e in evaluations] == [0, 2]
+    assert all(1.0 < e["attempts/mean"] <= 2.0 for e in evaluations)
     _evaluated_with_attempts(run, tmp_path)
 
 
@@ -168,7 +176,7 @@ def _evaluated_with_attempts(run, tmp_path):
 
     runner = CliRunner()
     base = ["eval", "--model", str(run), "--samples", "4", "--k", "2", "--max-new-tokens", "40"]
-    out = tmp_path / "eval.jsonl"
+    out = tmp_path / "cli_eval.jsonl"
     result = runner.invoke(
         app, [*base, "--attempts", "2", "--retry-message", "No.", "--output", str(out)]
     )
