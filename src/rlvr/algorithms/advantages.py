@@ -27,6 +27,8 @@ How this code departs from the papers:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -59,28 +61,39 @@ def _out_dtype(rewards: Tensor) -> torch.dtype:
     return rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
 
 
-def _group_statistics(
-    rewards: Tensor, group_ids: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Per-sample group statistics, vectorised over groups.
+class GroupStatistics(NamedTuple):
+    """Per-sample group statistics (`_group_statistics`), each indexed per sample (float64 but
+    `constant`, bool, and `inverse`, long)."""
 
-    Returns ``(r, counts, centered, group_var, constant)``, all indexed per sample: ``r`` the
-    rewards in float64, ``counts`` the size G of the sample's group, ``centered`` r_i − mean_g,
-    ``group_var`` the unbiased variance of the group (0 for G = 1), and ``constant`` True where
-    every reward of the group is equal.
-    """
+    r: Tensor
+    """The rewards."""
+    counts: Tensor
+    """The size G of the sample's group."""
+    centered: Tensor
+    """r_i − mean_g."""
+    group_var: Tensor
+    """The unbiased variance of the sample's group (0 for G = 1)."""
+    constant: Tensor
+    """True where every reward of the group is equal."""
+    inverse: Tensor
+    """Each sample's group as an index 0..groups−1 (for `_group_sums`)."""
+
+
+def _group_sums(values: Tensor, inverse: Tensor) -> Tensor:
+    """Each sample's group total of `values` (float64), the groups given by `inverse`."""
+    groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    totals = torch.zeros(groups, dtype=torch.float64, device=values.device)
+    return totals.index_add_(0, inverse, values.to(torch.float64))[inverse]
+
+
+def _group_statistics(rewards: Tensor, group_ids: Tensor) -> GroupStatistics:
+    """Per-sample group statistics, vectorised over groups (`GroupStatistics`)."""
     r = rewards.detach().to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    counts = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
-    counts.index_add_(0, inverse, torch.ones_like(r))
-    sums = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, r)
-    mean = sums / counts
-    centered = r - mean[inverse]
-    sq = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
-    sq.index_add_(0, inverse, centered.square())
-    var = sq / (counts - 1).clamp(min=1)
-    return r, counts[inverse], centered, var[inverse], constant_groups(rewards, group_ids)
+    counts = _group_sums(torch.ones_like(r), inverse)
+    centered = r - _group_sums(r, inverse) / counts
+    var = _group_sums(centered.square(), inverse) / (counts - 1).clamp(min=1)
+    return GroupStatistics(r, counts, centered, var, constant_groups(rewards, group_ids), inverse)
 
 
 def _batch_std(r: Tensor) -> Tensor:
@@ -149,7 +162,7 @@ def group_normalized_advantages(
     _check_inputs(rewards, group_ids, std_normalization)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    r, _, centered, group_var, constant = _group_statistics(rewards, group_ids)
+    r, _, centered, group_var, constant, _ = _group_statistics(rewards, group_ids)
     adv = _normalize(centered, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))
@@ -240,7 +253,7 @@ def rloo_advantages(
     _check_inputs(rewards, group_ids, std_normalization)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    r, counts, centered, group_var, constant = _group_statistics(rewards, group_ids)
+    r, counts, centered, group_var, constant, _ = _group_statistics(rewards, group_ids)
     loo = centered * counts / (counts - 1).clamp(min=1)
     adv = _normalize(loo, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
@@ -328,7 +341,7 @@ def reinforce_pp_baseline_advantages(
     _check_inputs(rewards, group_ids, std_normalization)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    _, _, centered, _, constant = _group_statistics(rewards, group_ids)
+    _, _, centered, _, constant, _ = _group_statistics(rewards, group_ids)
     centered = torch.where(constant, torch.zeros_like(centered), centered)
     adv = centered / (_batch_std(centered) + epsilon)
     return adv.to(_out_dtype(rewards))
@@ -380,13 +393,9 @@ def opo_advantages(
         raise ValueError(f"opo needs lengths of shape {tuple(rewards.shape)}, got {shape}")
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    r, _, _, group_var, constant = _group_statistics(rewards, group_ids)
+    r, _, _, group_var, constant, inverse = _group_statistics(rewards, group_ids)
     length = lengths.detach().to(torch.float64)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    weighted = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64, device=r.device)
-    total = torch.zeros_like(weighted).index_add_(0, inverse, length)
-    weighted.index_add_(0, inverse, length * r)
-    baseline = weighted[inverse] / total[inverse].clamp(min=1.0)
+    baseline = _group_sums(length * r, inverse) / _group_sums(length, inverse).clamp(min=1.0)
     adv = _normalize(r - baseline, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))

@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algorithms.advantages import _check_inputs, _group_statistics, _normalize, _out_dtype
+from rlvr.algorithms.advantages import (
+    _check_inputs,
+    _group_statistics,
+    _group_sums,
+    _normalize,
+    _out_dtype,
+)
 from rlvr.algorithms.registry import ADVANTAGES
 
 
@@ -51,17 +57,13 @@ def best_of_group_advantages(
     _check_inputs(rewards, group_ids, std_normalization)
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
-    r, counts, _, group_var, constant = _group_statistics(rewards, group_ids)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1
-    lowest = torch.full((groups,), -torch.inf, dtype=torch.float64, device=r.device)
-    best = lowest.scatter_reduce(0, inverse, r, "amax")
-    holders = torch.zeros(groups, dtype=torch.float64, device=r.device)
-    holders.index_add_(0, inverse, (r == best[inverse]).to(torch.float64))
-    below = torch.where(r == best[inverse], torch.full_like(r, -torch.inf), r)
-    second = lowest.scatter_reduce(0, inverse, below, "amax")
-    sole = (r == best[inverse]) & (holders[inverse] == 1) & (counts > 1)
-    adv = torch.where(sole, r - second[inverse], torch.zeros_like(r))
+    r, counts, _, group_var, constant, inverse = _group_statistics(rewards, group_ids)
+    lowest = torch.full((int(inverse.max()) + 1,), -torch.inf, dtype=r.dtype, device=r.device)
+    best = lowest.scatter_reduce(0, inverse, r, "amax")[inverse]
+    below = torch.where(r == best, -torch.inf, r)
+    second = lowest.scatter_reduce(0, inverse, below, "amax")[inverse]
+    sole = (r == best) & (_group_sums((r == best).double(), inverse) == 1) & (counts > 1)
+    adv = torch.where(sole, r - second, torch.zeros_like(r))
     adv = _normalize(adv, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))

@@ -15,6 +15,7 @@ from torch import Tensor
 from rlvr.algorithms.advantages import (
     _check_inputs,
     _group_statistics,
+    _group_sums,
     _normalize,
     _out_dtype,
     _refuse_group_std,
@@ -92,15 +93,13 @@ def pass_at_k_advantages(
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=_out_dtype(rewards), device=rewards.device)
     _check_verdicts(rewards, "pass_at_k")
-    r, counts, _, group_var, constant = _group_statistics(rewards, group_ids)
+    r, counts, _, group_var, constant, inverse = _group_statistics(rewards, group_ids)
     if k < 1 or bool((counts <= k).any()):
         raise ValueError(
             f"pass_at_k: k={k} must be at least 1 and below every group's size "
             f"(smallest {int(counts.min())})"
         )
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    passes = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64, device=r.device)
-    passes = passes.index_add_(0, inverse, r)[inverse]
+    passes = _group_sums(r, inverse)
     others = counts - 1
     adv = torch.where(
         r == 1,

@@ -55,7 +55,7 @@ def rollout_batch(
     )
     if greedy:
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=r.max_new_tokens)
-    if not greedy:
+    else:  # a greedy baseline makes one attempt
         settings = (r.attempts, r.retry_message)
         verifier = (task.reward, cfg.reward.timeout_s)
         engine = attempts_around(
