@@ -55,6 +55,10 @@ PRESETS = {
     # 24 steps; after 32 steps, full fine-tuning at 1e-4 reaches 0.50, LoRA at 1e-4 0.33:
     # docs/algorithms.md)
     "grpo+lora": ["model.lora.rank=8", "train.lr=1e-3", SLOW],
+    # 16 samples a prompt, the 8 shortest trained on: on this task the short samples are the
+    # wrong guesses, so it learns slower than GRPO (0.354 -> 0.41-0.45 after 48 steps, seeds
+    # 0-2; GRPO 0.44-0.56; benchmarks/gfpo.py)
+    "gfpo": ["rollout.samples_per_prompt=16", "train.steps=48"],
     # two attempts a sample, a wrong one told "Wrong." (0.354 -> 0.48-0.50 at one attempt)
     "grpo+attempts": [
         "rollout.attempts=2",

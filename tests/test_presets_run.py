@@ -28,6 +28,7 @@ ALL_PRESETS = {
     "clip_cov",
     "dapo",
     "dr_grpo",
+    "gfpo",
     "gmpo",
     "grpo",
     "gspo",
@@ -63,6 +64,8 @@ def test_preset_runs_twenty_steps(preset, tmp_path):
         teacher = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=5)
         save_pretrained(teacher, tok, tmp_path / "teacher")
         overrides.append(f"algorithm.distill.teacher={tmp_path / 'teacher'}")
+    if preset == "gfpo":  # TINY_RUN samples 4 a prompt: keep 2 of them
+        overrides.append("algorithm.group_filter.keep=2")
     cfg = resolve_config(preset=preset, overrides=overrides)
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 21))

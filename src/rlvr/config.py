@@ -361,6 +361,13 @@ class OverlongConfig(Section):
     """Replace the reward of truncated responses with this value (e.g. -1); None = off."""
 
 
+class GroupFilterConfig(Section):
+    keep: int = Field(default=0, ge=0)
+    """GFPO: train on this many samples of each group, the best by `by` (0 = off, all)."""
+    by: str = "length"
+    """The ranking score: `length` (shortest first) or `token_efficiency` (reward / length)."""
+
+
 class ShapingConfig(Section):
     length_coef: float = 0.0
     """Weight of Kimi k1.5's per-group length reward (0 = off)."""
@@ -478,6 +485,8 @@ class AlgorithmConfig(Section):
     """Most rollout rounds per step under dynamic sampling (then train on what was kept)."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """Treatment of responses that reach the generation budget."""
+    group_filter: GroupFilterConfig = Field(default_factory=GroupFilterConfig)
+    """GFPO: sample rollout.samples_per_prompt, train on the `keep` best of each group."""
     shaping: ShapingConfig = Field(default_factory=ShapingConfig)
     """Length and repetition reward shaping."""
     critic: CriticConfig = Field(default_factory=CriticConfig)

@@ -94,6 +94,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "max_seq_length": ("sft.max_length",),
     "shuffle_dataset": ("data.sampler",),
     "teacher_model_name_or_path": ("algorithm.distill.teacher",),
+    "num_remains_in_group": ("algorithm.group_filter.keep",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;

@@ -14,6 +14,9 @@ How this code departs from the papers:
 - DAPO's dynamic sampling keeps sampling until the batch is full. ``DynamicSampling`` also stops
   after ``max_rounds`` rounds (verl's ``max_num_gen_batches``), so a task that is too easy or too
   hard cannot stall training; the loop then trains on the (smaller) batch it has.
+- GFPO's samples outside the retained set are dropped from the update rather than kept with a
+  zero advantage (as TRL's ``GFPOTrainer`` does): no forward or backward pass is spent on
+  them, and a token-level loss is normalised over the retained tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algorithms.groups import check_grouped, constant_groups
+from rlvr.algorithms.registry import Registry
 
 
 def informative_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -155,3 +159,56 @@ def overlong_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:
     if truncated.dtype != torch.bool:
         raise ValueError(f"truncated must be a bool tensor, got {truncated.dtype}")
     return torch.where(truncated[:, None], torch.zeros_like(response_mask), response_mask)
+
+
+GROUP_FILTER_SCORES: Registry = Registry("group filter score")
+"""`algorithm.group_filter.by`, the score GFPO ranks a group's samples by (highest kept):
+``fn(rewards[N], lengths[N]) -> scores[N]``."""
+
+
+@GROUP_FILTER_SCORES.register("length")
+def shortest(rewards: Tensor, lengths: Tensor) -> Tensor:
+    """GFPO's length score: −|o_i|, so the shortest responses rank first (Shrivastava et al.
+    2025, arXiv:2508.09726)."""
+    return -lengths.to(torch.float64)
+
+
+@GROUP_FILTER_SCORES.register("token_efficiency")
+def token_efficiency(rewards: Tensor, lengths: Tensor) -> Tensor:
+    """GFPO's token-efficiency score R(q, o_i) / |o_i|, the reward per response token
+    (Shrivastava et al. 2025, arXiv:2508.09726). A response of no tokens counts as one."""
+    return rewards.to(torch.float64) / lengths.clamp(min=1).to(torch.float64)
+
+
+def top_k_per_group(scores: Tensor, group_ids: Tensor, k: int) -> Tensor:
+    """[N] bool: the ``k`` best samples of each group, GFPO's retained set S (Group Filtered
+    Policy Optimization, Shrivastava et al. 2025, arXiv:2508.09726).
+
+    GFPO samples G responses a prompt, ranks them by a score (:data:`GROUP_FILTER_SCORES`) and
+    trains on the top k only: the group statistics of the advantages are taken over S,
+
+        Â_i = (R_i − mean_{j∈S} R_j) / std_{j∈S} R_j   for i ∈ S,   and 0 outside S,
+
+    so the loop drops the samples outside S and computes the advantages of the rest as usual.
+    Ties go to the earlier sample (the samples of a group are drawn independently, so this is
+    a uniform choice among them; a tie-break by length would bias which wrong answers of equal
+    token efficiency are penalised). A group of k or fewer keeps all its samples.
+
+    Args:
+        scores: ``[N]`` the ranking score of each sample (higher is better).
+        group_ids: ``[N]`` integer group id of each sample (any values, any order).
+        k: samples kept per group, ≥ 1.
+    """
+    check_grouped(scores, group_ids)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if scores.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=scores.device)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    order = torch.argsort(-scores, stable=True)
+    order = order[torch.argsort(inverse[order], stable=True)]
+    sizes = torch.bincount(inverse)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device) - starts[inverse[order]]
+    return rank < k

@@ -68,6 +68,11 @@ def step_metrics(
         if cfg.algorithm.off_policy_mask is not None:
             masked = totals.get("off_policy_masked_tokens", 0.0)
             metrics["rollout/off_policy_masked_frac"] = masked / trained_tokens
+    if cfg.algorithm.group_filter.keep:  # GFPO: what the update trained on, against `sampled`
+        metrics["response_length/trained"] = _mean(
+            torch.tensor(trained.lengths, dtype=torch.float32)
+        )
+        metrics["accuracy/trained"] = _mean(trained.correct)
     if "value_loss" in totals:
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
         metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)

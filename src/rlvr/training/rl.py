@@ -20,6 +20,7 @@ import torch
 
 from rlvr.algorithms import ADVANTAGES, POLICY_LOSSES
 from rlvr.algorithms.advantages import GROUP_BASELINES
+from rlvr.algorithms.filters import GROUP_FILTER_SCORES
 from rlvr.config import (
     ConfigError,
     RLConfig,
@@ -84,7 +85,10 @@ def check_choices(cfg: RLConfig) -> None:
     refuse a group baseline, or dynamic sampling, with one sample per prompt, and distillation
     alone without a teacher."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
+    group_filter = cfg.algorithm.group_filter
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
+    if group_filter.keep:
+        chosen.append(("algorithm.group_filter.by", group_filter.by, GROUP_FILTER_SCORES.get, ""))
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
         chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
     for i, spec in enumerate(cfg.reward.functions or []):
@@ -101,20 +105,29 @@ def check_choices(cfg: RLConfig) -> None:
             "algorithm.distill.outcome_weight=0 leaves only the teacher's term, and "
             "algorithm.distill.teacher is not set: name the teacher model"
         )
-    single = cfg.rollout.samples_per_prompt < 2
-    if outcome and single and cfg.algorithm.advantage in GROUP_BASELINES:
+    samples = cfg.rollout.samples_per_prompt
+    if group_filter.keep >= samples:
+        raise ConfigError(
+            f"algorithm.group_filter.keep={group_filter.keep} keeps every one of "
+            f"rollout.samples_per_prompt={samples}: GFPO samples more than it trains on, so keep "
+            "must be below samples_per_prompt (or 0, off)"
+        )
+    group, size_key = (
+        (group_filter.keep, "algorithm.group_filter.keep")
+        if group_filter.keep
+        else (samples, "rollout.samples_per_prompt")
+    )
+    if outcome and group < 2 and cfg.algorithm.advantage in GROUP_BASELINES:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage!r} compares each sample with the "
-            "others of its prompt, so rollout.samples_per_prompt=1 would train nothing; "
-            "sample at least 2, or set algorithm.advantage=reinforce_pp (or gae)"
+            f"others of its prompt, so {size_key}=1 would train nothing; "
+            f"{'keep' if group_filter.keep else 'sample'} at least 2, or set "
+            "algorithm.advantage=reinforce_pp (or gae)"
         )
-    if cfg.algorithm.advantage == "pass_at_k" and cfg.algorithm.pass_k >= (
-        cfg.rollout.samples_per_prompt
-    ):
+    if cfg.algorithm.advantage == "pass_at_k" and cfg.algorithm.pass_k >= group:
         raise ConfigError(
             f"algorithm.pass_k={cfg.algorithm.pass_k}: pass_at_k compares each sample with the "
-            f"pass@k of the other rollout.samples_per_prompt - 1 = "
-            f"{cfg.rollout.samples_per_prompt - 1}, so k must be below samples_per_prompt"
+            f"pass@k of the other {size_key} - 1 = {group - 1}, so k must be below {size_key}"
         )
     if cfg.algorithm.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.algorithms.advantages import GREEDY_BASELINES
-from rlvr.algorithms.filters import DynamicSampling, overlong_mask
+from rlvr.algorithms.filters import (
+    GROUP_FILTER_SCORES,
+    DynamicSampling,
+    overlong_mask,
+    top_k_per_group,
+)
 from rlvr.algorithms.groups import group_pass_rates
 from rlvr.config import RLConfig
 from rlvr.data.sampler import PromptSampler
@@ -135,6 +140,16 @@ def config_for_step(cfg: RLConfig, step: int) -> RLConfig:
 def config_filters(cfg: RLConfig) -> list[Callable[[RolloutBatch], RolloutBatch]]:
     """The batch filters the config asks for, in the order the loop applies them."""
     filters = []
+    group_filter = cfg.algorithm.group_filter
+    if group_filter.keep:
+        score = GROUP_FILTER_SCORES.get(group_filter.by)
+
+        def keep_best_of_group(batch: RolloutBatch) -> RolloutBatch:
+            scores = score(batch.rewards, torch.tensor(batch.lengths))
+            keep = top_k_per_group(scores, batch.group_ids, group_filter.keep)
+            return batch.select(keep.nonzero().squeeze(-1))
+
+        filters.append(keep_best_of_group)
     if cfg.algorithm.overlong.filter:
 
         def drop_truncated(batch: RolloutBatch) -> RolloutBatch:
