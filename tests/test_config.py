@@ -170,13 +170,6 @@ def test_an_override_that_is_not_yaml_is_a_config_error():
         resolve_config(overrides=["data.operators=*"])
 
 
-def test_the_vllm_engine_is_refused_with_where_it_stands():
-    with pytest.raises(ConfigError, match=r"'rollout\.engine': 'vllm' is not built yet \(docs/"):
-        resolve_config(overrides=["rollout.engine=vllm"])
-    assert "No vLLM engine yet" in (Path(__file__).parents[1] / "docs/decisions.md").read_text()
-    assert resolve_config(overrides=["rollout.engine=hf"]).rollout.engine == "hf"
-
-
 def test_sft_and_dpo_sections_are_range_checked_too():
     with pytest.raises(ConfigError, match=r"'sft\.batch_size'"):
         resolve_config(overrides=["sft.batch_size=0"], model=SFTConfig)

@@ -23,12 +23,14 @@ from rlvr.config import PREFERENCE_PRESETS, resolve_config
 from rlvr.config_offline import DPOConfig
 from rlvr.data.tasks import load_task
 from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from rlvr.rollout.vllm import vllm_available
 from rlvr.run_layout import latest_checkpoint
 from rlvr.training.preference import run_dpo
 from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 
 STEPS, PROMPTS, EVAL_PROBLEMS, MIN_GAIN = 16, 32, 200, 0.04
+requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 SLOW = "train.steps=24"
 CRITIC = ["algorithm.critic.lr=1e-3"]
 PRESETS = {
@@ -59,6 +61,8 @@ PRESETS = {
     # wrong guesses, so it learns slower than GRPO (0.354 -> 0.41-0.45 after 48 steps, seeds
     # 0-2; GRPO 0.44-0.56; benchmarks/gfpo.py)
     "gfpo": ["rollout.samples_per_prompt=16", "train.steps=48"],
+    # GRPO with its rollouts sampled by vLLM (skipped where vLLM is not installed)
+    "grpo+vllm": ["rollout.engine=vllm"],
     # two attempts a sample, a wrong one told "Wrong." (0.354 -> 0.48-0.50 at one attempt)
     "grpo+attempts": [
         "rollout.attempts=2",
@@ -86,7 +90,9 @@ def cold_start(tmp_path_factory):
     return sft_dir, held_out, task.reward, rl_cfg, before
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(
+    "preset", [pytest.param(p, marks=requires_vllm) if "vllm" in p else p for p in PRESETS]
+)
 def test_preset_raises_held_out_pass_at_1(preset, cold_start, tmp_path):
     sft_dir, held_out, reward, rl_cfg, before = cold_start
     overrides = [

