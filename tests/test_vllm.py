@@ -5,7 +5,8 @@ venv of its own); the refusals run everywhere."""
 import pytest
 import torch
 
-from rlvr.config import ConfigError, resolve_config
+from rlvr.config import ConfigError, LoraConfig, resolve_config
+from rlvr.models.lora import adapters_disabled, add_lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
@@ -81,16 +82,19 @@ def test_samples_and_log_probs_are_the_policys(engine, temperature):
 
 @requires_vllm
 def test_single_token_stops_and_longer_ones(engine):
-    vllm_engine, _, _ = engine
+    vllm_engine, _, tokenizer = engine
+    state = vllm_engine.generator.get_state()
     first = vllm_engine.generate(PROMPTS[:1], SamplingParams(n=8, max_new_tokens=16))
     stop = first.completion_ids[0][2]  # a token this policy samples
-    out = vllm_engine.generate(
-        PROMPTS[:1], SamplingParams(n=8, max_new_tokens=16, stop_sequences=((stop,),))
-    )
-    assert any(ids[-1] == stop for ids in out.completion_ids)
-    for ids, reason in zip(out.completion_ids, out.finish_reason, strict=True):
-        assert stop not in ids[:-1]
-        assert reason == "stop" or len(ids) == 16
+    vllm_engine.generator.set_state(state)  # the same seeds: the same samples, cut at the stop
+    params = SamplingParams(n=8, max_new_tokens=16, stop_sequences=((stop,),))
+    out = vllm_engine.generate(PROMPTS[:1], params)
+    outputs = zip(first.completion_ids, out.completion_ids, out.finish_reason, strict=True)
+    for whole, ids, reason in outputs:
+        cut = whole[: whole.index(stop) + 1] if stop in whole else whole
+        ended = stop in whole or ids[-1] == tokenizer.eos_token_id
+        assert ids == cut and reason == ("stop" if ended else "length")
+    assert len(out.completion_ids[0]) <= 3  # cut where the stop first came, not vacuous
     with pytest.raises(NotImplementedError, match="single tokens only"):
         vllm_engine.generate(PROMPTS[:1], SamplingParams(stop_sequences=((5, 6),)))
 
@@ -147,3 +151,44 @@ def test_tools_in_the_hermes_format_run_on_vllm(tmp_path):
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("tool_calls/mean" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
+
+
+@requires_vllm
+def test_lora_adapters_reach_vllm_merged():
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=4
+    )
+    add_lora(model, LoraConfig(rank=4))
+    with torch.no_grad():  # B starts at 0: move it, so the adapters change the policy
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    vllm_engine = VLLMRolloutEngine(model, [tokenizer.eos_token_id], torch.Generator())
+    out = vllm_engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=12))
+    for ids, lp in zip(out.completion_ids, out.logprobs, strict=True):
+        ref = reference_logprobs(model, PROMPTS[0], ids, 1.0)  # the forward with adapters
+        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4)
+        with adapters_disabled(model):
+            base = reference_logprobs(model, PROMPTS[0], ids, 1.0)
+        assert (torch.tensor(lp) - base).abs().max() > 1e-2  # not the base model's
+
+
+@requires_vllm
+def test_resume_on_vllm_continues_the_same_trajectory(tmp_path):
+    moving = ["algorithm.entropy.coef=0.05", "train.lr=1e-2", "rollout.engine=vllm"]
+
+    def run(out, steps, resume=False):
+        overrides = [*VLLM_RUN, *moving, f"train.steps={steps}", f"train.output_dir={out}"]
+        cfg = resolve_config(preset="grpo", overrides=overrides)
+        return read_jsonl(train(cfg, resume=resume, show_progress=False) / "metrics.jsonl")
+
+    straight = run(tmp_path / "a", 4)
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "b", 4, resume=True)
+    assert len({m["entropy"] for m in straight}) == 4  # the policy moved every step
+    timing = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
+    for a, b in zip(straight, resumed, strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing
+        }

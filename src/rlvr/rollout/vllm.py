@@ -87,7 +87,7 @@ class VLLMRolloutEngine:
             dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
-            seed=int(torch.randint(2**31 - 1, (1,), generator=generator)),
+            seed=0,  # every request carries a seed of its own, drawn from `generator`
             # on a CPU, a seeded request whose prompt is prefilled in chunks fails (vLLM rewinds
             # its generator's offset, which CPU generators do not have): whole prefills only
             **({"gpu_memory_utilization": memory} if on_gpu else {"enable_chunked_prefill": False}),
