@@ -1,5 +1,5 @@
 """The demo's cold-start SFT model and a held-out pass@1 scorer, shared by the benchmarks that
-train from it (`lora_learning.py`, `data_parallel.py`)."""
+train from it (`lora_learning.py`, `data_parallel.py`, `distillation.py`, `gfpo.py`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ PROBLEMS, K = 200, 4
 """Held-out problems and samples per problem: `tests/test_learning_presets.py`'s evaluation."""
 
 
-def cold_start(root: Path) -> tuple[Path, Callable[[Path], float]]:
+def cold_start_evaluation(root: Path) -> tuple[Path, Callable[[Path], dict]]:
     """(the SFT model under `root/sft`, built once with the demo's 600 steps, about 95 s on a
-    2-core VM; pass@1 of a model folder on the held-out problems)."""
+    2-core VM; the held-out evaluation of a model folder: pass@1, lengths, ...)."""
     sft_cfg, rl_cfg = demo_configs(root, sft_steps=600, rl_steps=RL_STEPS)
     sft_dir = root / "sft"
     if not (sft_dir / "config.json").is_file():
@@ -25,7 +25,14 @@ def cold_start(root: Path) -> tuple[Path, Callable[[Path], float]]:
     held_out = task.test[:PROBLEMS]
     small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": K})})
 
-    def pass_at_1(model_dir: Path) -> float:
-        return evaluate_model_dir(model_dir, small, held_out, task.reward)["pass@1"]
+    def evaluation(model_dir: Path) -> dict:
+        return evaluate_model_dir(model_dir, small, held_out, task.reward)
 
-    return sft_dir, pass_at_1
+    return sft_dir, evaluation
+
+
+def cold_start(root: Path) -> tuple[Path, Callable[[Path], float]]:
+    """(the SFT model of `cold_start_evaluation`; pass@1 of a model folder on the held-out
+    problems)."""
+    sft_dir, evaluation = cold_start_evaluation(root)
+    return sft_dir, lambda model_dir: evaluation(model_dir)["pass@1"]

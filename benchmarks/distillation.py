@@ -21,20 +21,19 @@ import json
 import time
 from pathlib import Path
 
+from cold_start import cold_start
+
 from rlvr.config import resolve_config
-from rlvr.data.tasks import load_task
-from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from rlvr.demo import DATA, RL
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
-from rlvr.training.sft import run_sft
 
-EVAL_PROBLEMS, PROMPTS = 200, 32
+PROMPTS = 32
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--teacher-steps", type=int, default=24)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--discounts", type=float, nargs="+", default=[0.0, 1.0])
@@ -42,20 +41,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_distillation"))
     args = parser.parse_args()
 
-    sft_cfg, rl_cfg = demo_configs(args.out, sft_steps=args.sft_steps, rl_steps=args.steps)
-    cold_start = run_sft(sft_cfg)
-    task = load_task(rl_cfg.data)
-    held_out = task.test[:EVAL_PROBLEMS]
-    small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": 4})})
+    sft_dir, cold_pass_at_1 = cold_start(args.out)
 
     def pass_at_1(model_dir: Path) -> float:
-        return round(evaluate_model_dir(model_dir, small, held_out, task.reward)["pass@1"], 4)
+        return round(cold_pass_at_1(model_dir), 4)
 
     def run(name: str, preset: str, steps: int, seed: int, *more: str) -> Path:
         overrides = [
             *(f"data.{k}={v}" for k, v in DATA.items()),
             *RL,
-            f"model.name_or_path={cold_start}",
+            f"model.name_or_path={sft_dir}",
             f"rollout.prompts_per_step={PROMPTS}",
             f"train.steps={steps}",
             f"train.seed={seed}",
@@ -64,7 +59,7 @@ def main() -> None:
         ]
         return train(resolve_config(preset=preset, overrides=overrides), show_progress=False)
 
-    summary: dict = {"cold_start": pass_at_1(cold_start)}
+    summary: dict = {"cold_start": pass_at_1(sft_dir)}
     teacher = latest_checkpoint(run("teacher", "grpo", args.teacher_steps, 0))
     summary["teacher"] = pass_at_1(teacher)
     print(f"cold start {summary['cold_start']}  teacher {summary['teacher']}", flush=True)

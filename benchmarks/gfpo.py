@@ -24,15 +24,15 @@ import json
 import time
 from pathlib import Path
 
+from cold_start import cold_start_evaluation
+
 from rlvr.config import resolve_config
-from rlvr.data.tasks import load_task
-from rlvr.demo import DATA, RL, demo_configs, evaluate_model_dir
+from rlvr.demo import DATA, RL
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training.rl import train
-from rlvr.training.sft import run_sft
 
-EVAL_PROBLEMS, PROMPTS = 200, 32
+PROMPTS = 32
 VARIANTS = {
     "grpo-8": ["rollout.samples_per_prompt=8", "algorithm.group_filter.keep=0"],
     "grpo-16": ["rollout.samples_per_prompt=16", "algorithm.group_filter.keep=0"],
@@ -46,24 +46,19 @@ VARIANTS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("runs/bench_gfpo"))
     args = parser.parse_args()
 
-    sft_cfg, rl_cfg = demo_configs(args.out, sft_steps=args.sft_steps, rl_steps=args.steps)
-    cold_start = run_sft(sft_cfg)
-    task = load_task(rl_cfg.data)
-    held_out = task.test[:EVAL_PROBLEMS]
-    small = rl_cfg.model_copy(update={"eval": rl_cfg.eval.model_copy(update={"k": 4})})
+    sft_dir, evaluation = cold_start_evaluation(args.out)
 
     def scores(model_dir: Path) -> dict:
-        result = evaluate_model_dir(model_dir, small, held_out, task.reward)
+        result = evaluation(model_dir)
         return {key: round(result[key], 4) for key in ("pass@1", "response_length/mean")}
 
-    summary: dict = {"cold_start": scores(cold_start)}
+    summary: dict = {"cold_start": scores(sft_dir)}
     print(f"cold start {summary['cold_start']}", flush=True)
     for seed in args.seeds:
         for name in args.variants:
@@ -71,7 +66,7 @@ def main() -> None:
             overrides = [
                 *(f"data.{k}={v}" for k, v in DATA.items()),
                 *RL,
-                f"model.name_or_path={cold_start}",
+                f"model.name_or_path={sft_dir}",
                 f"rollout.prompts_per_step={PROMPTS}",
                 f"train.steps={args.steps}",
                 f"train.seed={seed}",

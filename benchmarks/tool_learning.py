@@ -13,7 +13,11 @@ With `--format code` the tool solutions are ToRL's, the `python` tool printing t
 (```` ```python\nprint(EXPR)\n```\n```output\nVALUE\n```\n<answer>VALUE</answer> ````); with
 `--format hermes` they call the calculator in JSON, answered in the chat template's tool turn.
 
-    python benchmarks/tool_learning.py [--sft-steps 600] [--rl-steps 30] [--format tags] [--out DIR]
+    python benchmarks/tool_learning.py [--sft-steps 600] [--rl-steps 30] [--format tags]
+        [--engine hf] [--out DIR]
+
+(`--engine vllm` samples the RL rollouts with vLLM: `hermes` only, whose call ends in one
+token; run it with `.venv-vllm/bin/python`.)
 
 prints pass@1 of each (k = 4, 200 held-out problems) and writes `summary.json` under --out.
 """
@@ -108,6 +112,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=SFT["steps"])
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--format", choices=sorted(BUDGET), default="tags")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--out", type=Path, default=Path("runs/tool_learning"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -145,6 +150,7 @@ def main() -> None:
             f"rollout.max_new_tokens={budget}",
             f"rollout.tools=[{TOOL[args.format]}]",
             f"rollout.tool_format={args.format}",
+            f"rollout.engine={args.engine}",
             "eval.every_steps=0",
         ],
     )
@@ -160,8 +166,10 @@ def main() -> None:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     summary = {
         "format": args.format,
+        "engine": args.engine,
         "pass@1": results,
         "tool_calls/frac": [metrics[0]["tool_calls/frac"], metrics[-1]["tool_calls/frac"]],
+        "rollout/logprob_diff": max(m["rollout/logprob_diff"] for m in metrics),
         "seconds": time.perf_counter() - start,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
