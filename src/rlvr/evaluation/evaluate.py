@@ -16,7 +16,7 @@ from rlvr.evaluation.metrics import mean_majority_at_k, mean_pass_at_k
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import compose_rewards, extract_answer
 from rlvr.rewards.compose import RewardOutput
-from rlvr.rollout.base import Rollout, SamplingParams
+from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
 from rlvr.training.distributed import ONE_PROCESS, Ranks
@@ -59,23 +59,31 @@ def sample_and_verify(
     chat_kwargs: Mapping[str, Any] | None = None,
     tools: ToolUse = ToolUse(),
     attempts: tuple[int, str] = (1, ""),
+    engine: RolloutEngine | None = None,
 ) -> VerifiedSamples:
     """Sample `k` completions per problem from a seeded generator and score them with the
     `reward` verifier (a score of 1 or more is correct); `chat_kwargs` go to the chat
     template; the completions may call `tools` (whose schemas join `chat_kwargs` in the
     `hermes` format); `attempts` = (attempts, retry message) gives a wrong attempt another
-    one (`rlvr.rollout.attempts`)."""
+    one (`rlvr.rollout.attempts`). `engine`: sample with it (the vLLM engine a run or `rlvr
+    eval --engine vllm` holds, its weights `model`'s), its draws from the seeded generator
+    for this call only; None: a fresh in-process engine."""
     chat_kwargs = tools.chat_kwargs(chat_kwargs or {})
     prompts = [p.prompt for p in problems]
     texts, prompt_ids = encode_prompts(template, prompts, tokenizer, chat_kwargs)
     generator = torch.Generator().manual_seed(seed)
     eos = eos_token_ids(model, tokenizer)
-    engine = HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
-    engine = tools.around(engine, tokenizer, chat_kwargs)
-    engine = attempts_around(
-        engine, tokenizer, attempts, problems, texts, (reward, 5.0), chat_kwargs
+    base = engine or HFRolloutEngine(model, eos, tokenizer.pad_token_id, batch_size, generator)
+    sampler = tools.around(base, tokenizer, chat_kwargs)
+    sampler = attempts_around(
+        sampler, tokenizer, attempts, problems, texts, (reward, 5.0), chat_kwargs
     )
-    out = engine.generate(prompt_ids, SamplingParams(k, temperature, top_p, 0, max_new_tokens))
+    params = SamplingParams(k, temperature, top_p, 0, max_new_tokens)
+    kept, base.generator = base.generator, generator
+    try:
+        out = sampler.generate(prompt_ids, params)
+    finally:
+        base.generator = kept
     completions = decode_completions(tokenizer, out.completion_ids, eos)
     sample_problems = [problems[i] for i in out.prompt_index]
     scored = compose_rewards([(reward, 1.0)])(
@@ -133,9 +141,11 @@ def evaluate(
     chat_kwargs: Mapping[str, Any] | None = None,
     tools: ToolUse = ToolUse(),
     attempts: tuple[int, str] = (1, ""),
+    engine: RolloutEngine | None = None,
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier; append
-    every sample's `sample_records` to `records` when it is given.
+    every sample's `sample_records` to `records` when it is given; sample with `engine`
+    when one is given (`sample_and_verify`).
 
     pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
@@ -164,6 +174,7 @@ def evaluate(
             chat_kwargs,
             tools,
             attempts,
+            engine,
         )
         out = s.rollout
         part = (
@@ -204,10 +215,11 @@ def evaluate_as_configured(
     reward: str,
     cfg: RLConfig,
     ranks: Ranks = ONE_PROCESS,
+    engine: RolloutEngine | None = None,
 ) -> dict[str, float]:
     """`evaluate` with the `eval` settings of a run's config: k, temperature and budget
     (`eval.max_new_tokens`, else `rollout.max_new_tokens`), its template, seeded by
-    `train.seed`; split over `ranks`."""
+    `train.seed`; split over `ranks`; sampled by `engine` when one is given."""
     return evaluate(
         model,
         tokenizer,
@@ -222,4 +234,5 @@ def evaluate_as_configured(
         ranks=ranks,
         tools=ToolUse.of(cfg.rollout),
         attempts=(cfg.eval.attempts, cfg.rollout.retry_message),
+        engine=engine,
     )

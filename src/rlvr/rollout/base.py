@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
 from torch import nn
 
 
@@ -64,6 +65,8 @@ class RolloutEngine(Protocol):
 
     model: nn.Module
     """The policy it samples from."""
+    generator: torch.Generator
+    """Where its random draws come from (an evaluation swaps in a seeded one)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
         """Sample `params.n` completions for each prompt."""

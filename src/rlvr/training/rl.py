@@ -332,6 +332,7 @@ def _train(
             generator,
             cuda_graphs=r.cuda_graphs and not sharding.is_sharded(model),  # fixed addresses
         )
+    rollout_engine = engine
     tool_use = ToolUse.of(r)
     engine = tool_use.around(engine, tokenizer, tool_use.chat_kwargs(cfg.data.chat_template_kwargs))
     rewarder = RewardScorer(cfg, task, policy=model, tokenizer=tokenizer, generator=generator)
@@ -363,7 +364,12 @@ def _train(
         end, into eval.jsonl (not counted in the step's time)."""
         if held_out and (step % every == 0 or step == cfg.train.steps):
             with sharding.full_weights(model):
-                scores = evaluate_as_configured(model, tokenizer, held_out, task.reward, cfg, ranks)
+                on_vllm = rollout_engine if r.engine == "vllm" else None
+                if on_vllm is not None:  # it holds the weights this step sampled with
+                    on_vllm.sync_weights(model)
+                scores = evaluate_as_configured(
+                    model, tokenizer, held_out, task.reward, cfg, ranks, on_vllm
+                )
             if ranks.main:
                 with JsonlWriter(run_dir / "eval.jsonl") as log:
                     log.write({"step": step, **scores})
