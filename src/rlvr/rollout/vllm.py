@@ -79,7 +79,8 @@ class VLLMRolloutEngine:
         self._config_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
         model.config.save_pretrained(self._config_dir.name)
         on_gpu = next(model.parameters()).device.type == "cuda"
-        rng = torch.get_rng_state()  # vLLM seeds the global generator; the run's stays its own
+        # vLLM seeds the global generators; the run's stay as they were
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if on_gpu else None
         self.llm = LLM(
             model=self._config_dir.name,
             skip_tokenizer_init=True,
@@ -92,7 +93,9 @@ class VLLMRolloutEngine:
             # its generator's offset, which CPU generators do not have): whole prefills only
             **({"gpu_memory_utilization": memory} if on_gpu else {"enable_chunked_prefill": False}),
         )
-        torch.set_rng_state(rng)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
         self.sync_weights(model)
 
     def sync_weights(self, model: nn.Module) -> None:
