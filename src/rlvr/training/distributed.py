@@ -93,6 +93,11 @@ class Ranks:
             dist.all_reduce(tensor)
         return tensor
 
+    def barrier(self) -> None:
+        """Wait for every rank to get here."""
+        if self.world > 1:
+            dist.barrier()
+
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj` (picklable), in rank order."""
         if self.world == 1:
@@ -220,11 +225,13 @@ def data_parallel(device: torch.device) -> Iterator[Ranks]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         yield Ranks(dist.get_rank(), dist.get_world_size())
-        if started:  # a normal end: no rank tears the group down while another still uses it
+        # a normal end: no rank tears the group down while another still uses it (vLLM's
+        # shutdown may have taken it down already, after a barrier of its own)
+        if started and dist.is_initialized():
             gc.collect()  # FSDP's modules hold the group in reference cycles: free them first
             dist.barrier()
     finally:
-        if started:
+        if started and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -241,9 +241,9 @@ def _train(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is less than the "
             f"{ranks.world} data-parallel ranks; each rank samples at least one prompt"
         )
-    if cfg.rollout.engine == "vllm" and (ranks.world > 1 or cfg.train.fsdp):
+    if cfg.rollout.engine == "vllm" and cfg.train.fsdp:
         raise ConfigError(
-            "rollout.engine=vllm runs in one process for now (no torchrun, no train.fsdp); "
+            "rollout.engine=vllm needs the whole weights on every rank: not with train.fsdp; "
             "use rollout.engine=hf there"
         )
     if cfg.train.threads:
@@ -505,4 +505,7 @@ def _train(
                     save_checkpoint(run_dir, step, model, tokenizer, state, weights, keep)
             if received is not None:
                 raise RunStopped(received, step, checkpoint_path(run_dir, step))
+    if isinstance(rollout_engine, VLLMRolloutEngine):
+        ranks.barrier()  # every rank is past its last collective before vLLM takes the group down
+        rollout_engine.close()
     return run_dir
