@@ -148,6 +148,7 @@ class VLLMRolloutEngine:
                 ids = list(sample.token_ids)
                 out.prompt_index.append(index)
                 out.completion_ids.append(ids)
-                out.logprobs.append([step[t].logprob for step, t in zip(sample.logprobs, ids)])
+                logprobs = zip(sample.logprobs, ids, strict=True)
+                out.logprobs.append([step[t].logprob for step, t in logprobs])
                 out.finish_reason.append("stop" if sample.finish_reason == "stop" else "length")
         return out
