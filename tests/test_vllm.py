@@ -103,7 +103,7 @@ def test_single_token_stops_and_longer_ones(engine):
         ended = stop in whole or ids[-1] == tokenizer.eos_token_id
         assert ids == cut and reason == ("stop" if ended else "length")
     assert len(out.completion_ids[0]) <= 3  # cut where the stop first came, not vacuous
-    with pytest.raises(NotImplementedError, match="single tokens only"):
+    with pytest.raises(ValueError, match="single tokens only"):
         vllm_engine.generate(PROMPTS[:1], SamplingParams(stop_sequences=((5, 6),)))
 
 
@@ -213,7 +213,7 @@ def test_rlvr_eval_on_vllm_refuses_what_it_cannot_do(monkeypatch):
     monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: True)
     result = runner.invoke(app, [*base, "--engine", "vllm", "--tools", "calculator"])
     assert result.exit_code == 2
-    assert "--tool-format tags ends a call with '</calculator>'" in result.output
+    assert "--tool-format tags ends a call with '</calculator>', 13 tokens" in result.output
 
 
 @requires_vllm

