@@ -13,15 +13,17 @@ from typer.testing import CliRunner
 from rlvr.cli import app
 from rlvr.config import ConfigError, LoraConfig, resolve_config
 from rlvr.data.tasks import load_task
+from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import eos_token_ids, load_pretrained
 from rlvr.models.lora import adapters_disabled, add_lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.vllm import VLLMRolloutEngine, vllm_available
+from rlvr.rollout.vllm import VLLMRolloutEngine, context_length, vllm_available
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.rl import train
+from rlvr.training.sampling import longest_sequence
 from tiny_run import TINY_RUN
 
 runner = CliRunner()
@@ -39,17 +41,54 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
     assert not tmp_path.joinpath("config.yaml").exists()
 
 
-def test_the_vllm_engine_refuses_multi_token_tool_stops_and_fsdp(monkeypatch, tmp_path):
+def test_the_vllm_engine_refuses_multi_token_tool_stops(monkeypatch, tmp_path):
     monkeypatch.setattr(rl, "vllm_available", lambda: True)
     tags = ["rollout.engine=vllm", "rollout.tools=[calculator]", f"train.output_dir={tmp_path}"]
     with pytest.raises(
         ConfigError, match=r"tool_format='tags' ends a call with '</calculator>', 13 tokens"
     ):
         train(resolve_config(overrides=[*TINY_RUN, *tags]), show_progress=False)
-    fsdp = ["rollout.engine=vllm", "train.fsdp=true", f"train.output_dir={tmp_path}"]
-    with pytest.raises(ConfigError, match=r"engine=vllm needs the whole weights .*train\.fsdp"):
-        train(resolve_config(overrides=fsdp), show_progress=False)
     assert not tmp_path.joinpath("config.yaml").exists()
+
+
+def test_longest_sequence_is_the_longest_prompt_plus_the_largest_budget():
+    cfg = resolve_config(
+        overrides=[
+            *TINY_RUN,
+            "rollout.max_new_tokens=20",
+            "rollout.schedule=[{from_step: 2, budget_scale: 2.5}, "
+            "{from_step: 3, max_new_tokens: 30}]",
+            "eval.max_new_tokens=40",
+        ]
+    )
+    task = load_task(cfg.data)
+    tokenizer = build_tiny_tokenizer()
+    held_out = task.test[:5]
+    train_ids = encode_prompts(cfg.data.template, [p.prompt for p in task.train], tokenizer)[1]
+    test_ids = encode_prompts(cfg.data.template, [p.prompt for p in held_out], tokenizer)[1]
+    longest_train, longest_test = max(map(len, train_ids)), max(map(len, test_ids))
+    # the stages' budgets are 20, 50 (2.5 × 20) and 30; the evaluation's 40
+    assert longest_sequence(cfg, task, held_out, tokenizer) == max(
+        longest_train + 50, longest_test + 40
+    )
+    assert longest_sequence(cfg, task, [], tokenizer) == longest_train + 50
+    evaluating_longer = cfg.model_copy(
+        update={"eval": cfg.eval.model_copy(update={"max_new_tokens": 200})}
+    )
+    assert longest_sequence(evaluating_longer, task, held_out, tokenizer) == longest_test + 200
+    limited = resolve_config(overrides=[*TINY_RUN, "rollout.max_prompt_tokens=500"])
+    assert longest_sequence(limited, task, [], tokenizer) == 500 + limited.rollout.max_new_tokens
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, max_position_embeddings=96)
+    assert (context_length(80, model), context_length(97, model)) == (80, 96)
+
+
+def test_the_cpu_kv_cache_is_a_whole_number_of_gib():
+    with pytest.raises(ConfigError, match=r"rollout\.vllm_cpu_kv_cache_gib"):
+        resolve_config(overrides=["rollout.vllm_cpu_kv_cache_gib=0.5"])
+    assert (
+        resolve_config(overrides=["rollout.vllm_cpu_kv_cache_gib=2"]).rollout.vllm_cpu_kv_cache_gib
+        == 2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +184,29 @@ def test_an_rl_run_on_vllm_trains_on_what_the_trainer_scores(tmp_path):
     for m in metrics:  # vLLM's log-probs are the trainer's, step after step (weights synced)
         assert m["rollout/logprob_diff"] < 1e-4 and m["trained_samples"] == 12
     assert metrics[-1]["entropy"] != metrics[0]["entropy"]  # the policy moved between steps
+
+
+@requires_vllm
+def test_a_run_gives_vllm_its_longest_sequence_as_the_context(monkeypatch, tmp_path):
+    """vLLM holds the run's longest prompt plus its budget, not the model's 1024 positions."""
+    contexts = []
+
+    class Recording(VLLMRolloutEngine):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            contexts.append(self.llm.llm_engine.model_config.max_model_len)
+
+    monkeypatch.setattr(rl, "VLLMRolloutEngine", Recording)
+    overrides = [*VLLM_RUN, "rollout.engine=vllm", "train.steps=1", f"train.output_dir={tmp_path}"]
+    cfg = resolve_config(preset="grpo", overrides=overrides)
+    train(cfg, show_progress=False)
+    task, tokenizer = load_task(cfg.data), build_tiny_tokenizer()
+    held_out = task.test[: cfg.eval.samples] if cfg.eval.every_steps else []
+    assert contexts == [longest_sequence(cfg, task, held_out, tokenizer)]
+    assert contexts[0] < 200  # the tiny task's prompts and 10 tokens; the model has 1024
+    mine = ["rollout.vllm_max_model_len=300", f"train.output_dir={tmp_path / 'set'}"]
+    train(resolve_config(preset="grpo", overrides=[*overrides, *mine]), show_progress=False)
+    assert contexts[1] == 300
 
 
 @requires_vllm
@@ -262,23 +324,63 @@ def test_held_out_evaluations_on_vllm_leave_the_trajectory_alone(tmp_path):
     assert [lines[0][key] for key in scores] != [lines[-1][key] for key in scores]
 
 
-@requires_vllm
-def test_two_ranks_under_torchrun_each_sample_with_a_vllm_of_their_own(tmp_path):
+def torchrun_vllm(run_dir, *more: str) -> subprocess.CompletedProcess:
+    """3 steps of `rlvr train --preset grpo` on vLLM, two ranks, into `run_dir`; a policy
+    that moves every step (an entropy bonus: the random tiny model is never right)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    settings = [*VLLM_RUN, "rollout.engine=vllm", "train.steps=2", f"train.output_dir={tmp_path}"]
+    moving = ["algorithm.entropy.coef=0.05", "train.lr=1e-2"]
+    settings = [*VLLM_RUN, *moving, "rollout.engine=vllm", "train.steps=3"]
     done = subprocess.run(
-        [*command, "-m", "rlvr", "train", "--preset", "grpo", *settings],
+        [*command, "-m", "rlvr", "train", "--preset", "grpo", *settings,
+         f"train.output_dir={run_dir}", *more],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr  # vLLM shut down before the process group went
     assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    return done
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The run directory of `torchrun_vllm` with the weights replicated."""
+    run_dir = tmp_path_factory.mktemp("vllm_two_ranks")
+    torchrun_vllm(run_dir)
+    return run_dir
+
+
+@requires_vllm
+def test_two_ranks_under_torchrun_each_sample_with_a_vllm_of_their_own(two_ranks):
+    metrics = read_jsonl(two_ranks / "metrics.jsonl")
     # each rank samples 2 of the 3 prompts' groups or 1; the loop gathers the whole step, and the
     # checkpoint at the end is written once the replicas are checked equal
-    assert [m["trained_samples"] for m in metrics] == [12, 12]
+    assert [m["trained_samples"] for m in metrics] == [12, 12, 12]
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
-    assert (tmp_path / "checkpoints" / "step-2").is_dir()
+    assert len({m["entropy"] for m in metrics}) == 3  # the policy moved every step
+    assert (two_ranks / "checkpoints" / "step-3").is_dir()
+
+
+@requires_vllm
+def test_fsdp_ranks_sample_with_vllm_what_the_replicated_ranks_sample(two_ranks, tmp_path):
+    """`train.fsdp` with vLLM: each rank gathers the whole weights into its vLLM before every
+    rollout, so the run logs what the replicated run logged, to the rounding of the sharded
+    update's sums, and vLLM's log-probs are the trainer's at every step (stale or partial
+    weights would give neither)."""
+    done = torchrun_vllm(tmp_path, "train.fsdp=true")
+    assert "FSDP: rank 0 of 2 keeps" in done.stdout
+    replicated, sharded = (read_jsonl(run / "metrics.jsonl") for run in (two_ranks, tmp_path))
+    assert [m["step"] for m in sharded] == [1, 2, 3]
+    for a, b in zip(replicated, sharded, strict=True):
+        assert b["rollout/logprob_diff"] < 1e-4
+        for key in ("reward/mean", "response_length/mean", "trained_samples"):
+            assert b[key] == a[key], (a["step"], key)
+        for key in ("loss", "entropy", "grad_norm", "kl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    weights = [
+        load_pretrained(str(run / "checkpoints" / "step-3"))[0] for run in (two_ranks, tmp_path)
+    ]
+    for (name, p), q in zip(weights[0].named_parameters(), weights[1].parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=2e-4, rtol=1e-4, msg=name)

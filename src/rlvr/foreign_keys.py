@@ -97,6 +97,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "num_remains_in_group": ("algorithm.group_filter.keep",),
     "use_vllm": ("rollout.engine",),
     "vllm_gpu_memory_utilization": ("rollout.vllm_memory",),
+    "vllm_max_model_length": ("rollout.vllm_max_model_len",),
 }
 """TRL `GRPOConfig` / `DPOConfig` / `SFTConfig` field -> rlvr's key, the first that the
 command has (`reward_weights`: each reward's `weight` in `reward.functions`;
@@ -123,6 +124,8 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": ("rollout.tools",),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": ("rollout.max_tool_calls",),
     "actor_rollout_ref.rollout.multi_turn.format": ("rollout.tool_format",),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": ("rollout.vllm_memory",),
+    "actor_rollout_ref.rollout.max_model_len": ("rollout.vllm_max_model_len",),
     "algorithm.adv_estimator": ("algorithm.advantage",),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.std_normalization",),
     "algorithm.use_kl_in_reward": ("algorithm.kl.in_reward",),

@@ -85,6 +85,18 @@ def encode_prompts(
     return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
+def longest_prompt(
+    name: str,
+    problems: list[Problem],
+    tokenizer: PreTrainedTokenizerBase,
+    chat_kwargs: Mapping[str, Any] | None = None,
+) -> int:
+    """The most tokens of any of `problems`' prompts rendered with template `name` (0 for
+    no problems)."""
+    _, ids = encode_prompts(name, [p.prompt for p in problems], tokenizer, chat_kwargs)
+    return max(map(len, ids), default=0)
+
+
 def short_prompts(
     name: str,
     problems: list[Problem],

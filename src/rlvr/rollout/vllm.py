@@ -19,6 +19,10 @@ EOS, the finish reason, and each token's log-prob under the temperature-scaled p
   run is reproducible where vLLM's kernels are deterministic, but its draws are not the `hf`
   engine's.
 
+Under torchrun each rank holds a vLLM of its own and samples its share of the prompts; with
+`train.fsdp` every rank loads the whole weights into its vLLM, gathered from the shards
+(`policy_weights`), as verl's colocated engines do.
+
 Stop sequences of one token each (a chat template's tool-call end, say) become vLLM's stop
 token ids; longer ones are not supported, so `rollout.tools` whose call ends in several tokens
 is refused.
@@ -31,6 +35,8 @@ import tempfile
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from rlvr.models.lora import has_lora, merged_state_dict
 from rlvr.rollout.base import Rollout, SamplingParams
@@ -56,9 +62,31 @@ def multi_token_stop(stop_sequences: tuple[tuple[int, ...], ...], tokenizer) -> 
     return f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens"
 
 
+def context_length(longest: int, model: nn.Module) -> int:
+    """vLLM's `max_model_len` for sequences of at most `longest` tokens, prompt and completion:
+    `longest`, or the model's own limit (its config's `max_position_embeddings`) where that
+    is less. vLLM's default, the model's limit, sizes its KV-cache check and, with chunked
+    prefill off (on a CPU), its warm-up batch: a model of 128k positions then needs the KV
+    cache of a 128k-token sequence to start, whatever the run samples."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return min(longest, limit) if limit else longest
+
+
 def policy_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's parameters under Hugging Face names, LoRA adapters merged in."""
-    return merged_state_dict(model) if has_lora(model) else model.state_dict()
+    """The policy's parameters under Hugging Face names, LoRA adapters merged in.
+
+    A model sharded by FSDP2 gives its whole parameters (every rank must call): within
+    `sharding.full_weights` the gathered ones, elsewhere each gathered from its shards. Its
+    `state_dict` would not do: FSDP2 hooks it to give the shards, and to put them back in the
+    modules, which would undo `full_weights` for the rollout that follows the sync."""
+    if has_lora(model):
+        return merged_state_dict(model)
+    if not isinstance(model, FSDPModule):
+        return model.state_dict()
+    return {  # under every name, as `state_dict` gives a tied LM head (vLLM reads it there)
+        name: value.full_tensor() if isinstance(value, DTensor) else value
+        for name, value in model.named_parameters(remove_duplicate=False)
+    }
 
 
 class VLLMRolloutEngine:
@@ -70,6 +98,8 @@ class VLLMRolloutEngine:
         generator: the run's generator; each prompt's seed is drawn from it.
         memory: on a GPU, the share of its memory vLLM takes for weights and KV cache.
         cpu_kv_cache_gib: on a CPU, the GiB of KV cache (unless VLLM_CPU_KVCACHE_SPACE is set).
+        max_model_len: the most tokens of a sequence, prompt and completion (None: the
+            model's limit; `context_length`).
     """
 
     def __init__(
@@ -78,10 +108,11 @@ class VLLMRolloutEngine:
         eos_ids: list[int],
         generator: torch.Generator,
         memory: float = 0.3,
-        cpu_kv_cache_gib: float = 1.0,
+        cpu_kv_cache_gib: int = 1,
+        max_model_len: int | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # colocated: its model in reach
-        os.environ.setdefault(CPU_KV_CACHE_ENV, f"{cpu_kv_cache_gib:g}")
+        os.environ.setdefault(CPU_KV_CACHE_ENV, str(cpu_kv_cache_gib))
         from vllm import LLM
 
         self.model, self.eos_ids, self.generator = model, list(eos_ids), generator
@@ -97,6 +128,7 @@ class VLLMRolloutEngine:
             dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
+            max_model_len=max_model_len,
             seed=0,  # every request carries a seed of its own, drawn from `generator`
             # on a CPU, a seeded request whose prompt is prefilled in chunks fails (vLLM rewinds
             # its generator's offset, which CPU generators do not have): whole prefills only

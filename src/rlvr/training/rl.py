@@ -40,7 +40,12 @@ from rlvr.rewards.registry import get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
-from rlvr.rollout.vllm import VLLMRolloutEngine, multi_token_stop, vllm_available
+from rlvr.rollout.vllm import (
+    VLLMRolloutEngine,
+    context_length,
+    multi_token_stop,
+    vllm_available,
+)
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
@@ -69,7 +74,12 @@ from rlvr.training.optim import (
 )
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer
-from rlvr.training.sampling import collect_step, config_filters, config_for_step
+from rlvr.training.sampling import (
+    collect_step,
+    config_filters,
+    config_for_step,
+    longest_sequence,
+)
 from rlvr.training.stopping import RunStopped, StopOnSignal
 from rlvr.training.teacher import load_teacher
 from rlvr.training.update import LossSettings, minibatch_backward
@@ -241,11 +251,6 @@ def _train(
             f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is less than the "
             f"{ranks.world} data-parallel ranks; each rank samples at least one prompt"
         )
-    if cfg.rollout.engine == "vllm" and cfg.train.fsdp:
-        raise ConfigError(
-            "rollout.engine=vllm needs the whole weights on every rank: not with train.fsdp; "
-            "use rollout.engine=hf there"
-        )
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     if cfg.train.keep_freed_memory:
@@ -322,7 +327,13 @@ def _train(
     eos = eos_token_ids(model, tokenizer)
     engine: RolloutEngine
     if r.engine == "vllm":
-        engine = VLLMRolloutEngine(model, eos, generator, r.vllm_memory, r.vllm_cpu_kv_cache_gib)
+        context = r.vllm_max_model_len or context_length(
+            longest_sequence(cfg, task, held_out, tokenizer), model
+        )
+        with sharding.full_weights(model):  # FSDP: vLLM loads the whole weights
+            engine = VLLMRolloutEngine(
+                model, eos, generator, r.vllm_memory, r.vllm_cpu_kv_cache_gib, context
+            )
     else:
         engine = HFRolloutEngine(
             model,

@@ -18,9 +18,10 @@ from rlvr.algorithms.filters import (
 )
 from rlvr.algorithms.groups import group_pass_rates
 from rlvr.config import RLConfig
+from rlvr.data.problem import Problem
 from rlvr.data.sampler import PromptSampler
 from rlvr.data.tasks import Task
-from rlvr.data.templates import encode_prompts
+from rlvr.data.templates import encode_prompts, longest_prompt
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import RewardOutput, concat_outputs
 from rlvr.rollout.base import RolloutEngine, SamplingParams
@@ -135,6 +136,24 @@ def config_for_step(cfg: RLConfig, step: int) -> RLConfig:
         return cfg
     rollout = cfg.rollout.model_copy(update={"max_new_tokens": budget, "temperature": temperature})
     return cfg.model_copy(update={"rollout": rollout})
+
+
+def longest_sequence(cfg: RLConfig, task: Task, held_out: list[Problem], tokenizer) -> int:
+    """The most tokens a sequence of this run holds, prompt and completion: its longest
+    templated training prompt (`rollout.max_prompt_tokens` where set: none is longer) plus
+    the largest generation budget of any schedule stage, or a held-out prompt plus the
+    evaluation's budget. Tool results and retry turns count against the budget."""
+    chat_kwargs = ToolUse.of(cfg.rollout).chat_kwargs(cfg.data.chat_template_kwargs)
+    prompt = cfg.rollout.max_prompt_tokens or longest_prompt(
+        cfg.data.template, task.train, tokenizer, chat_kwargs
+    )
+    stages = (config_for_step(cfg, s.from_step) for s in cfg.rollout.schedule)
+    budget = max([cfg.rollout.max_new_tokens, *(c.rollout.max_new_tokens for c in stages)])
+    longest = prompt + budget
+    if held_out:
+        prompt = longest_prompt(cfg.data.template, held_out, tokenizer, chat_kwargs)
+        longest = max(longest, prompt + (cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens))
+    return longest
 
 
 def config_filters(cfg: RLConfig) -> list[Callable[[RolloutBatch], RolloutBatch]]:
