@@ -65,8 +65,8 @@ def main() -> None:
     chosen = {"library": current}
     init = cpu_kernels.DecodeOps.__init__
 
-    def init_with_chosen(self, visible) -> None:
-        init(self, visible)
+    def init_with_chosen(self, visible, panels=None) -> None:
+        init(self, visible, panels)
         self.lib = chosen["library"]
 
     def use(disable: str, library: ctypes.CDLL) -> Callable[[], None]:

@@ -632,15 +632,32 @@ def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
         store.products(torch.randn(3, 8, dtype=torch.float64), (layer,))
 
 
+def cpuinfo(vendor: str, family: int, flags: str) -> str:
+    """/proc/cpuinfo of a two-core CPU (the fields read, and a few others)."""
+    core = f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 17\nflags\t\t: {flags}\n"
+    return "\n".join(f"processor\t: {i}\n{core}" for i in range(2))
+
+
+def test_only_amd_zen_4_splits_512_bit_vectors():
+    avx512 = "fpu sse2 avx avx2 fma avx512f avx512dq avx512bw"
+    assert cpu_kernels.splits_512_bit_vectors(cpuinfo("AuthenticAMD", 25, avx512))  # Zen 4
+    assert not cpu_kernels.splits_512_bit_vectors(cpuinfo("AuthenticAMD", 25, "avx2 fma"))  # Zen 3
+    assert not cpu_kernels.splits_512_bit_vectors(cpuinfo("AuthenticAMD", 26, avx512))  # Zen 5
+    assert not cpu_kernels.splits_512_bit_vectors(cpuinfo("GenuineIntel", 6, avx512))
+    assert not cpu_kernels.splits_512_bit_vectors("")  # no /proc/cpuinfo fields at all
+
+
 @needs_compiler
 def test_decode_steps_take_the_panel_products_where_measured_to_pay():
     """Two threads or more on a CPU with AVX2 and FMA and without AVX-512 (as /proc/cpuinfo
-    lists its flags); one thread never."""
+    lists its flags), or on an AMD Zen 4; one thread never."""
+    text = Path("/proc/cpuinfo").read_text()
     flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
-    measured = {"avx2", "fma"} <= flags and "avx512f" not in flags
+    zen_4 = "vendor_id\t: AuthenticAMD" in text and "cpu family\t: 25" in text
+    measured = {"avx2", "fma"} <= flags and ("avx512f" not in flags or zen_4)
     threads = torch.get_num_threads()
     store = cpu_kernels.PanelStore()
     try:

@@ -20,6 +20,7 @@ the same function (tested to fp32 rounding).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -577,9 +578,35 @@ def panels_pay() -> bool:
     as measured: with two threads or more (on one the BLAS is the faster, about 100 against
     70 GFLOP/s for 128 rows × 192 hidden on the AMD EPYC VM), on a CPU with AVX2 and FMA and
     without AVX-512 (the library's `panels_pay`; on the AVX-512 Xeon VM the BLAS ran these
-    products at 220–300 GFLOP/s, more than the kernel's 8-wide vectors reach)."""
+    products at 220–300 GFLOP/s, more than the kernel's 8-wide vectors reach), or on an AMD
+    Zen 4 (`splits_512_bit_vectors`: there the BLAS's AVX-512 reached 83–121 GFLOP/s on these
+    products, and the panels made the demo model's decode 1.22–1.26× faster)."""
     lib = load()
-    return torch.get_num_threads() > 1 and lib is not None and bool(lib.panels_pay())
+    if torch.get_num_threads() < 2 or lib is None:
+        return False
+    return bool(lib.panels_pay()) or splits_512_bit_vectors()
+
+
+@functools.cache
+def splits_512_bit_vectors(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU is an AMD Zen 4 (vendor AuthenticAMD, family 25, AVX-512), which runs
+    each 512-bit operation as two 256-bit halves, so 16-wide vectors do no more work a cycle
+    than 8-wide ones (`cpuinfo`: /proc/cpuinfo's text; read from there when None). Zen 3,
+    the same family, has no AVX-512; Zen 5 (family 26) runs 512 bits at once."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return (
+        fields.get("vendor_id") == "AuthenticAMD"
+        and fields.get("cpu family") == "25"
+        and "avx512f" in fields.get("flags", "").split()
+    )
 
 
 class Composites:
