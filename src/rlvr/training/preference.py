@@ -51,6 +51,7 @@ from rlvr.config_offline import DPOConfig, DPOTrainConfig
 from rlvr.data.loaders import DataPath, path_label
 from rlvr.data.preference import PreferencePair, load_preference_file
 from rlvr.data.tasks import Task, load_task
+from rlvr.evaluation.engines import sampling_engine
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
@@ -396,9 +397,29 @@ def _training_pairs(
         "seed": d.seed,
     }
     labelled = d.sampled_as == "labelled"
-    train, records = sample_pairs(
-        model, tokenizer, task.train[: d.prompts], task.reward, **sampling, labelled=labelled
+    problems = task.train[: d.prompts]
+    engine = sampling_engine(
+        d,
+        (f"dpo.engine={d.engine}", "no tool"),
+        model,
+        tokenizer,
+        [*problems, *(task.test if d.eval_pairs else [])],
+        data.template,
+        d.max_new_tokens,
+        data.chat_template_kwargs,
     )
+    try:
+        train, records = sample_pairs(
+            model, tokenizer, problems, task.reward, **sampling, labelled=labelled, engine=engine
+        )
+        held_out = None
+        if d.eval_pairs:
+            held_out = sample_pairs(
+                model, tokenizer, task.test, task.reward, **sampling, engine=engine
+            )[0].head(d.eval_pairs)
+    finally:
+        if engine is not None:  # its memory back for the training
+            engine.close()
     if labelled:
         desirable = sum(record["label"] for record in records)
         warn_kto_balance(d, desirable, len(records), "dpo.sampled_as=labelled")
@@ -408,10 +429,6 @@ def _training_pairs(
             f"samples that scored differently, so there is no pair; start from a model that "
             "solves some of them (`rlvr sft`) or raise dpo.samples_per_prompt"
         )
-    held_out = None
-    if d.eval_pairs:
-        held_out = sample_pairs(model, tokenizer, task.test, task.reward, **sampling)[0]
-        held_out = held_out.head(d.eval_pairs)
     return train, held_out if held_out else None, records
 
 
@@ -497,6 +514,11 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     writes the output folder)."""
     d = cfg.dpo
     check_loss_settings(d)
+    if d.engine == "vllm" and ranks.world > 1:
+        raise ConfigError(
+            "dpo.engine=vllm: rank 0 alone samples the pairs, and vLLM under torchrun takes "
+            "every rank; run rlvr dpo in one process or use dpo.engine=hf"
+        )
     if d.threads:
         torch.set_num_threads(d.threads)
     if d.keep_freed_memory:
