@@ -40,7 +40,7 @@ PROMPTS = [[5, 6, 7], [9, 10], [5, 6, 7]]
 
 
 def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(rl, "vllm_available", lambda: False)
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: False)
     cfg = resolve_config(overrides=["rollout.engine=vllm", f"train.output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"rollout\.engine=vllm: vLLM is not installed"):
         train(cfg, show_progress=False)
@@ -48,7 +48,7 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch, tmp_path):
 
 
 def test_the_vllm_engine_refuses_multi_token_tool_stops(monkeypatch, tmp_path):
-    monkeypatch.setattr(rl, "vllm_available", lambda: True)
+    monkeypatch.setattr("rlvr.rollout.vllm.vllm_available", lambda: True)
     tags = ["rollout.engine=vllm", "rollout.tools=[calculator]", f"train.output_dir={tmp_path}"]
     with pytest.raises(
         ConfigError, match=r"tool_format='tags' ends a call with '</calculator>', 13 tokens"

@@ -531,7 +531,6 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, sampling: dict
     try:
         return sampling_engine(
             EngineSettings(engine=name),
-            (f"--engine {name}", f"--tool-format {tool_use.format}"),
             policy,
             tokenizer,
             problems,
@@ -539,6 +538,8 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, sampling: dict
             sampling["max_new_tokens"],
             sampling.get("chat_kwargs"),
             tool_use,
+            engine_named=f"--engine {name}",
+            format_named=f"--tool-format {tool_use.format}",
         )
     except ConfigError as exc:
         _fail(str(exc))

@@ -94,10 +94,11 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
     unique = drop_duplicates(problems) if c.dedup else problems
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=c.seed)
     tools, chat_kwargs = ToolUse.of(c), cfg.data.chat_template_kwargs
-    named = (f"curate.engine={c.engine}", f"curate.tool_format={c.tool_format}")
     engine = sampling_engine(
-        c, named, model, tokenizer, unique, cfg.data.template, c.max_new_tokens, chat_kwargs, tools
-    )
+        c, model, tokenizer, unique, cfg.data.template, c.max_new_tokens, chat_kwargs, tools,
+        engine_named=f"curate.engine={c.engine}",
+        format_named=f"curate.tool_format={c.tool_format}",
+    )  # fmt: skip
     try:
         verified = sample_and_verify(
             model,

