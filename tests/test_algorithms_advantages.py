@@ -10,6 +10,7 @@ from rlvr.algorithms import (
     ADVANTAGES,
     best_of_group_advantages,
     decoupled_group_advantages,
+    gpg_advantages,
     group_normalized_advantages,
     opo_advantages,
     pass_at_k_advantages,
@@ -69,7 +70,7 @@ def test_grpo_default_is_group_std():
 
 
 @pytest.mark.parametrize("mode", ["group", "batch", "none"])
-@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gpg"])
 def test_zero_variance_and_singleton_groups_get_exactly_zero(mode, estimator):
     # group 3: [0.1, 0.1, 0.1] (mean 0.1 is inexact in floating point, the result must not be),
     # group 9: a single sample; group 4: [1, 0] has variance and keeps its advantages.
@@ -131,13 +132,15 @@ def _reference(rewards, groups, estimator, mode, eps):
     """Slow, independent implementation: a Python loop over groups with `statistics`."""
     rewards, groups = rewards.tolist(), groups.tolist()
     batch_std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+    valid = [len({x for x, h in zip(rewards, groups, strict=True) if h == g}) > 1 for g in groups]
+    alpha = len(rewards) / sum(valid) if estimator == "gpg" and any(valid) else 1.0
     out = []
     for r, g in zip(rewards, groups, strict=True):
         members = [x for x, h in zip(rewards, groups, strict=True) if h == g]
         if len(set(members)) == 1:
             out.append(0.0)
             continue
-        if estimator == "grpo":
+        if estimator in ("grpo", "gpg"):
             value = r - statistics.fmean(members)
         else:
             others = list(members)
@@ -147,12 +150,12 @@ def _reference(rewards, groups, estimator, mode, eps):
             value /= statistics.stdev(members) + eps
         elif mode == "batch":
             value /= batch_std + eps
-        out.append(value)
+        out.append(alpha * value)
     return torch.tensor(out, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("mode", ["group", "batch", "none"])
-@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gpg"])
 def test_matches_slow_reference_on_random_batches(estimator, mode):
     gen = torch.Generator().manual_seed(1234)
     for trial in range(5):
@@ -165,6 +168,33 @@ def test_matches_slow_reference_on_random_batches(estimator, mode):
         expected = _reference(rewards, groups, estimator, mode, 1e-4)
         actual = ADVANTAGES.get(estimator)(rewards, groups, std_normalization=mode, epsilon=1e-4)
         torch.testing.assert_close(actual, expected, atol=1e-9, rtol=1e-9)
+
+
+def test_gpg_scales_by_the_batch_over_its_learning_samples():
+    # groups: [1, 0, 0, 0] (learns), [1, 1, 1, 1] (constant: M = 4), [1, 0] (learns); B = 10
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1, 1, 0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2])
+    alpha = 10 / (10 - 4)
+    adv = gpg_advantages(rewards, groups)  # F_norm = 1: alpha * (r - group mean)
+    _close(adv, [alpha * c for c in [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0, 0.5, -0.5]])
+    _close(adv[:2], [1.25, -5 / 12])
+    # the F_norm = std variant: group 0's std is 0.5, group 2's is sqrt(0.5)
+    adv = gpg_advantages(rewards, groups, std_normalization="group")
+    _close(adv[[0, 8]], [alpha * 0.75 / (0.5 + EPS), alpha * 0.5 / (math.sqrt(0.5) + EPS)])
+    # every group constant: nothing to scale
+    assert torch.equal(gpg_advantages(torch.ones(4), torch.tensor([0, 0, 1, 1])), torch.zeros(4))
+
+
+def test_gpg_over_the_whole_batch_is_the_mean_over_its_learning_samples():
+    """What alpha is for: a per-sample mean of A_i * x_i over the whole batch, constant groups
+    counted, equals Dr. GRPO's over the learning samples alone."""
+    rewards = torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1], dtype=torch.float64)
+    groups = torch.arange(16) // 4  # groups 1 and 2 constant
+    x = torch.randn(16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    learning = (groups == 0) | (groups == 3)
+    whole = (gpg_advantages(rewards, groups) * x).mean()
+    dr_grpo = group_normalized_advantages(rewards, groups, std_normalization="none")
+    torch.testing.assert_close(whole, (dr_grpo * x)[learning].mean(), atol=1e-12, rtol=0)
 
 
 def test_float32_integer_and_empty_inputs():

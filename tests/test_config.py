@@ -43,6 +43,17 @@ def test_dr_grpo_preset_settings():
     assert cfg.algorithm.kl.coef == 0.0
 
 
+def test_gpg_preset_settings():
+    algo = resolve_config(preset="gpg").algorithm
+    assert (algo.advantage, algo.std_normalization, algo.loss, algo.aggregation) == (
+        "gpg",
+        "none",
+        "reinforce",
+        "token_mean",
+    )
+    assert algo.kl.coef == 0.0 and algo.entropy.coef == 0.0
+
+
 def test_unknown_key_names_the_closest_valid_one():
     with pytest.raises(ConfigError, match=r"'algorithm\.clip\.hihg'.*'algorithm\.clip\.high'"):
         resolve_config(overrides=["algorithm.clip.hihg=0.28"])

@@ -292,7 +292,7 @@ def test_gradient_checkpointing_without_the_fused_forward_is_a_config_error(tmp_
     assert not (tmp_path / "hf").exists()  # nothing written, no earlier run's config replaced
 
 
-@pytest.mark.parametrize("preset", ["grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("preset", ["grpo", "rloo", "reinforce_pp", "gpg"])
 def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset):
     overrides = [f"train.output_dir={tmp_path}", "rollout.samples_per_prompt=1"]
     with pytest.raises(ConfigError, match=r"rollout\.samples_per_prompt=1 would train nothing"):
@@ -300,6 +300,33 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
     assert not tmp_path.joinpath("config.yaml").exists()
     for alone in ("algorithm.advantage=reinforce_pp", "algorithm.advantage=gae"):
         check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))
+
+
+def test_the_verifier_entry_is_the_task_s_own_reward(tmp_path):
+    """`reward.functions` entry `verifier` runs as the task's verifier (`math`, `countdown`),
+    with its weight; naming it beside that verifier is refused before the run directory is
+    written, a misspelt one with its key, and no reward may be registered under the name."""
+    from rlvr.rewards import register_reward
+    from rlvr.training.rewarding import RewardScorer
+
+    weighted = "reward.functions=[{name: verifier, weight: 2.0}, {name: format, weight: 0.1}]"
+    for task_name, verifier in (("arithmetic", "math"), ("countdown", "countdown")):
+        cfg = resolve_config(overrides=[f"data.task={task_name}", "data.train_size=8", weighted])
+        assert RewardScorer(cfg, load_task(cfg.data)).compose.weights == {
+            verifier: 2.0,
+            "format": 0.1,
+        }
+    both = "reward.functions=[{name: verifier}, {name: math}]"
+    cfg = resolve_config(overrides=[*TINY_RUN, f"train.output_dir={tmp_path}", both])
+    with pytest.raises(ConfigError, match="names both 'verifier' and 'math', which is this task"):
+        train(cfg, show_progress=False)
+    assert not tmp_path.joinpath("config.yaml").exists()
+    with pytest.raises(
+        ConfigError, match=r"reward\.functions\[0\]\.name: unknown reward 'verifer'"
+    ):
+        check_choices(resolve_config(overrides=["reward.functions=[{name: verifer}]"]))
+    with pytest.raises(ValueError, match="stands for the task's own verifier"):
+        register_reward("verifier")(lambda prompts, completions, **_: [0.0] * len(completions))
 
 
 def test_pass_at_k_needs_k_below_the_group_size():

@@ -338,6 +338,46 @@ def test_failed_calls_are_counted_and_can_be_penalised():
     assert metrics["tool_calls/failed_frac"] == 0.5
 
 
+def test_the_torl_preset_scores_torls_reward_plus_one():
+    """ToRL's reward: +1 for the right answer, -1 for a wrong one, and -0.5 more when the code
+    fails. The preset weighs the task's 0/1 verifier (`verifier`: `math` here) 2 and
+    tool_error 0.5, which is ToRL's reward + 1, so GRPO's advantages are ToRL's. Four samples
+    of one prompt, each calling Python once in ToRL's fences: code that runs, then the right
+    answer; code that fails, then a wrong one; code that fails, then the right one; code that
+    runs, then a wrong one."""
+    from rlvr.algorithms import group_normalized_advantages
+    from rlvr.training.rewarding import RewardScorer
+
+    overrides = ["data.train_size=4", "rollout.samples_per_prompt=4"]
+    cfg = resolve_config(preset="torl", overrides=[*overrides, "rollout.max_new_tokens=200"])
+    assert (cfg.rollout.tools, cfg.rollout.tool_format, cfg.rollout.max_tool_calls) == (
+        ["python"],
+        "code",
+        1,
+    )
+    task = load_task(cfg.data)
+    gold = task.train[0].answer
+    calls = ["print(2 + 3)", "print(2 +)", "raise ValueError('no')", "print(7)"]
+    answers = [gold, f"{gold}1", gold, f"{gold}1"]
+    engine = Scripted(
+        [f"```python\n{code}\n```\n```output" for code in calls],
+        [f"<answer>{a}</answer>?" for a in answers],
+    )
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    batch = rollout_batch(ToolUse.of(cfg.rollout).around(engine, TOK), TOK, task, [0], cfg)
+    assert batch.failed_calls.tolist() == [0, 1, 1, 0]
+    RewardScorer(cfg, task)(batch)
+    torl = torch.tensor([1.0, -1.5, 0.5, -1.0], dtype=torch.float64)
+    assert batch.reward_parts["math"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert batch.rewards.tolist() == (torl + 1).tolist()
+    torch.testing.assert_close(
+        group_normalized_advantages(batch.rewards.double(), batch.group_ids),
+        group_normalized_advantages(torl, batch.group_ids),
+        atol=1e-12,
+        rtol=0,
+    )
+
+
 def test_sft_on_hermes_solutions_prompts_with_the_schemas_and_eval_calls_its_tools(
     tmp_path, monkeypatch
 ):

@@ -560,8 +560,9 @@ class AlgorithmConfig(Section):
 
 class RewardSpec(Section):
     name: str
-    """A registered reward (`math`, `format`, `countdown`), a model reward (`brpo`,
-    `reference_likelihood`) or `package.module:function`."""
+    """A registered reward (`math`, `format`, `countdown`), `verifier` (the task's own: `math`
+    or `countdown`), a model reward (`brpo`, `reference_likelihood`) or
+    `package.module:function`."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     conversational: bool = False

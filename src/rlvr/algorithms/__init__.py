@@ -1,7 +1,8 @@
 """Pure tensor functions of RLVR, selected by name through registries.
 
 - :data:`ADVANTAGES` — ``grpo`` (group / batch / no std normalisation), ``rloo``,
-  ``reinforce_pp`` (global batch whitening), ``opo`` (length-weighted group baseline),
+  ``gpg`` (Dr. GRPO's, scaled by the batch over its learning samples), ``reinforce_pp``
+  (global batch whitening), ``opo`` (length-weighted group baseline),
   ``remax`` (the greedy completion's reward), ``pass_at_k`` (PKPO), ``w_reinforce`` (±1 with passes
   down-weighted), ``best_of_group`` (max@n, leave-one-out).
 - :data:`POLICY_LOSSES` — ``ppo_clip`` (decoupled clip, optional dual clip), ``reinforce``,
@@ -17,6 +18,7 @@ arguments, never a config object.
 
 from rlvr.algorithms.advantages import (
     decoupled_group_advantages,
+    gpg_advantages,
     group_normalized_advantages,
     opo_advantages,
     reinforce_pp_advantages,
@@ -136,6 +138,7 @@ __all__ = [
     "exo_pair_loss",
     "f_divergence_scores",
     "gmpo_loss",
+    "gpg_advantages",
     "group_normalized_advantages",
     "gspo_loss",
     "high_entropy_mask",

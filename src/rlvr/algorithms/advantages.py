@@ -38,7 +38,7 @@ from rlvr.algorithms.registry import ADVANTAGES
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
 GROUP_BASELINES = frozenset(
-    {"grpo", "rloo", "reinforce_pp_baseline", "opo", "pass_at_k", "best_of_group"}
+    {"grpo", "rloo", "gpg", "reinforce_pp_baseline", "opo", "pass_at_k", "best_of_group"}
 )
 """The estimators that compare each sample with the others of its prompt: with one sample per
 prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
@@ -258,6 +258,49 @@ def rloo_advantages(
     adv = _normalize(loo, r, group_var, std_normalization, epsilon)
     adv = torch.where(constant, torch.zeros_like(adv), adv)
     return adv.to(_out_dtype(rewards))
+
+
+@ADVANTAGES.register("gpg")
+def gpg_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    std_normalization: str = "none",
+    epsilon: float = 1e-6,
+) -> Tensor:
+    r"""Group Policy Gradient's advantages: the group-centred reward, scaled up by the share
+    of the batch that carries a gradient.
+
+    .. math::
+
+        A_i = \alpha\,\frac{r_i - \operatorname{mean}(\{r_j : g_j = g_i\})}{F_{norm}},
+        \qquad \alpha = \frac{B}{B - M}
+
+    (Chu et al. 2025, *GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+    Reasoning*, arXiv:2504.02546.) B is the number of samples in the batch and M the number in
+    groups whose rewards are all equal, which get advantage 0. With a token-mean loss over
+    the whole batch those samples still count in the denominator and shrink every gradient by
+    (B − M)/B; α undoes that shrinkage ("accurate gradient estimation"). F_norm = 1 is the
+    paper's choice (``std_normalization="none"``, this function's default); ``"group"`` is
+    its F_norm = std variant, ``"batch"`` divides by the batch std. When every group is
+    constant, every advantage is 0 and α is taken as 1.
+
+    Args:
+        rewards: ``[N]`` scalar reward of each sequence.
+        group_ids: ``[N]`` integer id of each sequence's prompt group.
+        std_normalization: ``"none"`` (F_norm = 1), ``"group"`` or ``"batch"``.
+        epsilon: added to the std before dividing.
+
+    Returns:
+        ``[N]`` advantages, in the rewards' float dtype, without a gradient.
+    """
+    adv = group_normalized_advantages(
+        rewards, group_ids, std_normalization=std_normalization, epsilon=epsilon
+    )
+    constant = constant_groups(rewards, group_ids)
+    learning = int((~constant).sum())
+    alpha = rewards.numel() / learning if learning else 1.0
+    return adv * alpha
 
 
 @ADVANTAGES.register("reinforce_pp")

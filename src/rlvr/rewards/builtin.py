@@ -256,8 +256,8 @@ def tool_error_reward(
     reports bad input, a timeout or a crash, or a call that could not be read:
     `rlvr.rollout.tools`), else 0.0. ToRL's penalty for code that does not run (Li et al. 2025,
     *ToRL: Scaling Tool-Integrated RL*, arXiv:2503.23383, §2: −0.5 beside a ±1 answer reward)
-    is this entry at weight 0.5. `failed_calls` (per completion) comes with rollouts that
-    call tools (`rollout.tools`)."""
+    is this entry at weight 0.5 beside `verifier` at weight 2 (the `torl` preset).
+    `failed_calls` (per completion) comes with rollouts that call tools (`rollout.tools`)."""
     if failed_calls is None:
         raise ValueError("the 'tool_error' reward needs rollouts with tools (rollout.tools)")
     return [-1.0 if failed else 0.0 for failed in failed_calls]

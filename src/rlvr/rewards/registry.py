@@ -27,6 +27,11 @@ RewardFn = Callable[..., list[Any]]
 
 _REGISTRY: dict[str, RewardFn] = {}
 
+TASK_VERIFIER = "verifier"
+"""The name that stands, in ``reward.functions``, for the task's own correctness reward
+(``math`` for arithmetic, gsm8k and math, ``countdown`` for countdown), so that a preset can
+weigh it whatever the task; no reward may be registered under it."""
+
 
 class UnknownRewardError(KeyError):
     """A reward name that is neither registered nor an importable ``module:function`` path."""
@@ -43,6 +48,8 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
             raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]!r})")
         if ":" in name:
             raise ValueError(f"reward name {name!r} may not contain ':' (used for import paths)")
+        if name == TASK_VERIFIER:
+            raise ValueError(f"the reward name {name!r} stands for the task's own verifier")
         _REGISTRY[name] = fn
         return fn
 

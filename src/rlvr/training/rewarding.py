@@ -13,7 +13,7 @@ from rlvr.algorithms.shaping import (
     repetition_penalty,
     soft_overlong_penalty,
 )
-from rlvr.config import RLConfig
+from rlvr.config import ConfigError, RewardSpec, RLConfig
 from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task
 from rlvr.rewards import RewardOutput, TrainerState, compose_rewards
@@ -23,6 +23,7 @@ from rlvr.rewards.model_based import (
     add_model_rewards,
     build_model_rewards,
 )
+from rlvr.rewards.registry import TASK_VERIFIER
 from rlvr.rollout.attempts import Attempts, retry_turn
 from rlvr.rollout.base import RolloutEngine
 from rlvr.training.batch import RolloutBatch
@@ -69,6 +70,18 @@ def prompt_messages(problem: Problem) -> list[dict[str, str]]:
     return list(problem.messages or [{"role": "user", "content": problem.question}])
 
 
+def named_rewards(functions: list[RewardSpec], task_reward: str) -> list[tuple[str, RewardSpec]]:
+    """Each configured reward with the name it runs under: an entry named `TASK_VERIFIER`
+    (`verifier`) runs as the task's own reward, `task_reward`. Naming both is a ConfigError
+    (the train loop asks before it writes the run directory)."""
+    if {TASK_VERIFIER, task_reward} <= {s.name for s in functions}:
+        raise ConfigError(
+            f"reward.functions names both {TASK_VERIFIER!r} and {task_reward!r}, which is "
+            "this task's verifier: keep one"
+        )
+    return [(task_reward if s.name == TASK_VERIFIER else s.name, s) for s in functions]
+
+
 class RewardScorer:
     """Adds `rewards`, `reward_parts` and `correct` to a batch.
 
@@ -88,14 +101,15 @@ class RewardScorer:
         """`policy`, `tokenizer` and `generator` are needed only by model rewards (`brpo`,
         `reference_likelihood`, see `rlvr.rewards.model_based`)."""
         functions = cfg.reward.functions or []
-        specs = [(s.name, s.weight) for s in functions if s.name not in MODEL_REWARDS]
+        named = named_rewards(functions, task.reward)
+        specs = [(name, s.weight) for name, s in named if name not in MODEL_REWARDS]
         if not functions:
             specs = [(task.reward, 1.0)]
         if task.reward not in {name for name, _ in specs}:
             specs.append((task.reward, 0.0))
         self.verifier = task.reward
         conversational = frozenset(
-            s.name for s in functions if s.conversational and s.name not in MODEL_REWARDS
+            name for name, s in named if s.conversational and name not in MODEL_REWARDS
         )
         self.compose = compose_rewards(
             specs, timeout_s=cfg.reward.timeout_s, conversational=conversational

@@ -36,7 +36,7 @@ from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
 from rlvr.rewards.model_based import MODEL_REWARDS
-from rlvr.rewards.registry import get_reward
+from rlvr.rewards.registry import TASK_VERIFIER, get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
@@ -73,7 +73,7 @@ from rlvr.training.optim import (
     optimizer_state,
 )
 from rlvr.training.regularization import Regularization
-from rlvr.training.rewarding import RewardScorer
+from rlvr.training.rewarding import RewardScorer, named_rewards
 from rlvr.training.sampling import (
     collect_step,
     config_filters,
@@ -104,7 +104,7 @@ def check_choices(cfg: RLConfig) -> None:
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
         chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
     for i, spec in enumerate(cfg.reward.functions or []):
-        if spec.name not in MODEL_REWARDS:
+        if spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER:
             chosen.append((f"reward.functions[{i}].name", spec.name, get_reward, ""))
     for key, name, look_up, alternative in chosen:
         try:
@@ -249,6 +249,7 @@ def _train(
     algo, r = cfg.algorithm, cfg.rollout
 
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
+    named_rewards(cfg.reward.functions or [], task.reward)
     run_dir = Path(cfg.train.output_dir)
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume, "train.output_dir"))
     every = cfg.eval.every_steps
