@@ -16,8 +16,8 @@ With `--format code` the tool solutions are ToRL's, the `python` tool printing t
     python benchmarks/tool_learning.py [--sft-steps 600] [--rl-steps 30] [--format tags]
         [--engine hf] [--out DIR]
 
-(`--engine vllm` samples the RL rollouts with vLLM: `hermes` only, whose call ends in one
-token; run it with `.venv-vllm/bin/python`.)
+(`--engine vllm` samples the RL rollouts with vLLM, in any format; run it with
+`.venv-vllm/bin/python`.)
 
 prints pass@1 of each (k = 4, 200 held-out problems) and writes `summary.json` under --out.
 """

@@ -539,7 +539,6 @@ def _eval_engine(name: str, policy, tokenizer, tool_use: ToolUse, sampling: dict
             sampling.get("chat_kwargs"),
             tool_use,
             engine_named=f"--engine {name}",
-            format_named=f"--tool-format {tool_use.format}",
         )
     except ConfigError as exc:
         _fail(str(exc))

@@ -97,7 +97,6 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
     engine = sampling_engine(
         c, model, tokenizer, unique, cfg.data.template, c.max_new_tokens, chat_kwargs, tools,
         engine_named=f"curate.engine={c.engine}",
-        format_named=f"curate.tool_format={c.tool_format}",
     )  # fmt: skip
     try:
         verified = sample_and_verify(

@@ -29,23 +29,18 @@ def sampling_engine(
     tools: ToolUse = ToolUse(),
     *,
     engine_named: str,
-    format_named: str = "",
 ) -> vllm.VLLMRolloutEngine | None:
     """None for `settings.engine` `hf`; for `vllm`, a vLLM engine on `model` for sampling
     `problems` (templated with `template`, `chat_kwargs` and the schemas of `tools`) up to
-    `max_new_tokens` each. Errors name the engine setting `engine_named`
-    (`curate.engine=vllm`, `--engine vllm`) and, with `tools`, the format setting
-    `format_named` (`curate.tool_format=tags`).
+    `max_new_tokens` each.
 
     Raises:
-        ConfigError: vLLM is not installed, or a tool call ends in several tokens (vLLM
-            stops on single ones)."""
+        ConfigError: vLLM is not installed, naming the engine setting `engine_named`
+            (`curate.engine=vllm`, `--engine vllm`)."""
     if settings.engine == "hf":
         return None
     vllm.require_vllm(engine_named)
     chat_kwargs = tools.chat_kwargs(chat_kwargs or {})
-    stops = tools.stop_sequences(tokenizer, chat_kwargs)
-    vllm.refuse_multi_token_stops(stops, tokenizer, engine_named, format_named)
     longest = longest_prompt(template, problems, tokenizer, chat_kwargs) + max_new_tokens
     return vllm.VLLMRolloutEngine(
         model,

@@ -24,14 +24,17 @@ Under torchrun each rank holds a vLLM of its own and samples its share of the pr
 (`policy_weights`), as verl's colocated engines do.
 
 Stop sequences of one token each (a chat template's tool-call end, say) become vLLM's stop
-token ids; longer ones are not supported, so `rollout.tools` whose call ends in several tokens
-is refused.
+token ids. A longer one (the closing tag of a `tags` call, the fence of a `code` one) stops vLLM
+at its last token, and a sample that stopped there without the whole sequence goes on from
+where it stood (`VLLMRolloutEngine.generate`), so every tool format runs on vLLM. vLLM's
+`min_tokens` bans those stop tokens too, where the `hf` engine bans only EOS.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -67,25 +70,6 @@ def require_vllm(engine_named: str) -> None:
         )
 
 
-def refuse_multi_token_stops(
-    stop_sequences: tuple[tuple[int, ...], ...], tokenizer, engine_named: str, format_named: str
-) -> None:
-    """vLLM stops on single tokens: refuse the first stop sequence of several tokens of this
-    tokenizer (a tool call's end in the `tags` or `code` format; `hermes` ends the turn with the
-    chat template's one end-of-turn token).
-
-    Raises:
-        ConfigError: naming `engine_named` and `format_named` (`rollout.tool_format='tags'`,
-            `--tool-format tags`), the stop's text and its token count."""
-    long = [stop for stop in stop_sequences if len(stop) > 1]
-    if long:
-        raise ConfigError(
-            f"{engine_named} stops on single tokens, and {format_named} ends a call with "
-            f"{tokenizer.decode(list(long[0]))!r}, {len(long[0])} tokens of this tokenizer: use "
-            "the hermes tool format (its turn ends in one token) or the hf engine"
-        )
-
-
 def context_length(longest: int, model: nn.Module) -> int:
     """vLLM's `max_model_len` for sequences of at most `longest` tokens, prompt and completion:
     `longest`, or the model's own limit (its config's `max_position_embeddings`) where that
@@ -111,6 +95,18 @@ def policy_weights(model: nn.Module) -> dict[str, torch.Tensor]:
         name: value.full_tensor() if isinstance(value, DTensor) else value
         for name, value in model.named_parameters(remove_duplicate=False)
     }
+
+
+def _stopped_short(
+    out: Rollout, i: int, ends: set[int], longer: list[tuple[int, ...]], params: SamplingParams
+) -> bool:
+    """Whether sample `i` of `out` stopped on the last token of a stop sequence of several
+    tokens (`longer`) that is not whole at its end, with budget left: not on an end of sequence
+    or a one-token stop (`ends`)."""
+    ids = out.completion_ids[i]
+    if out.finish_reason[i] != "stop" or ids[-1] in ends or len(ids) >= params.max_new_tokens:
+        return False
+    return not any(tuple(ids[-len(stop) :]) == stop for stop in longer)
 
 
 class VLLMRolloutEngine:
@@ -176,16 +172,56 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        """Sample `params.n` completions per prompt, in prompt-major order."""
+        """Sample `params.n` completions per prompt, in prompt-major order.
+
+        vLLM stops on single tokens (`stop_token_ids`). A stop sequence of several tokens (the
+        end of a `tags` or `code` tool call) stops it at the sequence's last token; a sample
+        that stopped there without the whole sequence before it goes on from where it stood,
+        with the rest of its budget, until the whole sequence, an end of sequence or the
+        budget ends it, as the `hf` engine's draw does."""
+        longer = [stop for stop in params.stop_sequences if len(stop) > 1]
+        ends = {*self.eos_ids, *(stop[0] for stop in params.stop_sequences if len(stop) == 1)}
+        stop_ids = sorted(ends | {stop[-1] for stop in longer})
+        out = self._sample(
+            [list(p) for p in prompts],
+            params,
+            stop_ids,
+            [params.max_new_tokens] * len(prompts),
+            [params.min_new_tokens] * len(prompts),
+        )
+        rows = range(len(out.completion_ids))
+        going = [i for i in rows if _stopped_short(out, i, ends, longer, params)]
+        while going:
+            done = [len(out.completion_ids[i]) for i in going]
+            more = self._sample(
+                [list(prompts[out.prompt_index[i]]) + out.completion_ids[i] for i in going],
+                replace(params, n=1),
+                stop_ids,
+                [params.max_new_tokens - d for d in done],
+                [max(params.min_new_tokens - d, 0) for d in done],
+            )
+            for i, ids, logprobs, reason in zip(
+                going, more.completion_ids, more.logprobs, more.finish_reason, strict=True
+            ):
+                out.completion_ids[i] += ids
+                out.logprobs[i] += logprobs
+                out.finish_reason[i] = reason
+            going = [i for i in going if _stopped_short(out, i, ends, longer, params)]
+        return out
+
+    def _sample(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        stop_ids: list[int],
+        budgets: list[int],
+        minimums: list[int],
+    ) -> Rollout:
+        """`params.n` samples of each prompt, each prompt with its own budget and minimum and a
+        seed drawn from the run's generator."""
         from vllm import SamplingParams as VLLMParams
         from vllm.inputs import TokensPrompt
 
-        stops = [s[0] for s in params.stop_sequences if len(s) == 1]
-        if len(stops) < len(params.stop_sequences):  # the callers refuse these before a run
-            raise ValueError(
-                "the vllm engine stops on single tokens only; a stop sequence of several "
-                "tokens (a tool call's end) needs rollout.engine=hf"
-            )
         seeds = torch.randint(2**31 - 1, (len(prompts),), generator=self.generator).tolist()
         settings = [
             VLLMParams(
@@ -195,17 +231,17 @@ class VLLMRolloutEngine:
                 top_k=params.top_k,
                 min_p=params.min_p,
                 repetition_penalty=params.repetition_penalty,
-                max_tokens=params.max_new_tokens,
-                min_tokens=params.min_new_tokens,
-                stop_token_ids=[*self.eos_ids, *stops],
+                max_tokens=budget,
+                min_tokens=minimum,
+                stop_token_ids=stop_ids,
                 logprobs=0,
                 seed=seed,
                 detokenize=False,
             )
-            for seed in seeds
+            for seed, budget, minimum in zip(seeds, budgets, minimums, strict=True)
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], settings, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], settings, use_tqdm=False
         )
         out = Rollout([], [], [], [])
         for index, output in enumerate(outputs):

@@ -43,7 +43,6 @@ from rlvr.rollout.tools import ToolUse
 from rlvr.rollout.vllm import (
     VLLMRolloutEngine,
     context_length,
-    refuse_multi_token_stops,
     require_vllm,
 )
 from rlvr.run_layout import CONFIG_FILE, checkpoint_path
@@ -163,17 +162,6 @@ def _check_engine(cfg: RLConfig) -> None:
         require_vllm("rollout.engine=vllm")
 
 
-def check_vllm_stops(cfg: RLConfig, tokenizer) -> None:
-    """With `rollout.engine=vllm`, refuse `rollout.tools` whose call ends in several tokens of
-    this tokenizer (`refuse_multi_token_stops`)."""
-    if cfg.rollout.engine != "vllm":
-        return
-    tool_use = ToolUse.of(cfg.rollout)
-    stops = tool_use.stop_sequences(tokenizer, tool_use.chat_kwargs(cfg.data.chat_template_kwargs))
-    named = f"rollout.tool_format={tool_use.format!r}"
-    refuse_multi_token_stops(stops, tokenizer, "rollout.engine=vllm", named)
-
-
 def start_run_dir(cfg: RLConfig, run_dir: Path, resume: bool) -> None:
     """Make the run directory and write its config.yaml (on rank 0)."""
     make_output_dir(run_dir, "train.output_dir")
@@ -271,7 +259,6 @@ def _train(
     teacher = None
     if algo.distill.teacher is not None:
         teacher = load_teacher(algo.distill.teacher, cfg.model, model, tokenizer)
-    check_vllm_stops(cfg, tokenizer)
     ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))  # once the model and task fit
     regularization = Regularization(algo, model)
     reference = regularization.reference
