@@ -304,8 +304,9 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
 
 def test_the_verifier_entry_is_the_task_s_own_reward(tmp_path):
     """`reward.functions` entry `verifier` runs as the task's verifier (`math`, `countdown`),
-    with its weight; naming it beside that verifier is refused before the run directory is
-    written, a misspelt one with its key, and no reward may be registered under the name."""
+    with its weight; naming it beside that verifier, as any reward listed twice, is refused
+    before the run directory is written, a misspelt one with its key, and no reward may be
+    registered under the name."""
     from rlvr.rewards import register_reward
     from rlvr.training.rewarding import RewardScorer
 
@@ -316,11 +317,15 @@ def test_the_verifier_entry_is_the_task_s_own_reward(tmp_path):
             verifier: 2.0,
             "format": 0.1,
         }
-    both = "reward.functions=[{name: verifier}, {name: math}]"
-    cfg = resolve_config(overrides=[*TINY_RUN, f"train.output_dir={tmp_path}", both])
-    with pytest.raises(ConfigError, match="names both 'verifier' and 'math', which is this task"):
-        train(cfg, show_progress=False)
-    assert not tmp_path.joinpath("config.yaml").exists()
+    twice = {
+        "[{name: verifier}, {name: math}]": r"lists 'math' twice \('verifier' is this task's ",
+        "[{name: math}, {name: format}, {name: math, weight: 0.5}]": r"lists 'math' twice: keep",
+    }
+    for functions, message in twice.items():
+        overrides = [*TINY_RUN, f"train.output_dir={tmp_path}", f"reward.functions={functions}"]
+        with pytest.raises(ConfigError, match=rf"reward\.functions {message}"):
+            train(resolve_config(overrides=overrides), show_progress=False)
+        assert not tmp_path.joinpath("config.yaml").exists()
     with pytest.raises(
         ConfigError, match=r"reward\.functions\[0\]\.name: unknown reward 'verifer'"
     ):

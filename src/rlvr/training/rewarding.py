@@ -72,14 +72,19 @@ def prompt_messages(problem: Problem) -> list[dict[str, str]]:
 
 def named_rewards(functions: list[RewardSpec], task_reward: str) -> list[tuple[str, RewardSpec]]:
     """Each configured reward with the name it runs under: an entry named `TASK_VERIFIER`
-    (`verifier`) runs as the task's own reward, `task_reward`. Naming both is a ConfigError
-    (the train loop asks before it writes the run directory)."""
-    if {TASK_VERIFIER, task_reward} <= {s.name for s in functions}:
+    (`verifier`) runs as the task's own reward, `task_reward`. A reward listed twice is a
+    ConfigError (the train loop asks before it writes the run directory)."""
+    named = [(task_reward if s.name == TASK_VERIFIER else s.name, s) for s in functions]
+    names = [name for name, _ in named]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        aliased = task_reward in twice and any(s.name == TASK_VERIFIER for s in functions)
         raise ConfigError(
-            f"reward.functions names both {TASK_VERIFIER!r} and {task_reward!r}, which is "
-            "this task's verifier: keep one"
+            f"reward.functions lists {', '.join(map(repr, twice))} twice"
+            + (f" ({TASK_VERIFIER!r} is this task's verifier, {task_reward!r})" if aliased else "")
+            + ": keep one entry of each, with the weight it should have"
         )
-    return [(task_reward if s.name == TASK_VERIFIER else s.name, s) for s in functions]
+    return named
 
 
 class RewardScorer:
