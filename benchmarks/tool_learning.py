@@ -7,14 +7,15 @@ the demo's one-digit sums). Three arms, from the same tiny model:
 - `tool`: SFT on solutions that call the calculator, `<calculator>EXPR</calculator>
   <result>VALUE</result><answer>VALUE</answer>`, the result left out of the loss
   (`sft.mask_tool_results`, the default), evaluated with the calculator and without it;
-- `tool+rl`: GRPO from `tool` with `rollout.tools=[calculator]`, evaluated with it.
+- `tool+rl`: GRPO (or `--preset`'s algorithm) from `tool` with `rollout.tools=[calculator]`,
+  evaluated with it.
 
 With `--format code` the tool solutions are ToRL's, the `python` tool printing the expression
 (```` ```python\nprint(EXPR)\n```\n```output\nVALUE\n```\n<answer>VALUE</answer> ````); with
 `--format hermes` they call the calculator in JSON, answered in the chat template's tool turn.
 
     python benchmarks/tool_learning.py [--sft-steps 600] [--rl-steps 30] [--format tags]
-        [--engine hf] [--out DIR]
+        [--engine hf] [--preset grpo] [--out DIR]
 
 (`--engine vllm` samples the RL rollouts with vLLM, in any format; run it with
 `.venv-vllm/bin/python`.)
@@ -29,7 +30,7 @@ import json
 import time
 from pathlib import Path
 
-from rlvr.config import resolve_config
+from rlvr.config import preset_names, resolve_config
 from rlvr.config_offline import SFTConfig
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.data.tasks import load_task
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--format", choices=sorted(BUDGET), default="tags")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--preset", choices=preset_names(), default="grpo")
     parser.add_argument("--out", type=Path, default=Path("runs/tool_learning"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -137,7 +139,7 @@ def main() -> None:
         models[name] = run_sft(cfg, show_progress=False)
     data = data_settings(tool, test)
     rl_cfg = resolve_config(
-        preset="grpo",
+        preset=args.preset,
         overrides=[
             *(f"data.{key}={value}" for key, value in data.items()),
             f"model.name_or_path={models['tool']}",
@@ -167,6 +169,7 @@ def main() -> None:
     summary = {
         "format": args.format,
         "engine": args.engine,
+        "preset": args.preset,
         "pass@1": results,
         "tool_calls/frac": [metrics[0]["tool_calls/frac"], metrics[-1]["tool_calls/frac"]],
         "rollout/logprob_diff": max(m["rollout/logprob_diff"] for m in metrics),
