@@ -235,9 +235,9 @@ def test_a_run_gives_vllm_its_longest_sequence_as_the_context(monkeypatch, tmp_p
 @pytest.mark.parametrize(("form", "tool"), [("hermes", "calculator"), ("tags", "calculator"),
                                             ("code", "python")])  # fmt: skip
 def test_tools_in_each_format_run_on_vllm(tmp_path, form, tool):
-    """hermes ends a call with the chat template's end of turn, one token; tags and code with
-    several (`</calculator>`, a fence), at whose last token vLLM stops and goes on where the
-    rest did not come: the log-probs stay the trainer's through every stop."""
+    """GRPO trains with tools on vLLM in each format: hermes ends a call in one token, tags and
+    code in several (`</calculator>`, a fence; the resumption after a lone last token is
+    tested on the engine above), and the log-probs stay the trainer's."""
     tools = [f"rollout.tools=[{tool}]", f"rollout.tool_format={form}"]
     cfg = resolve_config(
         preset="grpo",

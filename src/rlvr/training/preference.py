@@ -412,6 +412,12 @@ def _training_pairs(
         train, records = sample_pairs(
             model, tokenizer, problems, task.reward, **sampling, labelled=labelled, engine=engine
         )
+        if not len(train):  # before the held-out pairs are sampled
+            raise ConfigError(
+                f"dpo.prompts: none of {min(d.prompts, len(task.train))} {task.name} problems "
+                "had samples that scored differently, so there is no pair; start from a model "
+                "that solves some of them (`rlvr sft`) or raise dpo.samples_per_prompt"
+            )
         held_out = None
         if d.eval_pairs:
             held_out = sample_pairs(
@@ -423,12 +429,6 @@ def _training_pairs(
     if labelled:
         desirable = sum(record["label"] for record in records)
         warn_kto_balance(d, desirable, len(records), "dpo.sampled_as=labelled")
-    if not len(train):
-        raise ConfigError(
-            f"dpo.prompts: none of {min(d.prompts, len(task.train))} {task.name} problems had "
-            f"samples that scored differently, so there is no pair; start from a model that "
-            "solves some of them (`rlvr sft`) or raise dpo.samples_per_prompt"
-        )
     return train, held_out if held_out else None, records
 
 
