@@ -1,6 +1,6 @@
 """On-policy distillation on the tiny default task: a student closing on a GRPO-trained teacher.
 
-From the learning test's cold start (the demo's SFT model, 600 steps), the teacher is the
+From the demo's cold start (its SFT model, 600 steps), the teacher is the
 cold start after `--teacher-steps` GRPO steps; each `--discounts` value then trains the cold
 start with the `opd` preset (the teacher's per-token term alone) for `--steps` steps; a
 GRPO run of the same length from the cold start is the reference, and GRPO with the teacher's

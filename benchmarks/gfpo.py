@@ -1,6 +1,6 @@
 """GFPO against GRPO on the tiny default task: accuracy and response length.
 
-From the learning test's cold start (the demo's SFT model, 600 steps, whose worked solutions
+From the demo's cold start (its SFT model, 600 steps, whose worked solutions
 are half shortcuts), each variant trains `--steps` steps with the `gfpo` preset's loss
 (GRPO's clipped loss, token-level, no KL), differing only in how many samples a prompt it
 draws and keeps:
