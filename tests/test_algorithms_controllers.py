@@ -1,4 +1,5 @@
-"""Entropy / KL controllers, EMA reference and high-entropy mask against hand-worked values."""
+"""Entropy / KL controllers, EMA reference, high-entropy mask and entropy-based advantage
+against hand-worked values."""
 
 import json
 import math
@@ -11,6 +12,7 @@ from rlvr.algorithms.controllers import (
     AdaptiveEntropyCoef,
     AdaptiveKLCoef,
     ema_update_,
+    entropy_advantage_bonus,
     high_entropy_mask,
 )
 
@@ -213,3 +215,30 @@ def test_reference_resets_mix_the_policy_in_every_n_steps():
     assert reg.reference.weight.item() == 1.75  # 0.75 · 0 + 0.25 · 7
     with pytest.raises(ValidationError, match=r"set algorithm\.kl\.reference_reset_every too"):
         AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reference_reset_mix": 0.5}})
+
+
+def test_entropy_advantage_bonus_hand_example():
+    advantages = torch.tensor([[1.0, -0.5, 0.0, 2.0], [0.25, 0.25, -4.0, 0.0]])
+    entropy = torch.tensor([[0.5, 3.0, 1.0, 10.0], [0.25, 0.5, 0.0, 7.0]], requires_grad=True)
+    # α·H = [0.2, 1.2, 0.4, 4.0], [0.1, 0.2, 0, 2.8]; |A|/κ = [0.5, 0.25, 0, 1], [.125, .125, 2, 0]
+    bonus = entropy_advantage_bonus(advantages, entropy, alpha=0.4, kappa=2.0)
+    assert bonus.flatten().tolist() == pytest.approx([0.2, 0.25, 0, 1.0, 0.1, 0.125, 0, 0])
+    shaped = advantages + bonus
+    assert shaped.flatten().tolist() == pytest.approx([1.2, -0.25, 0, 3.0, 0.35, 0.375, -4.0, 0])
+    assert not bonus.requires_grad  # detached: the gradient's form stays the policy loss's
+    # the sign of every advantage is kept, a zero one stays zero
+    assert torch.equal(torch.sign(shaped), torch.sign(advantages))
+    assert not entropy_advantage_bonus(advantages, entropy, alpha=0.0).any()
+    # a larger κ clips harder: at κ = 4 the 2.0 advantage gets 0.5, not 1.0
+    assert float(entropy_advantage_bonus(advantages, entropy, 0.4, 4.0)[0, 3]) == 0.5
+
+
+def test_entropy_advantage_bonus_bad_values():
+    a, h = torch.zeros(2, 3), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="alpha"):
+        entropy_advantage_bonus(a, h, alpha=-0.1)
+    for kappa in (1.0, 0.5):
+        with pytest.raises(ValueError, match="kappa"):
+            entropy_advantage_bonus(a, h, alpha=0.4, kappa=kappa)
+    with pytest.raises(ValueError, match="one shape"):
+        entropy_advantage_bonus(a, torch.ones(2, 4), alpha=0.4)

@@ -177,6 +177,30 @@ def test_top_entropy_training_keeps_only_the_top_tokens_advantages(tmp_path):
     assert nonzero > 0  # dynamic sampling kept informative groups: some tokens were trained
 
 
+def test_the_entropy_advantage_logs_its_share_of_the_advantages(tmp_path):
+    """Cheng et al.'s figure 7 as a metric: Σ ψ(H_t) / Σ |A_t| over the trained tokens, above 0
+    (the term is on) and at most 1/κ (its clip); absent when the term is off."""
+    common = [
+        *TINY_RUN,
+        "train.steps=2",
+        "reward.functions=[{name: 'test_rl_recipes:odd_length'}]",  # the samples disagree
+    ]
+    on = [
+        "algorithm.entropy.advantage_alpha=0.4",
+        "algorithm.entropy.advantage_kappa=4",
+        f"train.output_dir={tmp_path}/on",
+    ]
+    metrics = read_jsonl(
+        train(resolve_config(preset="grpo", overrides=[*common, *on]), show_progress=False)
+        / "metrics.jsonl"
+    )
+    ratios = [m["entropy_advantage_ratio"] for m in metrics]
+    assert len(ratios) == 2 and all(0.0 < r <= 0.25 + 1e-6 for r in ratios), ratios
+    off = resolve_config(preset="grpo", overrides=[*common, f"train.output_dir={tmp_path}/off"])
+    metrics = read_jsonl(train(off, show_progress=False) / "metrics.jsonl")
+    assert all("entropy_advantage_ratio" not in m for m in metrics)
+
+
 def test_critic_can_start_from_a_separate_model(tmp_path):
     other = resolve_config(overrides=["model.tiny.hidden_size=48", "model.tiny.num_layers=1"])
     model, tokenizer = load_model_and_tokenizer(other.model, seed=3)

@@ -25,6 +25,7 @@ CASES = {
     "gmpo": {"aggregation": "seq_mean_token_mean", "loss": "gmpo", "clip": {"low": 0.05}},
     "clip_cov": {"loss": "clip_cov", "covariance": {"fraction": 0.3, "low": -9.0, "high": 9.0}},
     "kl_cov": {"loss": "kl_cov", "covariance": {"fraction": 0.3, "kl_coef": 0.5}},
+    "entropy_advantage": {"entropy": {"advantage_alpha": 0.4}},
 }
 
 
@@ -154,3 +155,33 @@ def test_the_update_without_logits_gives_the_gradient_through_logits(monkeypatch
     for key in ("loss", "entropy_sum", "kl_sum"):
         assert stats[key] == pytest.approx(ref_stats[key], abs=1e-5)
     assert torch.allclose(grads, ref_grads, atol=1e-6) and grads.abs().max() > 1e-3
+
+
+def test_the_entropy_advantage_trains_on_the_advantages_it_shapes():
+    """With `algorithm.entropy.advantage_alpha`, the update's loss and gradient are those of the
+    plain update on A + min(α·H, |A|/κ), H the policy's entropy at each token (Cheng et al.
+    2025); its statistics sum that term and |A| over the response tokens."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = two_group_batch()
+    batch.advantages = batch.advantages * 0.2  # small enough that α·H is the min on some tokens
+    _, entropy = update.batch_token_stats(model, batch, 1.0, 10_000, tok.pad_token_id, True)
+    mask = batch.response_mask
+    alpha, kappa = 0.01, 3.0  # α·H ≈ 0.047 at the random model's entropy (≈ 4.66)
+    bonus = torch.minimum(alpha * entropy, batch.advantages.abs() / kappa) * mask
+    assert (alpha * entropy * mask < batch.advantages.abs() / kappa).any()  # both sides bind
+    assert (alpha * entropy * mask > batch.advantages.abs() / kappa).any()
+    shaped_algo = AlgorithmConfig.model_validate(
+        {"entropy": {"advantage_alpha": alpha, "advantage_kappa": kappa}}
+    )
+    grads, stats = _grads_and_stats(model, batch, shaped_algo, tok)
+    plain = two_group_batch()
+    plain.advantages = batch.advantages + bonus
+    expected, expected_stats = _grads_and_stats(model, plain, AlgorithmConfig(), tok)
+    assert stats["loss"] == pytest.approx(expected_stats["loss"], abs=1e-6)
+    for a, b in zip(grads, expected):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert stats["entropy_bonus_sum"] == pytest.approx(float(bonus.sum()), rel=1e-5)
+    assert stats["abs_advantage_sum"] == pytest.approx(float(batch.advantages.abs().sum()))
+    unshaped, _ = _grads_and_stats(model, batch, AlgorithmConfig(), tok)
+    assert max(float((a - b).abs().max()) for a, b in zip(grads, unshaped)) > 1e-4

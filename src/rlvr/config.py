@@ -354,6 +354,12 @@ class EntropyConfig(Section):
     """Adaptive entropy control: the largest coefficient."""
     top_frac: float = Field(default=1.0, gt=0.0, le=1.0)
     """Train the policy loss only on this fraction of highest-entropy tokens (80/20 rule: 0.2)."""
+    advantage_alpha: float = Field(default=0.0, ge=0.0)
+    """α of the entropy-based advantage (Cheng et al. 2025): each token's advantage A_t plus
+    min(α·H_t, |A_t|/κ), H_t the policy's entropy at the update, detached; 0 = off (the
+    paper: 0.4 with GRPO, 0.1 with PPO)."""
+    advantage_kappa: float = Field(default=2.0, gt=1.0)
+    """κ of the entropy-based advantage: the term stays at most |A_t|/κ (the paper: 2)."""
 
 
 class OverlongConfig(Section):

@@ -36,6 +36,7 @@ from rlvr.algorithms.controllers import (
     AdaptiveEntropyCoef,
     AdaptiveKLCoef,
     ema_update_,
+    entropy_advantage_bonus,
     high_entropy_mask,
 )
 from rlvr.algorithms.covariance import clip_cov_loss, kl_cov_loss
@@ -135,6 +136,7 @@ __all__ = [
     "discopop_loss",
     "dpo_loss",
     "ema_update_",
+    "entropy_advantage_bonus",
     "exo_pair_loss",
     "f_divergence_scores",
     "gmpo_loss",

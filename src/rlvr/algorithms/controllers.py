@@ -1,5 +1,5 @@
 """Controllers and schedules around the loss: adaptive entropy / KL coefficients, an EMA
-reference model, and the high-entropy ("forking") token mask.
+reference model, the high-entropy ("forking") token mask and the entropy-based advantage term.
 
 The two coefficient controllers are tiny stateful classes with ``update`` and
 ``state_dict``/``load_state_dict``: their state is part of a checkpoint, so a resumed run
@@ -206,3 +206,37 @@ def high_entropy_mask(entropy: Tensor, response_mask: Tensor, top_frac: float) -
     threshold = torch.topk(values, k).values[-1]
     keep = is_response & (entropy.detach() >= threshold)
     return keep.to(response_mask.dtype)
+
+
+def entropy_advantage_bonus(
+    advantages: Tensor, entropy: Tensor, alpha: float, kappa: float = 2.0
+) -> Tensor:
+    """The entropy-based term each token's advantage gets (Cheng et al. 2025, "Reasoning with
+    Exploration: An Entropy Perspective", arXiv:2506.14758, eqs. 5–6)::
+
+        ψ(H_t) = min(α · H_t^detach, |A_t| / κ),    A_t^shaped = A_t + ψ(H_t),   α > 0, κ > 1
+
+    with H_t the policy's entropy at token t, detached: ψ moves the advantage only, not the
+    gradient's form (no ∇H term, unlike an entropy bonus in the loss). The clip at |A_t| / κ
+    keeps ψ below the advantage's own size, so a negative advantage stays negative and a
+    zero one stays zero. The paper fixes κ = 2 and takes α = 0.4 with GRPO, 0.1 with PPO.
+
+    Args:
+        advantages: ``[B, T]`` token advantages (0 outside the response).
+        entropy: ``[B, T]`` per-token entropy of the policy.
+        alpha: α ≥ 0 (0 gives a zero term).
+        kappa: κ > 1.
+
+    Returns:
+        ``[B, T]`` ψ, to add to ``advantages``; no gradient flows through it.
+    """
+    if alpha < 0.0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if kappa <= 1.0:
+        raise ValueError(f"kappa must be > 1, got {kappa}")
+    if entropy.shape != advantages.shape:
+        raise ValueError(
+            f"entropy {tuple(entropy.shape)} and advantages {tuple(advantages.shape)} must "
+            "have one shape"
+        )
+    return torch.minimum(alpha * entropy.detach(), advantages.detach().abs() / kappa)

@@ -68,6 +68,10 @@ def step_metrics(
         if cfg.algorithm.off_policy_mask is not None:
             masked = totals.get("off_policy_masked_tokens", 0.0)
             metrics["rollout/off_policy_masked_frac"] = masked / trained_tokens
+    if cfg.algorithm.entropy.advantage_alpha:  # Cheng et al.'s figure 7: Σ ψ(H_t) / Σ |A_t|
+        absolute = totals.get("abs_advantage_sum", 0.0)
+        bonus = totals.get("entropy_bonus_sum", 0.0)
+        metrics["entropy_advantage_ratio"] = bonus / absolute if absolute else 0.0
     if cfg.algorithm.group_filter.keep:  # GFPO: what the update trained on, against `sampled`
         metrics["response_length/trained"] = _mean(
             torch.tensor(trained.lengths, dtype=torch.float32)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rlvr.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from rlvr.algorithms.controllers import entropy_advantage_bonus
 from rlvr.algorithms.covariance import (
     COVARIANCE_LOSSES,
     clip_cov_tokens,
@@ -205,6 +206,8 @@ SUMMED = (
     "rollout_weight_sum",
     "rollout_capped_tokens",
     "off_policy_masked_tokens",
+    "entropy_bonus_sum",
+    "abs_advantage_sum",
 )
 """`minibatch_backward`'s statistics summed over the micro-batches on the model's device and
 read back once, after the last backward: a read per micro-batch would make the host wait for
@@ -292,10 +295,14 @@ def minibatch_backward(
             if batch.old_logprobs is None
             else rows_on(batch.old_logprobs, mb_rows, width, device)
         )
+        advantages = rows_on(batch.advantages, mb_rows, width, device)
+        bonus = entropy_advantage_bonus(
+            advantages, entropy, algo.entropy.advantage_alpha, algo.entropy.advantage_kappa
+        )
         out = policy_loss(
             logprobs,
             old,
-            rows_on(batch.advantages, mb_rows, width, device),
+            advantages + bonus,
             mask,
             clip_low=algo.clip.low,
             clip_high=algo.clip.high,
@@ -316,7 +323,6 @@ def minibatch_backward(
             token_loss = token_loss * mismatch.weights
         dropped = mask.new_zeros(())
         if algo.off_policy_mask is not None:
-            advantages = rows_on(batch.advantages, mb_rows, width, device)
             keep = off_policy_sequence_mask(
                 advantages, logprobs, rollout, mask, algo.off_policy_mask
             )
@@ -344,6 +350,8 @@ def minibatch_backward(
             mask,
             *mismatch.sums,
             dropped,
+            bonus * mask,
+            advantages.abs() * mask,
         )
         sums += torch.stack([x.sum().double() for x in summed])
     sharding.sum_gradients(model, ranks)
