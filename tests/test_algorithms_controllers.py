@@ -209,12 +209,14 @@ def test_reference_resets_mix_the_policy_in_every_n_steps():
     for step, policy_weight, reference_weight in [(1, 8.0, 4.0), (2, 8.0, 7.0), (3, 0.0, 7.0)]:
         with torch.no_grad():
             policy.weight.fill_(policy_weight)
-        reg.after_step(step, policy, kl=0.0, entropy=0.0)
+        assert reg.after_step(step, policy, kl=0.0, entropy=0.0) == (step == 2)  # a reset?
         assert reg.reference.weight.item() == reference_weight
-    reg.after_step(4, policy, kl=0.0, entropy=0.0)
+    assert reg.after_step(4, policy, kl=0.0, entropy=0.0)
     assert reg.reference.weight.item() == 1.75  # 0.75 · 0 + 0.25 · 7
     with pytest.raises(ValidationError, match=r"set algorithm\.kl\.reference_reset_every too"):
         AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reference_reset_mix": 0.5}})
+    with pytest.raises(ValidationError, match=r"reset_optimizer .*reference_reset_every too"):
+        AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reset_optimizer": True}})
 
 
 def test_entropy_advantage_bonus_hand_example():

@@ -1,10 +1,10 @@
-"""`build_optimizer`: which AdamW implementation runs where."""
+"""`build_optimizer`: which AdamW implementation runs where; `reset_optimizer_state`."""
 
 import pytest
 import torch
 
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training.optim import build_optimizer, optimizer_steps
+from rlvr.training.optim import build_optimizer, optimizer_steps, reset_optimizer_state
 
 
 def test_the_cpu_keeps_pytorchs_default_adamw():
@@ -47,3 +47,28 @@ def test_a_gpu_uses_the_fused_adamw_and_it_steps_like_the_default():
 def test_optimizer_steps_from_epochs(epochs, rows, batch_size, steps):
     """ceil(epochs × rows / batch_size), counted by hand; without epochs, the steps given."""
     assert optimizer_steps(300, epochs, rows, batch_size) == steps
+
+
+def test_a_reset_optimizer_steps_as_a_fresh_one():
+    """ProRL's hard reset: after three steps and a reset, the next step moves each weight as a
+    fresh AdamW's first step does (by lr · g / (|g| + eps) ≈ lr · sign(g)), not by the moments
+    of the three steps before."""
+    torch.manual_seed(0)
+    weights = torch.nn.Parameter(torch.randn(5))
+    optimizer = build_optimizer(torch.nn.ParameterList([weights]), 0.1)
+    for _ in range(3):
+        weights.grad = torch.randn(5)
+        optimizer.step()
+    assert optimizer.state[weights]["step"] == 3
+    reset_optimizer_state(optimizer)
+    assert not optimizer.state
+    fresh_weights = torch.nn.Parameter(weights.detach().clone())
+    fresh = build_optimizer(torch.nn.ParameterList([fresh_weights]), 0.1)
+    grad = torch.tensor([1.0, -2.0, 0.5, 3.0, -0.25])
+    before = weights.detach().clone()
+    weights.grad, fresh_weights.grad = grad.clone(), grad.clone()
+    optimizer.step()
+    fresh.step()
+    assert torch.equal(weights, fresh_weights)
+    assert torch.allclose(weights - before, -0.1 * torch.sign(grad), atol=1e-6)
+    assert optimizer.param_groups[0]["lr"] == 0.1  # the schedule's rate is kept

@@ -41,6 +41,7 @@ ALL_PRESETS = {
     "opo",
     "orz",
     "ppo",
+    "prorl",
     "reinforce_pp",
     "remax",
     "rloo",

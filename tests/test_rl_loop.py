@@ -15,7 +15,7 @@ from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
 from rlvr.run_layout import STATE_FILE, latest_checkpoint
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import rl
-from rlvr.training.checkpoint import CheckpointError
+from rlvr.training.checkpoint import CheckpointError, load_trainer_state
 from rlvr.training.rl import NonFiniteError, check_choices, train
 from tiny_run import TINY_RUN
 
@@ -94,12 +94,26 @@ CRITIC = (
 
 # the untrained tiny model earns no reward: an entropy bonus makes the adapters move
 LORA = ("model.lora.rank=4", "algorithm.entropy.coef=0.05", "algorithm.kl.coef=0.1")
+# ProRL's hard reset at step 2: the step-2 checkpoint holds no optimizer state to resume from
+HARD_RESET = (
+    "algorithm.kl.coef=0.1",
+    "algorithm.kl.reference_reset_every=2",
+    "algorithm.kl.reset_optimizer=true",
+    "algorithm.entropy.coef=0.05",
+)
 
 
 @pytest.mark.parametrize(
     "extra",
-    [(), ADAPTIVE, CRITIC, ("data.sampler=prioritized",), LORA],
-    ids=["fixed", "adaptive_controllers_and_ema", "gae_critic_with_warmup", "prioritized", "lora"],
+    [(), ADAPTIVE, CRITIC, ("data.sampler=prioritized",), LORA, HARD_RESET],
+    ids=[
+        "fixed",
+        "adaptive_controllers_and_ema",
+        "gae_critic_with_warmup",
+        "prioritized",
+        "lora",
+        "hard_reset",
+    ],
 )
 def test_resume_continues_the_same_trajectory(tmp_path, extra):
     straight = train(small_config(tmp_path / "a", "train.steps=4", *extra), show_progress=False)
@@ -112,6 +126,8 @@ def test_resume_continues_the_same_trajectory(tmp_path, extra):
         assert all(m["value_loss"] > 0 for m in a[1:])
     if extra == LORA:  # the adapters moved the policy away from its reference, the base
         assert a[-1]["kl"] > 1e-6
+    if extra == HARD_RESET:  # the resumed run started from the reset's empty optimizer state
+        assert load_trainer_state(resumed / "checkpoints" / "step-2")["optimizer"]["state"] == {}
     if extra == ADAPTIVE:  # the controllers really moved, so the comparison covers their state
         assert len({m["kl_coef"] for m in a}) > 1 and len({m["entropy_coef"] for m in a}) > 1
     assert [m["step"] for m in b] == [1, 2, 3, 4]
@@ -124,6 +140,21 @@ def test_resume_continues_the_same_trajectory(tmp_path, extra):
                 assert math.isnan(r_val), key
             else:
                 assert l_val == r_val, (left["step"], key, l_val, r_val)
+
+
+def test_a_hard_reset_clears_the_optimizer_state_at_each_reference_reset(tmp_path):
+    cfg = small_config(tmp_path, "train.steps=3", "train.save_every=1", *HARD_RESET)
+    run_dir = train(cfg, show_progress=False)
+    states = [
+        load_trainer_state(run_dir / "checkpoints" / f"step-{step}")["optimizer"]["state"]
+        for step in (1, 2, 3)
+    ]
+    assert states[0] and not states[1] and states[2]  # reset at step 2, fresh again at step 3
+    # two optimizer steps a step (train.mini_batches=2): 2 since the reset, 4 without it
+    assert all(moments["step"] == 2 for moments in states[2].values())
+    kept = small_config(tmp_path / "kept", "train.steps=2", *HARD_RESET[:2], *HARD_RESET[3:])
+    state = load_trainer_state(train(kept, show_progress=False) / "checkpoints" / "step-2")
+    assert all(moments["step"] == 4 for moments in state["optimizer"]["state"].values())
 
 
 EVAL = ("eval.every_steps=2", "eval.samples=6", "eval.k=2", "eval.max_new_tokens=24")

@@ -332,12 +332,21 @@ class KLConfig(Section):
     reference_reset_mix: float = Field(default=1.0, gt=0.0, le=1.0)
     """At each reset, the policy's share alpha of the new reference, θ_ref ← α·θ + (1 − α)·θ_ref
     (TR-DPO's soft update, TRL's ref_model_mixup_alpha); 1.0 = a copy of the policy."""
+    reset_optimizer: bool = False
+    """At each reference reset, also forget the optimizer's state (AdamW's moments and step
+    count), as a fresh optimizer would start: ProRL's hard reset. The learning-rate schedule
+    goes on."""
 
     @model_validator(mode="after")
     def _mix_needs_resets(self) -> KLConfig:
         if self.reference_reset_mix != 1.0 and not self.reference_reset_every:
             raise ValueError(
                 "algorithm.kl.reference_reset_mix mixes the policy into the reference at each "
+                "reset; set algorithm.kl.reference_reset_every too"
+            )
+        if self.reset_optimizer and not self.reference_reset_every:
+            raise ValueError(
+                "algorithm.kl.reset_optimizer clears the optimizer's state at each reference "
                 "reset; set algorithm.kl.reference_reset_every too"
             )
         return self

@@ -57,6 +57,15 @@ def build_optimizer(
     return torch.optim.AdamW(params, **settings)
 
 
+def reset_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Forget AdamW's moments and step count (each rank its own part, when sharded): the next
+    step is a fresh optimizer's first. ProRL's hard reset at a reference reset (Liu et al.
+    2025, "ProRL: Prolonged Reinforcement Learning Expands Reasoning Boundaries in Large
+    Language Models", arXiv:2505.24864, §2.3.1); the learning rate stays the schedule's."""
+    inner = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    inner.state.clear()
+
+
 def optimizer_state(
     optimizer: torch.optim.Optimizer, model: nn.Module | None = None
 ) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 Fixed coefficients are the default; `algorithm.kl.adaptive_target` (Ziegler et al. 2019) and
 `algorithm.entropy.target` (Skywork-OR1) make them follow the measured KL / entropy, and
 `algorithm.kl.reference_ema` / `reference_reset_every` move the reference (T1; with
-`reference_reset_mix`, TR-DPO's soft update). The fixed
+`reference_reset_mix`, TR-DPO's soft update; with `reset_optimizer`, ProRL's hard reset,
+which the loop applies to its optimizer). The fixed
 reference of a LoRA policy is the policy itself with its adapters off (TRL's choice), no
 copy; a moving one is a copy, adapters included. Everything
 here is saved in checkpoints, so a resumed run continues with the same coefficients and
@@ -52,8 +53,9 @@ class Regularization:
             )
         self.kl_coef, self.entropy_coef = kl.coef, entropy.coef
 
-    def after_step(self, step: int, policy: nn.Module, kl: float, entropy: float) -> None:
-        """Update the coefficients from this step's measurements and move the reference.
+    def after_step(self, step: int, policy: nn.Module, kl: float, entropy: float) -> bool:
+        """Update the coefficients from this step's measurements and move the reference;
+        whether the reference was reset (`algorithm.kl.reference_reset_every`) this step.
 
         `entropy` is NaN when no token was trained (the filters left nothing); the entropy
         coefficient then stays where it is."""
@@ -62,12 +64,14 @@ class Regularization:
         if self.entropy_control is not None and math.isfinite(entropy):
             self.entropy_coef = self.entropy_control.update(entropy)
         if self.reference is None:
-            return
+            return False
         if self.kl_settings.reference_ema is not None:
             ema_update_(self.reference, policy, self.kl_settings.reference_ema)
         every = self.kl_settings.reference_reset_every
         if every and step % every == 0:  # whole weights under FSDP
             ema_update_(self.reference, policy, 1.0 - self.kl_settings.reference_reset_mix)
+            return True
+        return False
 
     def state_dict(self) -> dict[str, Any]:
         """Coefficients, controller states and (when it moves) the reference weights."""

@@ -70,6 +70,7 @@ from rlvr.training.optim import (
     build_scheduler,
     load_optimizer_state,
     optimizer_state,
+    reset_optimizer_state,
 )
 from rlvr.training.regularization import Regularization
 from rlvr.training.rewarding import RewardScorer, named_rewards
@@ -455,7 +456,9 @@ def _train(
             metrics_log.write(metrics)
             loggers.log(metrics, step)
             with sharding.full_weights(model) if regularization.follows_policy else nullcontext():
-                regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
+                reset = regularization.after_step(step, model, metrics["kl"], metrics["entropy"])
+            if reset and algo.kl.reset_optimizer:
+                reset_optimizer_state(optimizer)
             for i in range(min(cfg.train.log_samples, len(full_batch))):
                 samples_log.write(
                     {
