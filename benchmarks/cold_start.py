@@ -1,17 +1,22 @@
-"""The demo's cold-start SFT model and a held-out pass@1 scorer, shared by the benchmarks that
-train from it (`lora_learning.py`, `data_parallel.py`, `distillation.py`, `gfpo.py`)."""
+"""The demo's cold-start SFT model, a held-out pass@1 scorer and an RL run from the model with
+the learning tests' settings, shared by the benchmarks that train from it (`lora_learning.py`,
+`data_parallel.py`, `distillation.py`, `gfpo.py`, `preset_learning.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+from rlvr.config import resolve_config
 from rlvr.data.tasks import load_task
-from rlvr.demo import RL_STEPS, demo_configs, evaluate_model_dir
+from rlvr.demo import DATA, RL, RL_STEPS, demo_configs, evaluate_model_dir
+from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 
 PROBLEMS, K = 200, 4
 """Held-out problems and samples per problem: `tests/test_learning_presets.py`'s evaluation."""
+PROMPTS = 32
+"""Prompts a step: the learning tests'."""
 
 
 def cold_start_evaluation(root: Path) -> tuple[Path, Callable[[Path], dict]]:
@@ -36,3 +41,21 @@ def cold_start(root: Path) -> tuple[Path, Callable[[Path], float]]:
     problems)."""
     sft_dir, evaluation = cold_start_evaluation(root)
     return sft_dir, lambda model_dir: evaluation(model_dir)["pass@1"]
+
+
+def train_from(
+    sft_dir: Path, preset: str, output_dir: Path, steps: int, seed: int, *more: str
+) -> Path:
+    """The run directory of `steps` steps of `preset` from the model in `sft_dir` with the
+    demo's data and RL settings at `PROMPTS` prompts a step, then the overrides `more`."""
+    overrides = [
+        *(f"data.{k}={v}" for k, v in DATA.items()),
+        *RL,
+        f"model.name_or_path={sft_dir}",
+        f"rollout.prompts_per_step={PROMPTS}",
+        f"train.steps={steps}",
+        f"train.seed={seed}",
+        f"train.output_dir={output_dir}",
+        *more,
+    ]
+    return train(resolve_config(preset=preset, overrides=overrides), show_progress=False)

@@ -21,15 +21,10 @@ import json
 import time
 from pathlib import Path
 
-from cold_start import cold_start
+from cold_start import cold_start, train_from
 
-from rlvr.config import resolve_config
-from rlvr.demo import DATA, RL
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.rl import train
-
-PROMPTS = 32
 
 
 def main() -> None:
@@ -47,17 +42,7 @@ def main() -> None:
         return round(cold_pass_at_1(model_dir), 4)
 
     def run(name: str, preset: str, steps: int, seed: int, *more: str) -> Path:
-        overrides = [
-            *(f"data.{k}={v}" for k, v in DATA.items()),
-            *RL,
-            f"model.name_or_path={sft_dir}",
-            f"rollout.prompts_per_step={PROMPTS}",
-            f"train.steps={steps}",
-            f"train.seed={seed}",
-            f"train.output_dir={args.out / name}",
-            *more,
-        ]
-        return train(resolve_config(preset=preset, overrides=overrides), show_progress=False)
+        return train_from(sft_dir, preset, args.out / name, steps, seed, *more)
 
     summary: dict = {"cold_start": pass_at_1(sft_dir)}
     teacher = latest_checkpoint(run("teacher", "grpo", args.teacher_steps, 0))

@@ -24,15 +24,11 @@ import json
 import time
 from pathlib import Path
 
-from cold_start import cold_start_evaluation
+from cold_start import cold_start_evaluation, train_from
 
-from rlvr.config import resolve_config
-from rlvr.demo import DATA, RL
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.rl import train
 
-PROMPTS = 32
 VARIANTS = {
     "grpo-8": ["rollout.samples_per_prompt=8", "algorithm.group_filter.keep=0"],
     "grpo-16": ["rollout.samples_per_prompt=16", "algorithm.group_filter.keep=0"],
@@ -63,17 +59,8 @@ def main() -> None:
     for seed in args.seeds:
         for name in args.variants:
             start = time.perf_counter()
-            overrides = [
-                *(f"data.{k}={v}" for k, v in DATA.items()),
-                *RL,
-                f"model.name_or_path={sft_dir}",
-                f"rollout.prompts_per_step={PROMPTS}",
-                f"train.steps={args.steps}",
-                f"train.seed={seed}",
-                f"train.output_dir={args.out / f'{name}-{seed}'}",
-                *VARIANTS[name],
-            ]
-            run_dir = train(resolve_config(preset="gfpo", overrides=overrides), show_progress=False)
+            output_dir = args.out / f"{name}-{seed}"
+            run_dir = train_from(sft_dir, "gfpo", output_dir, args.steps, seed, *VARIANTS[name])
             last = read_jsonl(run_dir / "metrics.jsonl")[-4:]
             result = scores(latest_checkpoint(run_dir))
             result["train_length_last4"] = round(

@@ -21,15 +21,10 @@ import json
 import time
 from pathlib import Path
 
-from cold_start import cold_start_evaluation
+from cold_start import cold_start_evaluation, train_from
 
-from rlvr.config import resolve_config
-from rlvr.demo import DATA, RL
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
-from rlvr.training.rl import train
-
-PROMPTS = 32
 
 
 def last4(metrics: list[dict], key: str) -> float | None:
@@ -64,18 +59,8 @@ def main() -> None:
     for seed in args.seeds:
         for name, extra in variants.items():
             start = time.perf_counter()
-            overrides = [
-                *(f"data.{k}={v}" for k, v in DATA.items()),
-                *RL,
-                f"model.name_or_path={sft_dir}",
-                f"rollout.prompts_per_step={PROMPTS}",
-                f"train.steps={args.steps}",
-                f"train.seed={seed}",
-                f"train.output_dir={args.out / f'{name}-{seed}'}",
-                *extra,
-            ]
-            cfg = resolve_config(preset=args.preset, overrides=overrides)
-            run_dir = train(cfg, show_progress=False)
+            output_dir = args.out / f"{name}-{seed}"
+            run_dir = train_from(sft_dir, args.preset, output_dir, args.steps, seed, *extra)
             metrics = read_jsonl(run_dir / "metrics.jsonl")
             result = scores(latest_checkpoint(run_dir))
             result["entropy_last4"] = last4(metrics, "entropy")
