@@ -36,6 +36,18 @@ def cold_start_evaluation(root: Path) -> tuple[Path, Callable[[Path], dict]]:
     return sft_dir, evaluation
 
 
+def cold_start_scores(root: Path, keys: tuple[str, ...]) -> tuple[Path, Callable[[Path], dict]]:
+    """(the SFT model of `cold_start_evaluation`; a model folder's held-out `keys`, each
+    rounded to 4 places)."""
+    sft_dir, evaluation = cold_start_evaluation(root)
+
+    def scores(model_dir: Path) -> dict:
+        result = evaluation(model_dir)
+        return {key: round(result[key], 4) for key in keys}
+
+    return sft_dir, scores
+
+
 def cold_start(root: Path) -> tuple[Path, Callable[[Path], float]]:
     """(the SFT model of `cold_start_evaluation`; pass@1 of a model folder on the held-out
     problems)."""

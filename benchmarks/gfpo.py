@@ -24,7 +24,7 @@ import json
 import time
 from pathlib import Path
 
-from cold_start import cold_start_evaluation, train_from
+from cold_start import cold_start_scores, train_from
 
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
@@ -48,12 +48,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_gfpo"))
     args = parser.parse_args()
 
-    sft_dir, evaluation = cold_start_evaluation(args.out)
-
-    def scores(model_dir: Path) -> dict:
-        result = evaluation(model_dir)
-        return {key: round(result[key], 4) for key in ("pass@1", "response_length/mean")}
-
+    sft_dir, scores = cold_start_scores(args.out, ("pass@1", "response_length/mean"))
     summary: dict = {"cold_start": scores(sft_dir)}
     print(f"cold start {summary['cold_start']}", flush=True)
     for seed in args.seeds:

@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from cold_start import cold_start_evaluation, train_from
+from cold_start import cold_start_scores, train_from
 
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
@@ -48,12 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = {name: overrides for name, *overrides in args.variant or [[args.preset]]}
 
-    sft_dir, evaluation = cold_start_evaluation(args.out)
-
-    def scores(model_dir: Path) -> dict:
-        result = evaluation(model_dir)
-        return {key: round(result[key], 4) for key in ("pass@1", "pass@4")}
-
+    sft_dir, scores = cold_start_scores(args.out, ("pass@1", "pass@4"))
     summary: dict = {"cold_start": scores(sft_dir)}
     print(f"cold start {summary['cold_start']}", flush=True)
     for seed in args.seeds:
