@@ -296,13 +296,17 @@ def minibatch_backward(
             else rows_on(batch.old_logprobs, mb_rows, width, device)
         )
         advantages = rows_on(batch.advantages, mb_rows, width, device)
-        bonus = entropy_advantage_bonus(
-            advantages, entropy, algo.entropy.advantage_alpha, algo.entropy.advantage_kappa
-        )
+        shaped, bonus, absolute = advantages, mask.new_zeros(()), mask.new_zeros(())
+        if algo.entropy.advantage_alpha:  # off: no work beside the forward
+            bonus = entropy_advantage_bonus(
+                advantages, entropy, algo.entropy.advantage_alpha, algo.entropy.advantage_kappa
+            )
+            shaped, absolute = advantages + bonus, advantages.abs() * mask
+            bonus = bonus * mask
         out = policy_loss(
             logprobs,
             old,
-            advantages + bonus,
+            shaped,
             mask,
             clip_low=algo.clip.low,
             clip_high=algo.clip.high,
@@ -350,8 +354,8 @@ def minibatch_backward(
             mask,
             *mismatch.sums,
             dropped,
-            bonus * mask,
-            advantages.abs() * mask,
+            bonus,
+            absolute,
         )
         sums += torch.stack([x.sum().double() for x in summed])
     sharding.sum_gradients(model, ranks)
