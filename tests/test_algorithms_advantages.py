@@ -234,8 +234,10 @@ def test_reinforce_pp_hand_values():
 
 
 def test_reinforce_pp_zero_variance_batch_is_exactly_zero():
-    # mean of [0.1]*5 is inexact in floating point; the result must still be exactly 0
-    for rewards in (torch.full((5,), 0.1, dtype=torch.float64), torch.ones(3), torch.tensor([2.0])):
+    # float64: mean([0.1]*3) = 0.10000000000000002, so r - mean = -1.39e-17 and dividing by
+    # (std + 1e-6) would leave -1.4e-11; the all-equal rule must still give exactly 0 (the mean
+    # of [0.1]*5 happens to be exact, so it would not test the rule)
+    for rewards in (torch.full((3,), 0.1, dtype=torch.float64), torch.ones(3), torch.tensor([2.0])):
         groups = torch.arange(rewards.numel())
         adv = reinforce_pp_advantages(rewards, groups)
         assert torch.equal(adv, torch.zeros_like(rewards))
@@ -276,6 +278,17 @@ def test_reinforce_pp_baseline_by_hand():
     # LitePPO's batch std uses the raw rewards (std of [1,0,1,1,0,0,1,1] = 0.5175) instead
     lite = ADVANTAGES.get("grpo")(rewards, groups, std_normalization="batch")
     assert not torch.allclose(adv, lite, atol=1e-3)
+
+
+def test_reinforce_pp_baseline_inexact_constant_group_is_exactly_zero():
+    # group 0 = [0.1]*3 (mean inexact: residue -1.39e-17), group 1 = [1, 0] (centred ±0.5);
+    # centred, the constant group zeroed: [0, 0, 0, 0.5, -0.5]; batch mean 0,
+    # unbiased std = sqrt((0.25 + 0.25) / 4) = sqrt(0.125) = 0.35355339
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0], dtype=torch.float64)
+    adv = ADVANTAGES.get("reinforce_pp_baseline")(rewards, torch.tensor([0, 0, 0, 1, 1]))
+    assert torch.equal(adv[:3], torch.zeros(3, dtype=torch.float64))
+    a = 0.5 / (math.sqrt(0.125) + EPS)  # 1.4142095
+    _close(adv[3:], [a, -a])
 
 
 def test_reinforce_pp_baseline_all_constant_groups_give_zero():
@@ -336,6 +349,19 @@ def test_opo_weights_the_baseline_by_length():
     with pytest.raises(ValueError, match=r"opo needs lengths of shape \(8,\), got None"):
         opo_advantages(REWARDS, GROUPS)
     assert ADVANTAGES.get("opo") is opo_advantages
+
+
+def test_opo_inexact_constant_group_is_exactly_zero():
+    # group 0 = [0.1]*3, lengths [1, 1, 1]: b = 0.3/3 = 0.10000000000000002, r - b = -1.39e-17
+    # ("group": / (0 + 1e-6) would leave -1.4e-11): exactly 0 in every mode;
+    # group 1 = [1, 0], lengths [1, 3]: b = 1/4, so [0.75, -0.25]
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    lengths = torch.tensor([1, 1, 1, 1, 3])
+    for mode in ("none", "group", "batch"):
+        adv = opo_advantages(rewards, groups, lengths=lengths, std_normalization=mode)
+        assert torch.equal(adv[:3], torch.zeros(3, dtype=torch.float64)), mode
+    _close(opo_advantages(rewards, groups, lengths=lengths)[3:], [0.75, -0.25])
 
 
 def test_opo_baseline_is_the_variance_minimising_one_for_length_proportional_norms():
@@ -544,3 +570,16 @@ def test_best_of_group_follows_the_gradient_of_the_expected_max():
     (want,) = torch.autograd.grad(expected_max, theta, retain_graph=True)
     (got,) = torch.autograd.grad(estimate, theta)
     torch.testing.assert_close(got, want)
+
+
+def test_pass_at_k_std_normalization_divides_as_for_grpo():
+    # k = 2, "none" (test_pass_at_k_hand_values_and_k1_is_rloo):
+    #   [1, -1/3, -1/3, -1/3, 1/3, 1/3, -1/3, -1/3]
+    # "group": / GROUP_STD (0.5 and 0.5773503) → [2, -2/3, -2/3, -2/3, ±0.5773503 …]
+    # "batch": / BATCH_STD of the raw rewards (0.5175492)
+    raw = [1, -1 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -1 / 3, -1 / 3]
+    group = pass_at_k_advantages(REWARDS, GROUPS, k=2, std_normalization="group")
+    _close(group, [a / (s + EPS) for a, s in zip(raw, GROUP_STD, strict=True)])
+    _close(group[[0, 1, 4]], [2.0, -2 / 3, 0.5773503], atol=1e-5)
+    batch = pass_at_k_advantages(REWARDS, GROUPS, k=2, std_normalization="batch")
+    _close(batch, [a / (BATCH_STD + EPS) for a in raw])

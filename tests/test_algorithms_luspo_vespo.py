@@ -95,3 +95,12 @@ def test_vespo_loss_is_reinforce_times_a_detached_weight():
     token_mean(on, MASK, num_tokens=5, num_seqs=2, max_len=3).backward()
     token_mean(ref, MASK, num_tokens=5, num_seqs=2, max_len=3).backward()
     torch.testing.assert_close(current.grad, plain.grad, atol=1e-12, rtol=0)
+
+
+def test_vespo_zero_advantage_takes_the_positive_shape():
+    # A = 0 counts as A ≥ 0, (k, λ) = (2, 3): φ = exp(3 + 2·0.5 − 3e^0.5) = 0.3055;
+    # the negative shape (3, 2) would give exp(2 + 1.5 − 2e^0.5) = 1.2331
+    phi = vespo_weights(
+        torch.tensor([[0.5]], dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1)
+    )
+    _close(phi, [[math.exp(3 + 2 * 0.5 - 3 * math.exp(0.5))]], atol=1e-6)  # fp32 weights

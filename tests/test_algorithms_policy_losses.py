@@ -98,7 +98,9 @@ def test_dual_clip_caps_negative_advantage_losses():
 
 
 def test_masked_tokens_are_zero_even_with_garbage_inputs():
-    logprobs, old = _inputs()
+    ratios = RATIOS.clone()
+    ratios[1, 3] = 0.0  # a padded position whose current log-prob is -inf (REINFORCE's -A·logπ
+    logprobs, old = _inputs(ratios)  # would be -0·-inf = nan there without its masking)
     old = old.clone()
     old[1, 3] = -math.inf  # a padded position whose old log-prob is garbage
     adv = ADV.clone()
@@ -111,6 +113,23 @@ def test_masked_tokens_are_zero_even_with_garbage_inputs():
         assert out.token_loss[1, 3] == 0 and not out.clipped[1, 3]
         out.token_loss.sum().backward()
         assert torch.isfinite(logprobs.grad).all() and logprobs.grad[1, 3] == 0, name
+
+
+def test_gmpo_asymmetric_clip_uses_low_for_negative_and_high_for_positive():
+    """clip_low = 0.2 (floor −0.2 where A < 0), clip_high = 0.5 (cap +0.5 where A > 0).
+    Seq 0, A = +1, log-ratios [0.6, 0.2]: 0.6 capped at 0.5 → r_0 = e^((0.5+0.2)/2) = e^0.35.
+    Seq 1, A = −1, log-ratios [−0.3, −0.1]: −0.3 floored at −0.2 → r_1 = e^(−0.3/2) = e^−0.15.
+    (The bounds swapped give e^0.2 and e^−0.2, or leave −0.3 unclipped.)"""
+    log_ratio = torch.tensor([[0.6, 0.2], [-0.3, -0.1]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    out = gmpo_loss(
+        log_ratio.clone(), torch.zeros_like(log_ratio), adv, torch.ones(2, 2), clip_low=0.2,
+        clip_high=0.5,
+    )  # fmt: skip
+    assert out.clipped.tolist() == [[True, False], [True, False]]
+    r0, r1 = math.exp(0.35), math.exp(-0.15)
+    _close(out.ratio, [[r0, r0], [r1, r1]], atol=1e-12)
+    _close(out.token_loss, [[-r0, -r0], [r1, r1]], atol=1e-12)  # -A·r_i
 
 
 def test_extreme_log_ratio_is_clamped_not_overflowed():
