@@ -160,11 +160,14 @@ def test_high_entropy_mask_ties_rounding_and_empty():
     entropy = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
     out = high_entropy_mask(entropy, torch.ones(1, 4), top_frac=0.25)
     assert out.tolist() == [[1.0, 1.0, 0.0, 1.0]]
-    # 0.2 · 10 is 2.0000000000000004 in floats: exactly 2 tokens kept, not 3
-    entropy = torch.arange(10.0).reshape(2, 5)
-    assert high_entropy_mask(entropy, torch.ones(2, 5), 0.2).sum().item() == 2
+    # 0.28 · 25 is 7.000000000000001 in floats: exactly 7 tokens kept, the 7 largest, not 8
+    # (0.2 · 10 is exactly 2.0, which would not test the rounding)
+    assert 0.28 * 25 > 7
+    entropy = torch.arange(25.0).reshape(5, 5)
+    out = high_entropy_mask(entropy, torch.ones(5, 5), 0.28)
+    assert out.flatten().tolist() == [0.0] * 18 + [1.0] * 7
     # no response tokens at all
-    assert high_entropy_mask(entropy, torch.zeros(2, 5), 0.5).sum().item() == 0
+    assert high_entropy_mask(entropy, torch.zeros(5, 5), 0.5).sum().item() == 0
 
 
 def test_high_entropy_mask_bad_values():

@@ -114,3 +114,13 @@ def test_overlong_mask_bad_inputs():
         overlong_mask(torch.ones(3, 2), torch.tensor([F, F]))
     with pytest.raises(ValueError, match="bool"):
         overlong_mask(torch.ones(2, 2), torch.tensor([0, 1]))
+
+
+def test_dynamic_sampling_orders_groups_by_first_not_last_sample():
+    # group 5 at positions {0, 3}, group 3 at {1, 2}, both informative ({1, 0} and {0, 1}):
+    # by first appearance 5 (position 0) comes before 3 (position 1), so with room for one
+    # group, 5 is kept (by last appearance 3, at position 2, would come before 5, at 3)
+    ds = DynamicSampling(target_groups=1, max_rounds=1)
+    keep = ds.add(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([5, 3, 3, 5]))
+    assert keep.tolist() == [T, F, F, T]
+    assert ds.accepted == 1

@@ -144,3 +144,14 @@ def test_kimi_omd_loss_ignores_padding_and_rejects_negative_tau():
     assert torch.allclose(out.token_loss, torch.tensor([[1.5, 0.0]]))
     with pytest.raises(ValueError, match="tau"):
         POLICY_LOSSES.get("kimi_omd")(logprobs, logprobs, logprobs, torch.ones(1, 2), tau=-1.0)
+
+
+def test_clipped_value_loss_does_not_flag_tokens_inside_the_clip_range():
+    # token 0: V = V_old = 1 (a critic's first step): clipped V = V, both losses 0.5·1² = 0.5
+    # token 1: V − V_old = 0.125 < c = 0.25: clipped V = V, both losses 0.5·0.625² = 0.1953125:
+    # a tie, not a clip
+    values = torch.tensor([[1.0, 0.625]])
+    old = torch.tensor([[1.0, 0.5]])
+    loss, clipped = clipped_value_loss(values, old, torch.zeros(1, 2), torch.ones(1, 2), clip=0.25)
+    assert torch.equal(loss, torch.tensor([[0.5, 0.1953125]]))
+    assert clipped.tolist() == [[False, False]]

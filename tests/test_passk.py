@@ -121,3 +121,10 @@ def test_mean_majority_at_k():
         mean_majority_at_k([["1"]], [], 1)
     with pytest.raises(ValueError, match="no problems"):
         mean_majority_at_k([], [], 1)
+
+
+def test_majority_at_k_scores_the_first_sample_carrying_the_vote():
+    # "A" wins 2–1 and its first sample (index 0) is correct: 1.0 (its last, index 1, is not)
+    assert majority_at_k(["A", "A", "B"], [True, False, False], 3) == 1.0
+    # "A" wins 2–1 and its first sample (index 0) is wrong: 0.0 (its last, index 2, is right)
+    assert majority_at_k(["A", "B", "A"], [False, True, True], 3) == 0.0

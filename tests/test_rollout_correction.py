@@ -202,3 +202,40 @@ def test_off_policy_masking_in_a_run_drops_the_negative_samples_only(tmp_path):
     shares = [record["rollout/off_policy_masked_frac"] for record in records]
     assert max(shares) > 0.0 and all(share < 1.0 for share in shares), shares
     assert "rollout/off_policy_masked_frac" not in run(tmp_path / "off")[0]
+
+
+def test_mask_mode_keeps_ratios_on_the_bounds():
+    # MIS keeps a ratio inside the closed interval [min_ratio, max_ratio]
+    ratio = torch.tensor([[0.5, 1.0, 2.0]])
+    w = rollout_is_weights(ratio, torch.ones(1, 3), mode="token_mask", min_ratio=0.5, max_ratio=2.0)
+    torch.testing.assert_close(w, torch.tensor([[0.5, 1.0, 2.0]]))
+
+
+def test_ratio_ignores_values_outside_the_mask():
+    old = torch.tensor([[-1.0, -2.0, 7.0]])
+    rollout = torch.tensor([[-1.5, -1.0, -3.0]])  # the padded position carries garbage
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # token: e^0.5, e^-1, and 1 outside the mask (not e^10)
+    expected = torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0]])
+    torch.testing.assert_close(rollout_is_ratio(old, rollout, mask), expected)
+    # sequence: e^(0.5 − 1.0) = e^-0.5, not e^9.5
+    sequence = rollout_is_ratio(old, rollout, mask, sequence=True)
+    torch.testing.assert_close(sequence, torch.tensor([[math.exp(-0.5)]]))
+
+
+def test_off_policy_mask_threshold_is_strict():
+    # gap = −1.0 − (−1.5) = 0.5 on both tokens, mean 0.5 = δ: not "> δ", so kept
+    logprobs, sampling = torch.full((1, 2), -1.5), torch.full((1, 2), -1.0)
+    kept = off_policy_sequence_mask(
+        torch.full((1, 2), -1.0), logprobs, sampling, torch.ones(1, 2), 0.5
+    )
+    assert kept.tolist() == [[1.0]]
+
+
+def test_off_policy_mask_ignores_advantages_outside_the_mask():
+    # mean gap (0.5 + 0.5) / 2 = 0.5 > δ = 0.1 (far), but the response's advantage is +0.5;
+    # the −3.0 on the padding must not make the sample a negative one
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    logprobs, sampling = torch.full((1, 3), -1.0), torch.tensor([[-0.5, -0.5, -1.0]])
+    adv = torch.tensor([[0.5, 0.5, -3.0]])
+    assert off_policy_sequence_mask(adv, logprobs, sampling, mask, 0.1).tolist() == [[1.0]]
