@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlvr.models import fused
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import logprobs as logprobs_module
 from rlvr.training.batching import collate_shared_prefix, completion_token_stats
@@ -188,3 +189,19 @@ def test_the_head_gradient_sums_bf16_products_in_fp32_on_a_gpu():
     assert summed.dtype == torch.float32 and error < rounding / 4
     in_place = logprobs_module.fp32_output_in_place(device, torch.bfloat16)
     assert (summed.data_ptr() == into.data_ptr()) == in_place
+
+
+def test_non_fused_completion_stats_are_zero_at_padding():
+    """The transformers forward (a model the fused forward does not take) zeroes the log-probs
+    and entropies at padding, as the fused one does."""
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    setattr(model, fused.ENABLE_ATTR, False)
+    assert not fused.supports(model)
+    sb = collate_shared_prefix([[3, 40, 41]] * 2, [[50, 51, 1], [52]], [0, 1], tok.pad_token_id)
+    with torch.no_grad():
+        lp, entropy = completion_token_stats(model, sb, 0.8)
+    assert sb.response_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert lp[1, 1:].eq(0).all() and entropy[1, 1:].eq(0).all()
+    assert lp[0].ne(0).all() and entropy[0].ne(0).all()

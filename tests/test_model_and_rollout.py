@@ -162,6 +162,25 @@ def test_left_pad():
     assert mask.tolist() == [[1, 1], [0, 1]]
 
 
+def test_sampling_draws_from_the_temperature_scaled_distribution():
+    # logits [0, ln 3] at T = 0.5: z = [0, 2 ln 3], p = [1/10, 9/10], cdf = [0.1, 1.0];
+    # u = 0.2 draws token 1 (at T = 1, p = [1/4, 3/4], 0.2 < 0.25 would draw token 0);
+    # u = 0.05 < 0.1 draws token 0; the log-probs reported are those under T
+    logits = torch.tensor([[0.0, math.log(3.0)], [0.0, math.log(3.0)]])
+    params = SamplingParams(n=1, temperature=0.5, max_new_tokens=1)
+    tokens, logprobs = sample_tokens(logits, params, torch.tensor([0.2, 0.05]))
+    assert tokens.tolist() == [1, 0]
+    expected = torch.tensor([math.log(0.9), math.log(0.1)])
+    assert torch.allclose(logprobs, expected, atol=1e-6)
+
+
+def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
+    # two tokens of 0.5 each, top_p = 0.5: the first already reaches 0.5, so the nucleus is one
+    # token (transformers' TopPLogitsWarper, removing cumulative <= 1 - top_p on the ascending
+    # sort, also keeps one)
+    assert torch.isinf(filter_logits(torch.zeros(1, 2), 0, 0.5)).sum().item() == 1
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     assert torch.isinf(filter_logits(logits, 2, 1.0)).tolist() == [[False, False, True, True]]

@@ -283,6 +283,31 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named(tmp_path):
         train(other_shape, resume=True, show_progress=False)
 
 
+def test_a_skipped_non_finite_step_leaves_the_lr_and_a_clean_step_resets_the_count(tmp_path):
+    """Steps 1 and 3 have NaN rewards, step 2 is clean: with max_nonfinite_steps=2 the run
+    finishes (the clean step resets the count of consecutive bad steps), and a skipped update
+    does not step the LR schedule either: step 2's LR is a clean run's step 1's."""
+    calls = []
+
+    def poison(batch):
+        calls.append(1)
+        if len(calls) in (1, 3):
+            batch.rewards = torch.full_like(batch.rewards, float("nan"))
+        return batch
+
+    cosine = ("train.steps=3", "train.schedule=cosine")
+    cfg = small_config(tmp_path / "nan", *cosine, "train.max_nonfinite_steps=2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train(cfg, filters=(poison,), show_progress=False)
+    rows = read_jsonl(tmp_path / "nan" / "metrics.jsonl")
+    assert len(calls) == 3 and len(rows) == 3
+    clean = read_jsonl(
+        train(small_config(tmp_path / "clean", *cosine), show_progress=False) / "metrics.jsonl"
+    )
+    assert rows[1]["lr"] == clean[0]["lr"] != rows[0]["lr"]
+
+
 def test_non_finite_rewards_skip_steps_then_stop(tmp_path):
     def poison(batch):
         batch.rewards = torch.full_like(batch.rewards, float("nan"))

@@ -185,3 +185,29 @@ def test_the_entropy_advantage_trains_on_the_advantages_it_shapes():
     assert stats["abs_advantage_sum"] == pytest.approx(float(batch.advantages.abs().sum()))
     unshaped, _ = _grads_and_stats(model, batch, AlgorithmConfig(), tok)
     assert max(float((a - b).abs().max()) for a, b in zip(grads, unshaped)) > 1e-4
+
+
+def test_skipping_zero_advantage_samples_keeps_the_sequence_normaliser():
+    """With a per-sequence aggregation the loss divides by the mini-batch's sequence count,
+    skipped samples included: skipping gives the same loss and gradient."""
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = two_group_batch()
+    batch.advantages[3:] = 0.0
+    batch.old_logprobs = batch_logprobs(model, batch, 1.0, 10_000, tok.pad_token_id) + 0.1
+    for aggregation in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        algo = AlgorithmConfig.model_validate({"aggregation": aggregation})
+        results = []
+        for skip in (False, True):
+            model.zero_grad(set_to_none=True)
+            settings = LossSettings(
+                algo, 1.0, 12, 10_000, tok.pad_token_id, skip_zero_advantage=skip
+            )
+            stats = minibatch_backward(model, batch, list(range(len(batch))), settings)
+            assert stats["skipped_samples"] == (3 if skip else 0)
+            results.append((stats["loss"], [p.grad.clone() for p in model.parameters()]))
+        (full_loss, full), (skip_loss, skipped) = results
+        assert skip_loss == pytest.approx(full_loss, abs=1e-7) and full_loss != 0
+        for a, b in zip(full, skipped, strict=True):
+            assert torch.allclose(a, b, atol=1e-7)
