@@ -81,3 +81,15 @@ def test_extraction_is_fast_on_hostile_text() -> None:
     assert extract_answer("\\boxed{" * 3000 + "8" + "}" * 3000) == "8"
     assert extract_answer("\\boxed 1 " * 3000) == "1"
     assert extract_answer("9" * 10000) == "9" * 10000
+
+
+@pytest.mark.parametrize(
+    ("solution", "expected"),
+    [
+        ("\\boxed{\\boxed{3} + \\boxed{4}}", "\\boxed{3} + \\boxed{4}"),  # two boxes: kept whole
+        ("\\boxed{ \\boxed{3} }", "3"),  # a box of one box is unwrapped
+    ],
+)
+def test_a_box_of_two_boxes_is_not_unwrapped(solution: str, expected: str) -> None:
+    assert last_boxed_content(solution) == expected
+    assert extract_answer(solution) == expected

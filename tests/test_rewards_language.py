@@ -68,3 +68,12 @@ def test_language_reward_reads_the_optional_column() -> None:
     assert by_row == [0.0, pytest.approx(1 / 3)]  # None falls back to English
     output = compose_rewards([("language", 0.5)])(["p", "q"], completions, {"language": ["zh"] * 2})
     assert output.total == [0.0, pytest.approx(0.5 * 2 / 3)]
+
+
+def test_text_is_nfc_normalised_before_counting() -> None:
+    decomposed = "\u304b\u3099 cat"  # "が" written as か + a combining dakuten
+    assert language_consistency_score(decomposed, "en") == 0.5  # が is one word, not two
+
+
+def test_the_chain_of_thought_starts_at_the_last_think_before_its_end() -> None:
+    assert chain_of_thought("<think>a<think>b</think>c") == "b"

@@ -433,3 +433,47 @@ def test_countdown_reward_through_the_composer() -> None:
     assert out.per_reward["countdown"] == [1.0, 0.0, 0.0]
     assert out.total == pytest.approx([1.1, 0.1, 0.1])
     assert out.errors == 0
+
+
+def test_a_countdown_expression_over_256_characters_is_refused() -> None:
+    ok = "+".join(["1"] * 128)  # 255 characters
+    too_long = "+".join(["1"] * 129)  # 257 characters
+    assert evaluate_countdown(ok, [1] * 200) == 128
+    assert evaluate_countdown(too_long, [1] * 200) is None
+    assert countdown_score(too_long, [1] * 200, 129) == 0.0
+
+
+def test_an_infinite_score_is_zero_and_an_error(scratch_registry: None) -> None:
+    @register_reward("test_inf")
+    def inf(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [float("inf"), -float("inf"), 0.5]
+
+    out = compose_rewards([("test_inf", 2.0)], max_workers=1)(["p"] * 3, ["a", "b", "c"], {})
+    assert out.total == [0.0, 0.0, 1.0]
+    assert (out.timeouts, out.errors) == (0, 2)
+    assert out.error_examples == [
+        "test_inf: ValueError: non-finite score inf",
+        "test_inf: ValueError: non-finite score -inf",
+    ]
+
+
+def test_a_reward_calling_sys_exit_is_an_error(scratch_registry: None) -> None:
+    import sys
+
+    @register_reward("test_exit")
+    def leaves(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        sys.exit(3)
+
+    composer = compose_rewards([("test_exit", 1.0), ("format", 1.0)], max_workers=1)
+    out = composer(["p"], ["<think>a</think><answer>1</answer>"], {})
+    assert out.per_reward["test_exit"] == [0.0] and out.total == [1.0]
+    assert out.errors == 1 and out.error_examples == ["test_exit: SystemExit: 3"]
+
+
+def test_error_examples_are_capped_at_five_over_all_calls(scratch_registry: None) -> None:
+    @register_reward("test_all_nan")
+    def all_nan(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [float("nan")] * len(completions)
+
+    out = compose_rewards([("test_all_nan", 1.0)], max_workers=3)(["p"] * 12, ["x"] * 12, {})
+    assert out.timeouts == 12 and len(out.error_examples) == 5

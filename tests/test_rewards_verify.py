@@ -263,3 +263,32 @@ def test_verifier_processes_never_run_the_main_script(tmp_path: Path) -> None:
     assert tripled == 21
     assert workers >= 2  # the pool did start several workers
     assert log.read_text().split() == [str(pid)]  # the script's own process only
+
+
+@pytest.mark.parametrize("text", ["2 log", "3 sin", "4 mod", "5 sqrt", "2 times", "7 infinity"])
+def test_a_math_word_is_no_unit(text: str) -> None:
+    # "5 pi" cannot test this: a word of 2 letters is never read as a unit in the first place
+    assert parse_number(text) is None
+
+
+@pytest.mark.parametrize(
+    ("predicted", "gold", "expected"),
+    [
+        ("33.3333\\%", "\\frac{1}{3}", True),  # 0.333333: 4 places + 2 for the percent
+        ("66.6667%", "2/3", True),
+        ("33.33%", "1/3", False),  # 0.3333: 4 places only
+    ],
+)
+def test_a_percentage_has_two_more_decimal_places(predicted: str, gold: str, expected: bool):
+    assert answers_match(predicted, gold) is expected
+
+
+def test_a_long_predicted_answer_is_never_sent_to_math_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[str] = []
+    monkeypatch.setattr(verify_module, "_verify_in_worker", lambda p, g, t: sent.append(p) or True)
+    short, long = "x+" * 10 + "y", "x+" * 500 + "y"  # 21 and 1001 characters
+    assert answers_match(short, "y") is True and sent == [short]
+    assert answers_match(long, "y") is False
+    assert sent == [short]
