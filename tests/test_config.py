@@ -13,6 +13,7 @@ from rlvr.config import (
     preset_names,
     resolve_config,
 )
+from rlvr.config_files import parse_override
 from rlvr.config_offline import DPOConfig, SFTConfig
 
 
@@ -249,3 +250,16 @@ def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():
         for name, ours in table.items():
             assert ours and set(ours) <= valid, name
             assert f"| `{name}` | {', '.join(f'`{k}`' for k in ours)} |" in docs, name
+
+
+def test_an_override_keeps_later_equals_signs_and_an_empty_value_is_an_empty_string():
+    assert parse_override("data.path=a=b.jsonl") == (["data", "path"], "a=b.jsonl")
+    assert parse_override("data.prompt_column=") == (["data", "prompt_column"], "")
+    assert parse_override("train.steps = 5") == (["train", "steps"], 5)
+
+
+def test_the_named_preset_wins_over_the_files_preset(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: dr_grpo\ntrain:\n  steps: 3\n")
+    assert resolve_config(path).algorithm.aggregation == "seq_mean_token_sum"
+    assert resolve_config(path, "grpo").algorithm.aggregation == "seq_mean_token_mean"

@@ -167,3 +167,32 @@ def test_curation_samples_with_the_tools_rl_will_call(tmp_path, monkeypatch):
         tmp_path, monkeypatch, "even_length", "curate.tools=[calculator]", "curate.min_pass_rate=0"
     )
     assert seen == [ToolUse(("calculator",), 4, 5.0)]
+
+
+def test_max_problems_takes_exactly_that_many(tmp_path, monkeypatch):
+    problems = [Problem(f"What is {a}+1?", str(a + 1)) for a in range(2, 9)]
+    monkeypatch.setattr(curation, "load_task", lambda data: Task("toy", problems, [], "math"))
+    overrides = [
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.num_heads=2",
+        "model.tiny.intermediate_size=64",
+        f"curate.output={tmp_path / 'o.jsonl'}",
+        "curate.max_new_tokens=2",
+        "curate.max_problems=3",
+        "curate.min_pass_rate=0",
+    ]
+    cfg = resolve_config(None, None, overrides, model=CurateConfig)
+    assert run_curate(cfg).problems == 3
+
+
+def test_chat_problems_are_duplicates_only_when_all_messages_match():
+    def chat(system):
+        messages = (
+            {"role": "system", "content": system},
+            {"role": "user", "content": "What is 2+3?"},
+        )
+        return Problem("What is 2+3?", "5", messages=messages)
+
+    assert len(drop_duplicates([chat("Be brief."), chat("Think step by step.")])) == 2
+    assert len(drop_duplicates([chat("Be brief."), chat("be  BRIEF.")])) == 1

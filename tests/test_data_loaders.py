@@ -21,6 +21,7 @@ from rlvr.data.loaders import (
     load_math,
     math_problem,
 )
+from rlvr.data.problem import Problem
 from rlvr.data.tasks import eval_settings, load_task, trained_on
 
 ROWS = [
@@ -445,3 +446,25 @@ def test_a_list_of_files_reads_them_one_after_another(tmp_path):
         data_config(base, ["data.path=[]"])
     with pytest.raises(DatasetError, match="an empty list of dataset files"):
         load_file([])
+
+
+def test_a_bad_row_of_a_save_to_disk_folder_is_named_from_one(tmp_path):
+    import datasets
+
+    rows = [{"q": "What is 2+3?", "gold": "5"}, {"q": "What is 6*7?", "gold": None}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DatasetError, match=r"saved, row 2: "):
+        load_file(tmp_path / "saved", prompt_column="q", answer_column="gold")
+
+
+def test_blank_lines_count_for_the_line_but_not_the_row(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"q": "What is 2+3?", "gold": "5"}\n\n{"q": "What is 1+1?"}\n')
+    with pytest.raises(DatasetError, match=r"row 2 \(line 3\): missing column 'gold'"):
+        load_file(path, prompt_column="q", answer_column="gold")
+
+
+def test_a_hub_test_split_is_cut_to_test_size(monkeypatch):
+    problems = [Problem(f"q{i}", "1") for i in range(10)]
+    monkeypatch.setattr(loaders, "load_gsm8k", lambda split, path: problems)
+    assert len(load_task(DataConfig(task="gsm8k", test_size=3)).test) == 3

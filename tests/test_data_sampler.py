@@ -175,3 +175,9 @@ def test_the_loop_stops_drawing_problems_it_always_solves(tmp_path, monkeypatch)
     steps, _ = drawn_questions(tmp_path, monkeypatch, "epoch")
     appearances = Counter(q for qs in steps.values() for q in qs)
     assert max(appearances[q] for q in appearances if first_digit_even([q], [""])[0]) >= 2
+
+
+def test_min_priority_one_is_accepted_and_makes_draws_uniform():
+    sampler = PrioritizedSampler(3, seed=0, min_priority=1.0)
+    sampler.observe([0, 1, 2], [1.0, 1.0, 0.5])
+    assert sampler.priorities().tolist() == [1.0, 1.0, 1.0]

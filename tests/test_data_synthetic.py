@@ -1,6 +1,8 @@
 """Synthetic tasks, templates and the resumable prompt sampler."""
 
 import random
+import re
+import zlib
 from fractions import Fraction
 
 import pytest
@@ -90,3 +92,45 @@ def test_sampler_covers_each_epoch_and_resumes_exactly():
     resumed = EpochSampler(10, seed=3)
     resumed.load_state_dict(state)
     assert resumed.next(13) == expected
+
+
+def test_each_epoch_draws_a_fresh_permutation():
+    sampler = EpochSampler(10, seed=3)
+    epochs = [sampler.next(10) for _ in range(4)]
+    assert all(sorted(e) == list(range(10)) for e in epochs)
+    assert len({tuple(e) for e in epochs}) == 4
+
+
+def test_countdown_intermediate_results_are_positive():
+    rng = random.Random(0)
+    for _ in range(3000):
+        p = countdown_problem(rng)
+        steps = re.search(r"<think>(.*)</think>", p.solution, re.S).group(1).split("\n")
+        assert all(int(s.split("=")[1]) > 0 for s in steps), p.solution
+
+
+def test_shortcut_frac_zero_keeps_every_worked_solution():
+    # a question whose crc32 is 0 mod 1000 is the one that a shortcut_frac of 0.001 shortcuts;
+    # at 0 it keeps its worked solution
+    for seed in range(100_000):
+        p = arithmetic_problem(random.Random(seed))
+        if zlib.crc32(p.question.encode()) % 1000 == 0:
+            break
+    assert "<think></think>" not in p.solution
+    shortcut = arithmetic_problem(random.Random(seed), shortcut_frac=0.001)
+    assert "<think></think>" in shortcut.solution
+
+
+def test_operands_cover_the_whole_digit_range():
+    rng = random.Random(0)
+    terms = set()
+    for _ in range(500):
+        question = arithmetic_problem(rng, max_digits=1).question
+        terms |= {int(t) for t in re.findall(r"\d+", question)}
+    assert terms == set(range(10))
+
+
+def test_load_task_passes_the_seed_on():
+    one = load_task(DataConfig(task="countdown", seed=1, train_size=5, test_size=2))
+    zero = load_task(DataConfig(task="countdown", seed=0, train_size=5, test_size=2))
+    assert [p.question for p in one.train] != [p.question for p in zero.train]
