@@ -185,3 +185,52 @@ def _evaluated_with_attempts(run, tmp_path):
     assert line["attempts"] == 2 and 1.0 <= line["attempts/mean"] <= 2.0
     result = runner.invoke(app, [*base, "--attempts", "2", "--template", "r1"])
     assert result.exit_code == 2 and "--attempts 2 tells a wrong attempt so" in result.stderr
+
+
+WRONG = "<answer>3</answer><|im_end|>"
+
+
+def _wrong(rows, texts):
+    return [False] * len(texts)
+
+
+def test_no_retry_when_the_retry_turn_leaves_no_room_for_a_token():
+    turn = retry_turn(TOK, "Wrong.")
+    engine = Scripted([WRONG])
+    out = Attempts(engine, TOK, 3, _wrong, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=len(ids(WRONG)) + len(turn[1]))
+    )
+    assert out.attempts == [1] and len(engine.asked) == 1
+
+
+def test_an_attempt_that_exactly_fills_the_room_ends_by_its_own_stop():
+    turn = retry_turn(TOK, "Wrong.")
+    budget = 2 * len(ids(WRONG)) + len(turn[1])
+    engine = Scripted([WRONG], [WRONG])
+    out = Attempts(engine, TOK, 2, _wrong, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=budget)
+    )
+    assert len(out.completion_ids[0]) == budget and out.finish_reason == ["stop"]
+
+
+def test_the_judge_reads_only_the_latest_attempt():
+    turn, seen = retry_turn(TOK, "Wrong."), []
+
+    def judge(rows, texts):
+        seen.extend(texts)
+        return [False] * len(texts)
+
+    engine = Scripted([WRONG], ["<answer>4</answer><|im_end|>"], [WRONG])
+    params = SamplingParams(n=1, max_new_tokens=200)
+    Attempts(engine, TOK, 3, judge, turn).generate([ids("Q")], params)
+    assert seen == ["<answer>3</answer>", "<answer>4</answer>"]
+
+
+def test_only_an_end_of_turn_stop_is_an_attempt():
+    """A completion that stopped on another stop sequence ("?" here) is not judged or retried."""
+    turn = retry_turn(TOK, "Wrong.")
+    engine = Scripted(["<answer>3</answer>?"])
+    out = Attempts(engine, TOK, 2, _wrong, turn).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=100)
+    )
+    assert out.finish_reason == ["stop"] and out.attempts == [1] and len(engine.asked) == 1

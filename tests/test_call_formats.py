@@ -268,3 +268,8 @@ def test_hermes_with_qwens_own_templates(template, chat_kwargs, opening):
         "\n<|im_start|>user\n<tool_response>\nA\n</tool_response>\n<tool_response>\nB\n"
         "</tool_response><|im_end|>\n" + opening
     )
+
+
+def test_tags_read_the_input_after_the_last_opening_tag():
+    turn = "<calculator>oops <calculator>2+3</calculator>"
+    assert Tags().parse(turn, ["calculator"]) == [Call("calculator", "2+3")]

@@ -578,3 +578,49 @@ def test_repetition_penalty_from_the_config_reaches_the_draws(tiny):
         batch = rollout_batch(engine, tok, task, [0], cfg)
         expected = [tok.convert_tokens_to_ids(t) for t in ("7", second)]
         assert batch.completion_ids == [expected] * 4
+
+
+def _expected(draws, row, eos, seven, min_new=0):
+    """The tokens `eos_or_seven_model` gives a row from its uniform draws: the lower id takes
+    the lower half of [0, 1); "7" while EOS is banned; up to and with the first EOS."""
+    first, second = sorted([eos, seven])
+    tokens = []
+    for step, u in enumerate(draws[:, row].tolist()):
+        tokens.append(seven if step < min_new else (first if u < 0.5 else second))
+        if tokens[-1] == eos:
+            break
+    return tokens
+
+
+def test_eos_on_the_last_allowed_token_is_a_stop(tiny):
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = HFRolloutEngine(
+        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
+    )
+    out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=3))
+    generator = torch.Generator().manual_seed(4)
+    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(3)])
+    at_last = 0
+    for row, completion in enumerate(out.completion_ids):
+        assert completion == _expected(draws, row, eos, seven)
+        assert out.finish_reason[row] == ("stop" if completion[-1] == eos else "length")
+        at_last += len(completion) == 3 and completion[-1] == eos
+    assert at_last >= 1  # some row sampled EOS as its 3rd, last allowed, token
+
+
+def test_min_new_tokens_first_allows_eos_at_token_min_plus_one(tiny):
+    """min_new_tokens=5 bans EOS at steps 0..4 (those draws give "7"); from step 5 on each
+    row's uniform picks EOS or "7", so rows end at exactly the lengths the draws give."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = HFRolloutEngine(
+        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
+    )
+    params = SamplingParams(n=8, max_new_tokens=12, min_new_tokens=5)
+    out = engine.generate(_prompts(tok), params)
+    generator = torch.Generator().manual_seed(1)
+    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(12)])
+    for row, completion in enumerate(out.completion_ids):
+        assert completion == _expected(draws, row, eos, seven, min_new=5)
+    assert min(len(c) for c in out.completion_ids) == 6

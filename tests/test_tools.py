@@ -430,3 +430,32 @@ def test_sft_on_hermes_solutions_prompts_with_the_schemas_and_eval_calls_its_too
     assert result.exit_code == 0, result.output
     line = json.loads(out.read_text())
     assert (line["tools"], line["tool_format"]) == ("calculator", "hermes")
+
+
+def test_rollout_batch_marks_only_length_finishes_truncated():
+    cfg = resolve_config(overrides=["data.train_size=4", "rollout.samples_per_prompt=2"])
+    engine = Scripted(["<answer>5</answer>?", "<answer>5"])  # "?" ends: stop; else length
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    batch = rollout_batch(engine, TOK, load_task(cfg.data), [0], cfg)
+    assert batch.truncated.tolist() == [False, True]
+
+
+def test_a_turn_that_exactly_fills_the_budget():
+    # a turn ending in a call with no room left: the call does not run, the finish stays "stop"
+    call = "<calculator>1+1</calculator>"
+    engine = Scripted([call])
+    out = ToolCaller(engine, TOK, ["calculator"]).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=len(ids(call)))
+    )
+    assert out.completion_ids[0] == ids(call)
+    assert out.tool_calls == [0] and out.finish_reason == ["stop"] and len(engine.asked) == 1
+
+
+def test_a_result_that_exactly_fills_the_budget_ends_by_length_without_a_new_turn():
+    call, result = "<calculator>1+1</calculator>", "<result>2</result>"
+    engine = Scripted([call])  # a second generate would fail: no turn is scripted
+    out = ToolCaller(engine, TOK, ["calculator"]).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=len(ids(call + result)))
+    )
+    assert out.completion_ids[0] == ids(call + result)
+    assert out.finish_reason == ["length"] and len(engine.asked) == 1

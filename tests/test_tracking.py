@@ -226,3 +226,21 @@ def test_ema_smooth():
     assert math.isnan(smoothed[2])
     with pytest.raises(ValueError):
         ema_smooth([1.0], 1.0)
+
+
+def test_report_default_panels_and_null_values_kept_as_gaps():
+    panels = ("reward/mean", "accuracy", "response_length/mean", "entropy", "kl", "clip_frac")
+    assert panels == DEFAULT_METRICS
+    # a nulled value (NaN is written as null) stays on the x axis as a NaN: a gap in the curve
+    steps, values = metric_series([{"step": 1, "kl": 0.5}, {"step": 2, "kl": None}], "kl")
+    assert steps == [1.0, 2.0] and values[0] == 0.5 and math.isnan(values[1])
+
+
+def test_a_non_numeric_eval_value_is_an_error_naming_eval_jsonl(tmp_path):
+    run = tmp_path / "run"
+    with JsonlWriter(run / "metrics.jsonl") as log:
+        log.write({"step": 1, "accuracy": 0.5})
+    with JsonlWriter(run / "eval.jsonl") as log:
+        log.write({"step": 1, "pass@1": "high"})
+    with pytest.raises(ValueError, match=r"eval\.jsonl: metric 'eval/pass@1' at step 1"):
+        plot_runs([run], tmp_path / "r.png")

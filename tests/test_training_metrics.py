@@ -1,8 +1,11 @@
 """Per-step metrics computed by hand."""
 
+import pytest
 import torch
 
-from rlvr.training.metrics import zero_std_fraction
+from rlvr.config import resolve_config
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.metrics import step_metrics, zero_std_fraction
 
 
 def test_zero_std_fraction_counts_groups_not_samples():
@@ -11,3 +14,40 @@ def test_zero_std_fraction_counts_groups_not_samples():
     groups = torch.tensor([7, 2, 7, 7, 5, 2])
     assert zero_std_fraction(rewards, groups) == 2 / 3
     assert zero_std_fraction(torch.tensor([]), torch.tensor([], dtype=torch.long)) == 0.0
+
+
+def test_zero_std_fraction_is_per_group_with_unequal_group_sizes():
+    # group 0: [1, 0, 0] mixed; group 1: [0] constant: 1 of 2 groups = 0.5 (per sample, 1 of 4)
+    rewards, groups = torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1])
+    assert zero_std_fraction(rewards, groups) == 0.5
+
+
+def test_step_metrics_by_hand():
+    cfg = resolve_config(overrides=["train.epochs=2", "train.mini_batches=2"])
+    n = 4
+    batch = RolloutBatch(
+        problems=[None] * n,
+        prompt_ids=[[1]] * n,
+        completion_ids=[[5] * 2, [5] * 4, [5] * 6, [5] * 8],  # lengths 2, 4, 6, 8
+        prompt_texts=[""] * n,
+        completion_texts=[""] * n,
+        group_ids=torch.tensor([0, 0, 0, 1]),
+        truncated=torch.tensor([False, False, False, True]),
+        response_mask=torch.ones(n, 8),
+        rollout_logprobs=torch.zeros(n, 8),
+        rewards=torch.tensor([0.5, 0.2, 0.2, 0.0]),
+        correct=torch.tensor([True, False, False, False]),
+    )
+    totals = {"tokens": 12.0, "clip_tokens": 3.0, "entropy_sum": 6.0, "loss": 2.0}
+    m = step_metrics(batch, batch, totals, [1.0, 3.0], cfg)
+    assert m["reward/mean"] == pytest.approx(0.225)  # (0.5 + 0.2 + 0.2 + 0) / 4
+    assert m["accuracy"] == 0.25  # 1 correct of 4 (3 rewards are > 0: not the same thing)
+    assert m["response_length/mean"] == 5.0  # (2 + 4 + 6 + 8) / 4
+    assert m["response_length/correct"] == 2.0  # sample 0 only
+    assert m["response_length/incorrect"] == 6.0  # (4 + 6 + 8) / 3
+    assert m["truncated_frac"] == 0.25  # sample 3 only
+    assert m["zero_std_frac"] == 0.5  # group 1 ([0.0]) of groups {0, 1}
+    assert m["clip_frac"] == 0.25  # 3 clipped / 12 tokens (the totals already span both epochs)
+    assert m["entropy"] == 0.5  # 6 / 12
+    assert m["grad_norm"] == 2.0  # (1 + 3) / 2
+    assert m["loss"] == 0.5  # 2 / (2 epochs · 2 mini-batches)
