@@ -788,3 +788,11 @@ def test_dpo_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     monkeypatch.undo()
     run_dpo(file_config(tmp_path / "c", "dpo", *settings), show_progress=False, resume=True)
     same_as_straight(tmp_path / "c" / "run")
+
+
+def test_pair_micro_batches_count_both_responses_against_the_budget():
+    """The longest side is 2 + 3 = 5 tokens for each pair; a pair is 2 rows, so a budget of 20
+    holds 2 pairs (2 · 2 · 5 = 20), not 3."""
+    pairs = PairTokens([[1, 2]] * 3, [[3, 4, 5], [6], [7, 8, 9]], [[3], [6, 7, 8], [9, 9]])
+    assert pairs.longest == [5, 5, 5]
+    assert pairs.micro_batches([0, 1, 2], 20) == [[0, 1], [2]]

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
-from rlvr.training.optim import build_optimizer, optimizer_steps, reset_optimizer_state
+from rlvr.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    optimizer_steps,
+    reset_optimizer_state,
+)
 
 
 def test_the_cpu_keeps_pytorchs_default_adamw():
@@ -72,3 +77,39 @@ def test_a_reset_optimizer_steps_as_a_fresh_one():
     assert torch.equal(weights, fresh_weights)
     assert torch.allclose(weights - before, -0.1 * torch.sign(grad), atol=1e-6)
     assert optimizer.param_groups[0]["lr"] == 0.1  # the schedule's rate is kept
+
+
+def test_warmup_then_cosine_to_the_floor_by_hand():
+    """warmup 2, 6 steps, floor 0.1: (s+1)/2 for s < 2, then 0.1 + 0.9·½(1 + cos(πp)) with
+    p = (s-2)/4: s=3 → 0.1 + 0.45(1 + 0.7071068) = 0.8681981, s=4 → 0.55, s=5 → 0.2318019,
+    s ≥ 6 → 0.1; the constant schedule only warms up."""
+    weights = torch.nn.Parameter(torch.zeros(2))
+    optimizer = build_optimizer(torch.nn.ParameterList([weights]), 2.0)
+    scheduler = build_scheduler(optimizer, warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    lrs = []
+    for _ in range(8):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    want = [0.5, 1.0, 1.0, 0.8681981, 0.55, 0.2318019, 0.1, 0.1]
+    assert lrs == pytest.approx([2.0 * m for m in want], rel=1e-6)
+    optimizer = build_optimizer(torch.nn.ParameterList([weights]), 2.0)
+    constant = build_scheduler(optimizer, warmup_steps=2, total_steps=6, schedule="constant")
+    got = []
+    for _ in range(4):
+        got.append(constant.get_last_lr()[0])
+        optimizer.step()
+        constant.step()
+    assert got == pytest.approx([1.0, 2.0, 2.0, 2.0])
+
+
+def test_build_optimizer_applies_the_weight_decay_and_betas():
+    """g = 0, lr 0.1, decay 0.5: w ← 1 − 0.1·0.5·1 = 0.95 (AdamW's decoupled decay)."""
+    w = torch.nn.Parameter(torch.ones(3))
+    optimizer = build_optimizer(
+        torch.nn.ParameterList([w]), 0.1, weight_decay=0.5, betas=(0.8, 0.95)
+    )
+    assert optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+    w.grad = torch.zeros(3)
+    optimizer.step()
+    torch.testing.assert_close(w.detach(), torch.full((3,), 0.95))

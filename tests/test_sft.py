@@ -20,7 +20,7 @@ from rlvr.models.loading import load_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import sft as sft_module
-from rlvr.training.sft import run_sft, summed_nll
+from rlvr.training.sft import run_sft, sft_backward, summed_nll
 from rlvr.training.stopping import RunStopped, StopOnSignal
 
 PROMPTS = [[20, 21, 22], [23, 24], [20, 21, 22], [25]]
@@ -177,3 +177,76 @@ def test_sft_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     same_run(straight, tmp_path / "c")
     with pytest.raises(FileNotFoundError, match="no complete checkpoint under"):
         run_sft(sft_config(tmp_path / "d"), show_progress=False, resume=True)
+
+
+SFT_LENGTHS = [len(p) + len(t) for p, t in zip(PROMPTS, TARGETS, strict=True)]  # [7, 3, 5, 4]
+
+
+def _sft_model():
+    tok = build_tiny_tokenizer()
+    return tok, build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+
+
+@pytest.mark.parametrize("budget", [4096, 4])  # one micro-batch; 4 tokens: one row each
+def test_sft_backward_is_the_mean_nll_over_the_steps_target_tokens(budget):
+    """Σ NLL / (4 + 1 + 2 + 3 = 10 target tokens), whatever the split into micro-batches."""
+    tok, model = _sft_model()
+    params = list(model.parameters())
+    by_hand = summed_nll(model, PROMPTS, TARGETS, ROWS, tok.pad_token_id) / 10
+    want = torch.autograd.grad(by_hand, params)
+    model.zero_grad()
+    loss = sft_backward(model, PROMPTS, TARGETS, SFT_LENGTHS, ROWS, budget, tok.pad_token_id)
+    assert loss == pytest.approx(by_hand.item(), rel=1e-5)
+    for p, w in zip(params, want, strict=True):
+        torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-4)
+
+
+def test_sft_backward_with_marks_normalises_by_the_trained_tokens_only():
+    """Marked tokens: 3 + 1 + 1 + 2 = 7, not the 10 target tokens."""
+    tok, model = _sft_model()
+    trained = [[True, False, True, True], [True], [False, True], [True, False, True]]
+    with torch.no_grad():
+        by_hand = summed_nll(model, PROMPTS, TARGETS, ROWS, tok.pad_token_id, trained) / 7
+    loss = sft_backward(
+        model, PROMPTS, TARGETS, SFT_LENGTHS, ROWS, 4096, tok.pad_token_id, trained=trained
+    )
+    assert loss == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_sft_targets_are_the_solution_tokens_then_eos(tmp_path, monkeypatch):
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {"train_size": 6, "test_size": 2, "max_digits": 1},
+            "sft": {"steps": 1, "batch_size": 2, "warmup_steps": 0, "output_dir": str(tmp_path)},
+        }
+    )
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(args[2])
+        return sft_backward(*args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "sft_backward", recording)
+    run_sft(cfg, show_progress=False)
+    tok = build_tiny_tokenizer()
+    solutions = [p.solution for p in load_task(cfg.data).train if p.solution]
+    want = [tok(s, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for s in solutions]
+    assert seen and seen[0] == want
+
+
+def test_example_order_draws_seeded_permutations_back_to_back():
+    """Batches of 4 from 10: p1[:4], p1[4:8], then (2 left < 4) p1[8:] + p2[:2]."""
+    import random
+
+    from rlvr.training.supervised import ExampleOrder
+
+    rng = random.Random(7)
+    p1, p2 = list(range(10)), list(range(10))
+    rng.shuffle(p1)
+    rng.shuffle(p2)
+    assert p1 != list(range(10))
+    order = ExampleOrder(random.Random(7))
+    rows = [order.next_rows(4, 10) for _ in range(3)]
+    assert rows == [p1[:4], p1[4:8], p1[8:] + p2[:2]]
+    assert order.order == p2[2:]

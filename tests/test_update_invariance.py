@@ -211,3 +211,43 @@ def test_skipping_zero_advantage_samples_keeps_the_sequence_normaliser():
         assert skip_loss == pytest.approx(full_loss, abs=1e-7) and full_loss != 0
         for a, b in zip(full, skipped, strict=True):
             assert torch.allclose(a, b, atol=1e-7)
+
+
+def test_critic_starts_at_zero_predicts_on_response_tokens_only_and_averages_over_its_rows():
+    """Fresh values are 0; predict is 0 off the mask; an update on rows [1, 3, 5] is
+    ½Σ(V − R)² over their 9 + 6 + 8 = 23 response tokens / 23 (not the batch's 31)."""
+    tok = build_tiny_tokenizer()
+    policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = two_group_batch()
+    torch.manual_seed(0)
+    critic = Critic(CriticConfig(value_clip=0.1), policy, TrainConfig(), 0)
+    assert torch.equal(critic.predict(batch), torch.zeros_like(batch.response_mask))
+    torch.nn.init.normal_(critic.model.head.weight, std=0.1)
+    torch.nn.init.constant_(critic.model.head.bias, 0.3)
+    values = critic.predict(batch)
+    mask = batch.response_mask
+    off = values[mask == 0]
+    assert off.numel() > 0 and torch.equal(off, torch.zeros_like(off))
+    assert (values[mask != 0] != 0).all()
+    batch.values = values
+    batch.returns = batch.advantages + 0.5 * mask
+    rows = [1, 3, 5]
+    assert float(mask[rows].sum()) == 23
+    by_hand = float((0.5 * (values - batch.returns).square() * mask)[rows].sum() / 23)
+    critic.optimizer.step = lambda: None
+    stats = critic.update(batch, rows)
+    assert stats["value_loss"] == pytest.approx(by_hand, rel=1e-4)
+
+
+def test_critic_update_clips_the_gradient_norm():
+    tok = build_tiny_tokenizer()
+    policy = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    batch = two_group_batch()
+    torch.manual_seed(0)
+    critic = Critic(CriticConfig(), policy, TrainConfig(max_grad_norm=1e-3), 0)
+    batch.values = critic.predict(batch)
+    batch.returns = 5.0 * batch.response_mask
+    critic.optimizer.step = lambda: None
+    critic.update(batch, list(range(len(batch))))
+    grads = [p.grad.flatten() for p in critic.model.parameters() if p.grad is not None]
+    assert torch.cat(grads).norm() <= 1e-3 * (1 + 1e-4)
