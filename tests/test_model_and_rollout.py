@@ -277,6 +277,24 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
             assert len(completion) == 30 and tok.eos_token_id not in completion
 
 
+def _drawn_tokens(draws, row, eos, seven, min_new=0):
+    """The tokens `eos_or_seven_model` gives a row from its uniform draws: the lower id takes
+    the lower half of [0, 1); "7" while EOS is banned; up to and with the first EOS."""
+    first, second = sorted([eos, seven])
+    tokens = []
+    for step, u in enumerate(draws[:, row].tolist()):
+        tokens.append(seven if step < min_new else (first if u < 0.5 else second))
+        if tokens[-1] == eos:
+            break
+    return tokens
+
+
+def _draws(seed: int, steps: int) -> torch.Tensor:
+    """[steps, 24] the uniforms the engine draws for 24 rows, one call a step, from `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.rand(24, generator=generator) for _ in range(steps)])
+
+
 def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
     """Step s draws one uniform per row of the rollout from the generator, [rows] in one call,
     and row r samples with the r-th, whether or not the rows before it are still decoding; the
@@ -287,16 +305,9 @@ def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
         eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
     )
     out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=30))
-    generator = torch.Generator().manual_seed(4)
-    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(30)])
-    first, second = sorted([eos, seven])  # the lower id takes the lower half of [0, 1)
+    draws = _draws(4, 30)
     for row, completion in enumerate(out.completion_ids):
-        expected = []
-        for u in draws[:, row].tolist():
-            expected.append(first if u < 0.5 else second)
-            if expected[-1] == eos:
-                break
-        assert completion == expected
+        assert completion == _drawn_tokens(draws, row, eos, seven)
     assert len({len(c) for c in out.completion_ids}) > 4  # rows stopped at many steps
 
 
@@ -580,18 +591,6 @@ def test_repetition_penalty_from_the_config_reaches_the_draws(tiny):
         assert batch.completion_ids == [expected] * 4
 
 
-def _expected(draws, row, eos, seven, min_new=0):
-    """The tokens `eos_or_seven_model` gives a row from its uniform draws: the lower id takes
-    the lower half of [0, 1); "7" while EOS is banned; up to and with the first EOS."""
-    first, second = sorted([eos, seven])
-    tokens = []
-    for step, u in enumerate(draws[:, row].tolist()):
-        tokens.append(seven if step < min_new else (first if u < 0.5 else second))
-        if tokens[-1] == eos:
-            break
-    return tokens
-
-
 def test_eos_on_the_last_allowed_token_is_a_stop(tiny):
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
@@ -599,11 +598,10 @@ def test_eos_on_the_last_allowed_token_is_a_stop(tiny):
         eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
     )
     out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=3))
-    generator = torch.Generator().manual_seed(4)
-    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(3)])
+    draws = _draws(4, 3)
     at_last = 0
     for row, completion in enumerate(out.completion_ids):
-        assert completion == _expected(draws, row, eos, seven)
+        assert completion == _drawn_tokens(draws, row, eos, seven)
         assert out.finish_reason[row] == ("stop" if completion[-1] == eos else "length")
         at_last += len(completion) == 3 and completion[-1] == eos
     assert at_last >= 1  # some row sampled EOS as its 3rd, last allowed, token
@@ -619,8 +617,7 @@ def test_min_new_tokens_first_allows_eos_at_token_min_plus_one(tiny):
     )
     params = SamplingParams(n=8, max_new_tokens=12, min_new_tokens=5)
     out = engine.generate(_prompts(tok), params)
-    generator = torch.Generator().manual_seed(1)
-    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(12)])
+    draws = _draws(1, 12)
     for row, completion in enumerate(out.completion_ids):
-        assert completion == _expected(draws, row, eos, seven, min_new=5)
+        assert completion == _drawn_tokens(draws, row, eos, seven, min_new=5)
     assert min(len(c) for c in out.completion_ids) == 6
