@@ -295,15 +295,21 @@ def _draws(seed: int, steps: int) -> torch.Tensor:
     return torch.stack([torch.rand(24, generator=generator) for _ in range(steps)])
 
 
+def _eos_or_seven_engine(tok, seed: int) -> HFRolloutEngine:
+    """The engine over `eos_or_seven_model`, its draws from a generator seeded with `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    return HFRolloutEngine(
+        eos_or_seven_model(tok), [tok.eos_token_id], tok.pad_token_id, generator=generator
+    )
+
+
 def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
     """Step s draws one uniform per row of the rollout from the generator, [rows] in one call,
     and row r samples with the r-th, whether or not the rows before it are still decoding; the
     tokens follow from those draws (the inverse CDF over EOS and "7", each 1/2)."""
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
-    engine = HFRolloutEngine(
-        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
-    )
+    engine = _eos_or_seven_engine(tok, 4)
     out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=30))
     draws = _draws(4, 30)
     for row, completion in enumerate(out.completion_ids):
@@ -317,9 +323,7 @@ def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, monkeypatch):
     each 1/2), up to its first EOS or its first "77", kept at its end, on every decoder."""
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
-    engine = HFRolloutEngine(
-        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
-    )
+    engine = _eos_or_seven_engine(tok, 4)
     if decoder == "static_buffers":
         engine.graph_state = GraphState(capture=False)
     if decoder == "transformers":
@@ -594,9 +598,7 @@ def test_repetition_penalty_from_the_config_reaches_the_draws(tiny):
 def test_eos_on_the_last_allowed_token_is_a_stop(tiny):
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
-    engine = HFRolloutEngine(
-        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(4)
-    )
+    engine = _eos_or_seven_engine(tok, 4)
     out = engine.generate(_prompts(tok), SamplingParams(n=8, max_new_tokens=3))
     draws = _draws(4, 3)
     at_last = 0
@@ -612,9 +614,7 @@ def test_min_new_tokens_first_allows_eos_at_token_min_plus_one(tiny):
     row's uniform picks EOS or "7", so rows end at exactly the lengths the draws give."""
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
-    engine = HFRolloutEngine(
-        eos_or_seven_model(tok), [eos], tok.pad_token_id, generator=torch.Generator().manual_seed(1)
-    )
+    engine = _eos_or_seven_engine(tok, 1)
     params = SamplingParams(n=8, max_new_tokens=12, min_new_tokens=5)
     out = engine.generate(_prompts(tok), params)
     draws = _draws(1, 12)
