@@ -1,4 +1,7 @@
-"""`build_optimizer`: which AdamW implementation runs where; `reset_optimizer_state`."""
+"""`build_optimizer`: which AdamW implementation runs where, which parameters it decays;
+`reset_optimizer_state`; a one-group checkpoint loaded into the decay groups."""
+
+import copy
 
 import pytest
 import torch
@@ -7,6 +10,7 @@ from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.optim import (
     build_optimizer,
     build_scheduler,
+    load_optimizer_state,
     optimizer_steps,
     reset_optimizer_state,
 )
@@ -20,9 +24,10 @@ def test_the_cpu_keeps_pytorchs_default_adamw():
     model.lm_head.weight.requires_grad_(False)  # tied to the embedding: both frozen
     optimizer = build_optimizer(model, 1e-3)
     assert not optimizer.defaults["fused"]
-    trainable = [id(p) for p in model.parameters() if p.requires_grad]
-    assert [id(p) for p in optimizer.param_groups[0]["params"]] == trainable
-    assert id(model.lm_head.weight) not in trainable
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimised = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    assert sorted(optimised) == sorted(map(id, trainable)) and len(optimised) == len(trainable)
+    assert id(model.lm_head.weight) not in optimised
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -105,11 +110,84 @@ def test_warmup_then_cosine_to_the_floor_by_hand():
 
 def test_build_optimizer_applies_the_weight_decay_and_betas():
     """g = 0, lr 0.1, decay 0.5: w ← 1 − 0.1·0.5·1 = 0.95 (AdamW's decoupled decay)."""
-    w = torch.nn.Parameter(torch.ones(3))
+    w = torch.nn.Parameter(torch.ones(1, 3))
     optimizer = build_optimizer(
         torch.nn.ParameterList([w]), 0.1, weight_decay=0.5, betas=(0.8, 0.95)
     )
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.95)
-    w.grad = torch.zeros(3)
+    w.grad = torch.zeros(1, 3)
     optimizer.step()
-    torch.testing.assert_close(w.detach(), torch.full((3,), 0.95))
+    torch.testing.assert_close(w.detach(), torch.full((1, 3), 0.95))
+
+
+def norm_and_bias_model() -> torch.nn.Module:
+    """An embedding, a linear layer with a bias, a norm and a second linear layer: matrices
+    and vectors in the model's order, interleaved, all ones (seeded gradients move them
+    apart)."""
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(4, 3),
+        torch.nn.Linear(3, 3),
+        torch.nn.LayerNorm(3),
+        torch.nn.Linear(3, 2),
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0)
+    return model
+
+
+def test_weight_decay_shrinks_the_matrices_and_leaves_norms_and_biases():
+    """lr 0.1, decay 0.5, g = 0: every matrix (the embedding, both linear weights) goes from
+    1 to 1 − 0.1·0.5 = 0.95; the biases and the norm's gain and bias stay 1, as Hugging Face's
+    Trainer leaves them; a frozen matrix is in no group."""
+    model = norm_and_bias_model()
+    model[3].weight.requires_grad_(False)
+    optimizer = build_optimizer(model, 0.1, weight_decay=0.5)
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.5, 0.0]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    after = {name: float(p.unique()) for name, p in model.named_parameters()}
+    assert after == pytest.approx(
+        {
+            "0.weight": 0.95,
+            "1.weight": 0.95,
+            "1.bias": 1.0,
+            "2.weight": 1.0,
+            "2.bias": 1.0,
+            "3.weight": 1.0,
+            "3.bias": 1.0,
+        }
+    )
+
+
+def test_a_one_group_checkpoint_loads_into_the_decay_groups():
+    """A state saved before 12-06 (every parameter in one AdamW group, the model's order)
+    resumes with each moment on its own parameter, and each group with its own decay. The
+    next step from equal gradients then moves each matrix as the old optimizer does, and
+    leaves each vector lr · λ · w above the old optimizer's (which decayed it)."""
+    g = torch.Generator().manual_seed(0)
+    old_model, model = norm_and_bias_model(), norm_and_bias_model()
+    old = torch.optim.AdamW(old_model.parameters(), lr=0.1, weight_decay=0.5)
+    for _ in range(2):
+        for p in old_model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        old.step()
+    model.load_state_dict(old_model.state_dict())
+    optimizer = build_optimizer(model, 0.1, weight_decay=0.5)
+    load_optimizer_state(optimizer, copy.deepcopy(old.state_dict()), model)  # as if read back
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.5, 0.0]
+    pairs = list(zip(old_model.parameters(), model.parameters(), strict=True))
+    for p, q in pairs:
+        assert optimizer.state[q]["step"] == 2
+        assert torch.equal(optimizer.state[q]["exp_avg"], old.state[p]["exp_avg"])
+        assert torch.equal(optimizer.state[q]["exp_avg_sq"], old.state[p]["exp_avg_sq"])
+    before = [q.detach().clone() for _, q in pairs]
+    for p, q in pairs:
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = p.grad.clone()
+    old.step()
+    optimizer.step()
+    for (p, q), w in zip(pairs, before, strict=True):
+        kept = 0.1 * 0.5 * w if q.dim() == 1 else torch.zeros_like(w)
+        torch.testing.assert_close(q.detach() - p.detach(), kept, rtol=1e-5, atol=1e-7)

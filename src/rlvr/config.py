@@ -601,7 +601,8 @@ class TrainConfig(Section):
     lr: float = Field(default=1e-6, ge=0.0)
     """Peak AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW weight decay."""
+    """AdamW weight decay, on the weight matrices and embeddings; norms and biases are not
+    decayed (`optim.decay_groups`)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     warmup_steps: int = Field(default=0, ge=0)

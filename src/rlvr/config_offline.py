@@ -57,7 +57,8 @@ class SFTTrainConfig(OfflineSharding, ToolSettings):
     lr: float = Field(default=1e-3, ge=0.0)
     """Peak AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW weight decay."""
+    """AdamW weight decay, on the weight matrices and embeddings; norms and biases are not
+    decayed (`optim.decay_groups`)."""
     warmup_steps: int = Field(default=20, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "cosine"
@@ -187,7 +188,8 @@ class DPOTrainConfig(OfflineSharding, EngineSettings):
     lr: float = Field(default=1e-6, ge=0.0)
     """Peak AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW weight decay."""
+    """AdamW weight decay, on the weight matrices and embeddings; norms and biases are not
+    decayed (`optim.decay_groups`)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "constant"

@@ -28,7 +28,7 @@ from rlvr.training.batching import (
     to_device,
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.optim import build_optimizer, optimizer_state
+from rlvr.training.optim import build_optimizer, load_optimizer_state, optimizer_state
 from rlvr.training.update import micro_batches, rank_share
 
 
@@ -111,4 +111,4 @@ class Critic:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of `state_dict`."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"], self.model)

@@ -22,6 +22,22 @@ def optimizer_steps(steps: int, epochs: float | None, rows: int, batch_size: int
     return max(1, math.ceil(epochs * rows / batch_size - 1e-9))
 
 
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: the matrices (projections, embeddings, LoRA's A and B)
+    decayed by `weight_decay`, the vectors (norm gains, biases) not, as Hugging Face's Trainer
+    and OpenRLHF leave biases and norm weights out of the decay. Decoupled decay shrinks each
+    decayed weight by lr · λ · w a step (Loshchilov & Hutter 2019, "Decoupled Weight Decay
+    Regularization", Algorithm 2, line 12); pulling a norm's gain towards 0 rather than 1, or
+    a bias towards 0, only fights the scale the layer needs. Every trainable parameter is in
+    one group, in the model's order within it; an empty group is left out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
+
+
 def build_optimizer(
     model: nn.Module,
     lr: float,
@@ -29,11 +45,12 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.999),
     shard: bool = False,
 ) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters: PyTorch's fused kernel when they are all on a GPU
-    (one kernel for every parameter instead of its `foreach` chain of a dozen passes), its
-    default elsewhere. On a CPU the fused kernel is 5× faster too, but rounds differently
-    from the default, and the demo's cold-start SFT amplifies that (`docs/benchmarks.md`,
-    "Fused AdamW"), so the CPU keeps the default.
+    """AdamW over the trainable parameters, weight decay on the matrices only
+    (`decay_groups`): PyTorch's fused kernel when they are all on a GPU (one kernel for every
+    parameter instead of its `foreach` chain of a dozen passes), its default elsewhere. On a
+    CPU the fused kernel is 5× faster too, but rounds differently from the default, and the
+    demo's cold-start SFT amplifies that (`docs/benchmarks.md`, "Fused AdamW"), so the CPU
+    keeps the default.
 
     With `shard` under several data-parallel ranks (an initialised process group), the
     optimizer state is partitioned: each rank keeps the moments of its own part of the
@@ -44,17 +61,17 @@ def build_optimizer(
     each parameter takes the same AdamW arithmetic, so the weights are those of the replicated
     optimizer. In one process, or for a model FSDP already shards (`train.fsdp`), `shard`
     changes nothing."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    fused = bool(params) and all(p.is_cuda for p in params)
-    settings = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "fused": fused or None}
+    groups = decay_groups(model, weight_decay)
+    fused = bool(groups) and all(p.is_cuda for group in groups for p in group["params"])
+    settings = {"lr": lr, "betas": betas, "fused": fused or None}
     if (
         shard
         and dist.is_initialized()
         and dist.get_world_size() > 1
         and not sharding.is_sharded(model)
     ):
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **settings)
-    return torch.optim.AdamW(params, **settings)
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **settings)
+    return torch.optim.AdamW(groups, **settings)
 
 
 def reset_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -82,13 +99,42 @@ def optimizer_state(
 
 
 def load_optimizer_state(
-    optimizer: torch.optim.Optimizer, state: dict[str, Any], model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer, state: dict[str, Any], model: nn.Module
 ) -> None:
-    """Inverse of `optimizer_state`, on every rank."""
-    if model is not None and sharding.is_sharded(model):
+    """Inverse of `optimizer_state`, on every rank (`model` is the one the optimizer trains)."""
+    state = regrouped(state, optimizer, model)
+    if sharding.is_sharded(model):
         sharding.load_whole_optimizer_state(model, optimizer, state)
     else:
         optimizer.load_state_dict(state)
+
+
+def regrouped(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module
+) -> dict[str, Any]:
+    """A checkpoint's optimizer `state` laid out in `optimizer`'s groups: one saved before
+    12-06, with every parameter in one group in the model's order (`decay_groups` came then),
+    has its moments moved to their parameters' places in the groups, and each group its own
+    weight decay; any other state is returned as it is."""
+    groups = optimizer.param_groups
+    if len(state["param_groups"]) != 1 or len(groups) == 1:
+        return state
+    place = {id(p): i for i, p in enumerate(p for group in groups for p in group["params"])}
+    order = [place[id(p)] for p in model.parameters() if p.requires_grad]
+    saved, start = state["param_groups"][0], 0
+    layout = []
+    for group in groups:
+        count = len(group["params"])
+        layout.append(
+            {
+                **saved,
+                "weight_decay": group["weight_decay"],
+                "params": list(range(start, start + count)),
+            }
+        )
+        start += count
+    moments = {order[index]: value for index, value in state["state"].items()}
+    return {"state": moments, "param_groups": layout}
 
 
 def lr_multiplier(

@@ -205,9 +205,11 @@ def load_whole_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         model.load_state_dict(state)
 
 
-def _trained_names(model: nn.Module) -> list[str]:
-    """The optimizer's parameters by name, in its order (`optim.build_optimizer`)."""
-    return [name for name, p in model.named_parameters() if p.requires_grad]
+def _trained_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of `optimizer`'s parameters in its order, group after group: the place of
+    each in one process's `optimizer.state_dict()`."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def whole_optimizer_state(
@@ -218,7 +220,7 @@ def whole_optimizer_state(
     state = get_optimizer_state_dict(model, optimizer, options=WHOLE)
     if not state:
         return None
-    index = {name: i for i, name in enumerate(_trained_names(model))}
+    index = {name: i for i, name in enumerate(_trained_names(model, optimizer))}
     return {
         "state": {index[name]: value for name, value in state["state"].items()},
         "param_groups": [
@@ -233,7 +235,7 @@ def load_whole_optimizer_state(
 ) -> None:
     """Inverse of `whole_optimizer_state` on every rank: one process's `state` into the
     optimizer of a sharded `model`, each rank keeping its shards."""
-    names = _trained_names(model)
+    names = _trained_names(model, optimizer)
     by_name = {
         "state": {names[i]: value for i, value in state["state"].items()},
         "param_groups": [
