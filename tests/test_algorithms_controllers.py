@@ -11,6 +11,7 @@ from torch import nn
 from rlvr.algorithms.controllers import (
     AdaptiveEntropyCoef,
     AdaptiveKLCoef,
+    StallWatch,
     ema_update_,
     entropy_advantage_bonus,
     high_entropy_mask,
@@ -216,10 +217,57 @@ def test_reference_resets_mix_the_policy_in_every_n_steps():
         assert reg.reference.weight.item() == reference_weight
     assert reg.after_step(4, policy, kl=0.0, entropy=0.0)
     assert reg.reference.weight.item() == 1.75  # 0.75 · 0 + 0.25 · 7
-    with pytest.raises(ValidationError, match=r"set algorithm\.kl\.reference_reset_every too"):
-        AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reference_reset_mix": 0.5}})
-    with pytest.raises(ValidationError, match=r"reset_optimizer .*reference_reset_every too"):
-        AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reset_optimizer": True}})
+    for alone in ({"reference_reset_mix": 0.5}, {"reset_optimizer": True}):
+        with pytest.raises(ValidationError, match=r"reference_reset_every or .*_patience too"):
+            AlgorithmConfig.model_validate({"kl": {"coef": 0.1, **alone}})
+
+
+def test_the_stall_watch_counts_evaluations_without_a_better_score():
+    """Patience 2, by hand: 0.3 sets the best; 0.2 stalls (1); 0.3 ties, which is no better
+    (2: a reset, the count back to 0); 0.5 is the new best; 0.5 (1); 0.4 (2: a reset); 0.1
+    (1); 0.6 the new best. A watch loaded from the state after the fifth score answers the
+    last three as the first does."""
+    scores = [0.3, 0.2, 0.3, 0.5, 0.5, 0.4, 0.1, 0.6]
+    watch = StallWatch(2)
+    answers = [watch.update(score) for score in scores[:5]]
+    resumed = StallWatch(2)
+    resumed.load_state_dict(watch.state_dict())
+    assert resumed.state_dict() == {"best": 0.5, "stalled": 1}
+    answers += [watch.update(score) for score in scores[5:]]
+    assert answers == [False, False, True, False, False, True, False, False]
+    assert [resumed.update(score) for score in scores[5:]] == answers[5:]
+    for patience in (0, 1.5, True):
+        with pytest.raises(ValueError, match="patience must be an int >= 1"):
+            StallWatch(patience)
+    with pytest.raises(ValueError, match="score must be a finite number"):
+        StallWatch(1).update(float("nan"))
+
+
+def test_a_stalled_pass_at_1_resets_the_reference_to_the_policy():
+    """`reference_reset_patience=1`: the first evaluation (0.2) sets the best and leaves the
+    reference at the policy's starting weight 4; a better one (0.5) leaves it too; an equal
+    one (0.5) copies the policy's weight 8 into it. The per-step schedule resets nothing. The
+    setting needs a KL term to reset and evaluations to count."""
+    from pydantic import ValidationError
+
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    policy = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        policy.weight.fill_(4.0)
+    kl = {"coef": 0.1, "reference_reset_patience": 1}
+    reg = Regularization(AlgorithmConfig.model_validate({"kl": kl}), policy)
+    assert reg.follows_policy
+    with torch.no_grad():
+        policy.weight.fill_(8.0)
+    assert not reg.after_step(1, policy, kl=0.0, entropy=0.0)
+    assert [reg.after_eval(score, policy) for score in (0.2, 0.5)] == [False, False]
+    assert reg.reference.weight.item() == 4.0
+    assert reg.after_eval(0.5, policy) and reg.reference.weight.item() == 8.0
+    assert reg.state_dict()["stalls"] == {"best": 0.5, "stalled": 0}
+    with pytest.raises(ValidationError, match=r"set algorithm\.kl\.coef above 0"):
+        AlgorithmConfig.model_validate({"kl": {"reference_reset_patience": 2}})
 
 
 def test_entropy_advantage_bonus_hand_example():

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlvr.config import ConfigError, resolve_config
 from rlvr.data.tasks import load_task
@@ -205,6 +206,55 @@ def test_resume_keeps_the_evaluations_of_the_same_trajectory(tmp_path):
 
     assert [r["step"] for r in scores(resumed)] == [0, 2, 4]
     assert scores(resumed) == scores(straight)
+
+
+# ProRL's hard reset when the held-out pass@1 stalls for 2 evaluations, one after every step
+STALL_RESET = (
+    "algorithm.kl.coef=0.1",
+    "algorithm.kl.reference_reset_patience=2",
+    "algorithm.kl.reset_optimizer=true",
+    *MOVING,
+    *EVAL,
+    "eval.every_steps=1",
+)
+
+
+def test_a_stalled_pass_at_1_hard_resets_and_a_resumed_run_counts_on(tmp_path):
+    """The tiny model's held-out pass@1 is 1/6 before step 1 (the best), 1/6 after steps 1
+    and 2 (ties: a stall of 2, a reset), 1/6 after step 3 and 1/12 after step 4 (a reset
+    again). The step-2 checkpoint holds no optimizer state and a reference equal to its
+    weights; a run resumed from it counts on from the saved stall count (a fresh count would
+    set the best at step 3 and reset nothing at step 4) and follows the straight run step for
+    step."""
+    straight = train(
+        small_config(tmp_path / "a", "train.steps=4", *STALL_RESET), show_progress=False
+    )
+    lines = read_jsonl(straight / "eval.jsonl")
+    assert [line["pass@1"] for line in lines] == pytest.approx([1 / 6] * 4 + [1 / 12])
+    assert [line["reference_reset"] for line in lines] == [False, False, True, False, True]
+    first_half = small_config(tmp_path / "b", "train.steps=2", *STALL_RESET, "train.save_every=1")
+    train(first_half, show_progress=False)
+    checkpoint = tmp_path / "b" / "checkpoints"
+    state = load_trainer_state(checkpoint / "step-2")
+    assert load_trainer_state(checkpoint / "step-1")["optimizer"]["state"]
+    assert not state["optimizer"]["state"]
+    weights = load_file(checkpoint / "step-2" / "model.safetensors")
+    reference = state["regularization"]["reference"]
+    assert all(torch.equal(reference[name], weights[name]) for name in weights)
+    resumed = train(
+        small_config(tmp_path / "b", "train.steps=4", *STALL_RESET),
+        resume=True,
+        show_progress=False,
+    )
+    assert read_jsonl(resumed / "eval.jsonl")[-1]["reference_reset"]
+    for left, right in zip(
+        read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl"), strict=True
+    ):
+        assert {k: v for k, v in left.items() if k not in TIMING} == {
+            k: v for k, v in right.items() if k not in TIMING
+        }
+    with pytest.raises(ConfigError, match=r"eval\.every_steps=0 makes none"):
+        small_config(tmp_path / "c", *STALL_RESET, "eval.every_steps=0")
 
 
 def test_held_out_evaluation_needs_held_out_problems(tmp_path):

@@ -332,6 +332,10 @@ class KLConfig(Section):
     reference_reset_mix: float = Field(default=1.0, gt=0.0, le=1.0)
     """At each reset, the policy's share alpha of the new reference, θ_ref ← α·θ + (1 − α)·θ_ref
     (TR-DPO's soft update, TRL's ref_model_mixup_alpha); 1.0 = a copy of the policy."""
+    reference_reset_patience: int = Field(default=0, ge=0)
+    """Reset the reference to the policy when the held-out pass@1 has not beaten its best for
+    this many evaluations in a row (`eval.every_steps` apart), ProRL's reset when validation
+    stalls; the count starts again after each reset (0 = never)."""
     reset_optimizer: bool = False
     """At each reference reset, also forget the optimizer's state (AdamW's moments and step
     count), as a fresh optimizer would start: ProRL's hard reset. The learning-rate schedule
@@ -339,15 +343,21 @@ class KLConfig(Section):
 
     @model_validator(mode="after")
     def _mix_needs_resets(self) -> KLConfig:
-        if self.reference_reset_mix != 1.0 and not self.reference_reset_every:
+        resets = self.reference_reset_every or self.reference_reset_patience
+        if self.reference_reset_mix != 1.0 and not resets:
             raise ValueError(
                 "algorithm.kl.reference_reset_mix mixes the policy into the reference at each "
-                "reset; set algorithm.kl.reference_reset_every too"
+                "reset; set algorithm.kl.reference_reset_every or reference_reset_patience too"
             )
-        if self.reset_optimizer and not self.reference_reset_every:
+        if self.reset_optimizer and not resets:
             raise ValueError(
                 "algorithm.kl.reset_optimizer clears the optimizer's state at each reference "
-                "reset; set algorithm.kl.reference_reset_every too"
+                "reset; set algorithm.kl.reference_reset_every or reference_reset_patience too"
+            )
+        if self.reference_reset_patience and not self.coef:
+            raise ValueError(
+                "algorithm.kl.reference_reset_patience resets the reference of the KL term, "
+                "which algorithm.kl.coef=0 leaves out: set algorithm.kl.coef above 0"
             )
         return self
 
@@ -735,6 +745,17 @@ class RLConfig(Section):
                 "rollout.attempts / eval.attempts > 1 tell a wrong attempt so in a user turn "
                 f"of the chat template, which data.template={self.data.template} does not use: "
                 "set data.template=chat"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _stalls_are_counted_in_evaluations(self) -> RLConfig:
+        patience = self.algorithm.kl.reference_reset_patience
+        if patience and not self.eval.every_steps:
+            raise ValueError(
+                f"algorithm.kl.reference_reset_patience={patience} counts held-out evaluations "
+                "without a better pass@1, and eval.every_steps=0 makes none: set "
+                "eval.every_steps too"
             )
         return self
 

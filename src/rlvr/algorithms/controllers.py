@@ -1,7 +1,8 @@
 """Controllers and schedules around the loss: adaptive entropy / KL coefficients, an EMA
-reference model, the high-entropy ("forking") token mask and the entropy-based advantage term.
+reference model, the stall watch that times ProRL's resets, the high-entropy ("forking") token
+mask and the entropy-based advantage term.
 
-The two coefficient controllers are tiny stateful classes with ``update`` and
+The two coefficient controllers and the stall watch are tiny stateful classes with ``update`` and
 ``state_dict``/``load_state_dict``: their state is part of a checkpoint, so a resumed run
 continues the same coefficient trajectory (DESIGN.md, correctness rule 10).
 
@@ -117,6 +118,44 @@ class AdaptiveKLCoef:
 
     def load_state_dict(self, state: dict) -> None:
         self._coef = _check_finite("state['coef']", state["coef"])
+
+
+class StallWatch:
+    """When held-out accuracy has stopped rising: ProRL's cue for a hard reset of the
+    reference and the optimizer (Liu et al. 2025, "ProRL: Prolonged Reinforcement Learning
+    Expands Reasoning Boundaries in Large Language Models", arXiv:2505.24864, §2.3.1, resets
+    by hand when the validation scores stop rising or fall).
+
+    The first score sets the best. Each later score either beats it (the new best; the count
+    of stalled evaluations goes back to 0) or not (the count goes up by 1); when the count
+    reaches ``patience``, :meth:`update` answers True and the count starts again, the best
+    kept. A tie does not beat the best.
+    """
+
+    def __init__(self, patience: int) -> None:
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience must be an int >= 1, got {patience!r}")
+        self.patience = patience
+        self.best: float | None = None
+        self.stalled = 0
+
+    def update(self, score: float) -> bool:
+        """Record this evaluation's score; whether it ends a stall of ``patience`` evaluations."""
+        score = _check_finite("score", score)
+        if self.best is None or score > self.best:
+            self.best, self.stalled = score, 0
+            return False
+        self.stalled += 1
+        if self.stalled < self.patience:
+            return False
+        self.stalled = 0
+        return True
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "stalled": self.stalled}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.stalled = state["best"], state["stalled"]
 
 
 @torch.no_grad()

@@ -351,7 +351,8 @@ def _train(
 
     def evaluate_after(step: int) -> None:
         """Held-out pass@1 / pass@k / maj@k before step 1, every `eval.every_steps` and at the
-        end, into eval.jsonl (not counted in the step's time)."""
+        end, into eval.jsonl (not counted in the step's time); with
+        `algorithm.kl.reference_reset_patience`, a reset when pass@1 stalls."""
         if held_out and (step % every == 0 or step == cfg.train.steps):
             with sharding.full_weights(model):
                 on_vllm = rollout_engine if r.engine == "vllm" else None
@@ -360,6 +361,11 @@ def _train(
                 scores = evaluate_as_configured(
                     model, tokenizer, held_out, task.reward, cfg, ranks, on_vllm
                 )
+            if regularization.stalls is not None:  # ProRL's reset when pass@1 stalls
+                with sharding.full_weights(model):
+                    scores["reference_reset"] = regularization.after_eval(scores["pass@1"], model)
+                if scores["reference_reset"] and algo.kl.reset_optimizer:
+                    reset_optimizer_state(optimizer)
             if ranks.main:
                 with JsonlWriter(run_dir / "eval.jsonl") as log:
                     log.write({"step": step, **scores})
