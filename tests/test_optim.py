@@ -191,3 +191,42 @@ def test_a_one_group_checkpoint_loads_into_the_decay_groups():
     for (p, q), w in zip(pairs, before, strict=True):
         kept = 0.1 * 0.5 * w if q.dim() == 1 else torch.zeros_like(w)
         torch.testing.assert_close(q.detach() - p.detach(), kept, rtol=1e-5, atol=1e-7)
+
+
+def small_qwen2() -> torch.nn.Module:
+    """A two-layer Qwen2 (biases on q, k and v), random weights."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("architecture", ["tiny_llama", "qwen2"])
+def test_the_decayed_parameters_are_those_hugging_faces_trainer_decays(architecture):
+    """On rlvr's tiny model (a Llama: RMSNorm gains, a tied head) and on a Qwen2 (q/k/v
+    biases too), the decayed group is exactly the parameters
+    `Trainer.get_decay_parameter_names` names (so TRL's optimizer decays them), and the
+    undecayed group the rest."""
+    from transformers import Trainer
+
+    if architecture == "qwen2":
+        model = small_qwen2()
+    else:
+        model = build_tiny_model(build_tiny_tokenizer(), hidden_size=32, num_layers=2)
+    names = {id(p): name for name, p in model.named_parameters()}
+    decayed, kept = (
+        {names[id(p)] for p in group["params"]}
+        for group in build_optimizer(model, 1e-3, weight_decay=0.1).param_groups
+    )
+    trainers = set(Trainer.get_decay_parameter_names(None, model)) & set(names.values())
+    assert decayed == trainers
+    assert kept == set(names.values()) - trainers
+    assert any(name.endswith("norm.weight") for name in kept)
+    assert any(name.endswith("q_proj.bias") for name in kept) == (architecture == "qwen2")
