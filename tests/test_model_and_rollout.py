@@ -59,6 +59,9 @@ def test_checkpoint_round_trip_in_hf_format(tiny, tmp_path):
 def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_pretrained(str(tmp_path / "nowhere"))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="a file, not a model folder"):
+        load_pretrained(str(tmp_path / "model.safetensors"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match=r"missing config\.json"):
         load_pretrained(str(tmp_path / "empty"))

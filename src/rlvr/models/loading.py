@@ -98,10 +98,13 @@ def load_pretrained(
     if looks_local and not (path / "config.json").is_file():
         latest = latest_checkpoint(path)
         hint = f"; a run directory: give one of its checkpoints, e.g. {latest}" if latest else ""
-        raise ModelLoadError(
-            f"{key} {name_or_path!r}: no Hugging Face model there "
-            f"({'missing config.json' if path.is_dir() else 'path does not exist'}){hint}"
-        )
+        if path.is_dir():
+            why = "missing config.json"
+        elif path.exists():
+            why = "a file, not a model folder"
+        else:
+            why = "path does not exist"
+        raise ModelLoadError(f"{key} {name_or_path!r}: no Hugging Face model there ({why}){hint}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
