@@ -225,16 +225,16 @@ def test_reference_resets_mix_the_policy_in_every_n_steps():
 def test_the_stall_watch_counts_evaluations_without_a_better_score():
     """Patience 2, by hand: 0.3 sets the best; 0.2 stalls (1); 0.3 ties, which is no better
     (2: a reset, the count back to 0); 0.5 is the new best; 0.5 (1); 0.4 (2: a reset); 0.1
-    (1); 0.6 the new best. A watch loaded from the state after the fifth score answers the
-    last three as the first does."""
-    scores = [0.3, 0.2, 0.3, 0.5, 0.5, 0.4, 0.1, 0.6]
+    (1); 0.6 the new best, the count back to 0; 0.55 (1). A watch loaded from the state after
+    the fifth score answers the last four as the first does."""
+    scores = [0.3, 0.2, 0.3, 0.5, 0.5, 0.4, 0.1, 0.6, 0.55]
     watch = StallWatch(2)
     answers = [watch.update(score) for score in scores[:5]]
     resumed = StallWatch(2)
     resumed.load_state_dict(watch.state_dict())
     assert resumed.state_dict() == {"best": 0.5, "stalled": 1}
     answers += [watch.update(score) for score in scores[5:]]
-    assert answers == [False, False, True, False, False, True, False, False]
+    assert answers == [False, False, True, False, False, True, False, False, False]
     assert [resumed.update(score) for score in scores[5:]] == answers[5:]
     for patience in (0, 1.5, True):
         with pytest.raises(ValueError, match="patience must be an int >= 1"):

@@ -115,6 +115,7 @@ def test_build_optimizer_applies_the_weight_decay_and_betas():
         torch.nn.ParameterList([w]), 0.1, weight_decay=0.5, betas=(0.8, 0.95)
     )
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+    assert len(optimizer.param_groups) == 1  # no vectors: their empty group is left out
     w.grad = torch.zeros(1, 3)
     optimizer.step()
     torch.testing.assert_close(w.detach(), torch.full((1, 3), 0.95))
