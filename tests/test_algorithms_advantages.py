@@ -583,3 +583,30 @@ def test_pass_at_k_std_normalization_divides_as_for_grpo():
     _close(group[[0, 1, 4]], [2.0, -2 / 3, 0.5773503], atol=1e-5)
     batch = pass_at_k_advantages(REWARDS, GROUPS, k=2, std_normalization="batch")
     _close(batch, [a / (BATCH_STD + EPS) for a in raw])
+
+
+# A sample alone in its group, by hand: no group baseline, so 0, except ReMax (r − the greedy
+# response's reward 0.25) and W-REINFORCE (a right answer weighted λ = 0.1, a wrong one −1).
+ALONE = {"remax": ([0.75], [-0.25]), "w_reinforce": ([0.1], [-1.0])}
+
+
+@pytest.mark.parametrize("name", ADVANTAGES.names())
+def test_every_estimator_maps_an_empty_batch_to_an_empty_one_and_a_lone_sample_by_hand(name):
+    """Every registered estimator, on no samples (a step whose groups were all filtered out)
+    and on one sample in a group of its own: float32 in, float32 out, one advantage a
+    sample. `pass_at_k` refuses a group no larger than k, so it has no lone-sample case."""
+    extra = {"opo": "lengths", "remax": "baselines"}.get(name)
+
+    def advantages(rewards: list[float], side: list[float]) -> torch.Tensor:
+        kwargs = {extra: torch.tensor(side)} if extra else {}
+        group_ids = torch.full((len(rewards),), 7, dtype=torch.long)
+        return ADVANTAGES.get(name)(torch.tensor(rewards), group_ids, **kwargs)
+
+    empty = advantages([], [])
+    assert empty.shape == (0,) and empty.dtype == torch.float32
+    if name == "pass_at_k":
+        return
+    right, wrong = ALONE.get(name, ([0.0], [0.0]))
+    side = [0.25] if name == "remax" else [3.0]
+    assert advantages([1.0], side).tolist() == pytest.approx(right)
+    assert advantages([0.0], side).tolist() == pytest.approx(wrong)

@@ -91,10 +91,11 @@ def test_dual_clip_caps_negative_advantage_losses():
         logprobs.detach(), old, adv, torch.ones(1, 4), clip_low=0.2, clip_high=0.2
     )
     _close(plain.token_loss[0, 0], 5.0)
-    with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        ppo_clip_loss(
-            logprobs, old, adv, torch.ones(1, 4), clip_low=0.2, clip_high=0.2, dual_clip=0.9
-        )
+    for cap in (0.9, 1.0):  # Ye et al. 2020 require c > 1
+        with pytest.raises(ValueError, match="dual_clip must be > 1"):
+            ppo_clip_loss(
+                logprobs, old, adv, torch.ones(1, 4), clip_low=0.2, clip_high=0.2, dual_clip=cap
+            )
 
 
 def test_masked_tokens_are_zero_even_with_garbage_inputs():
@@ -169,6 +170,22 @@ def test_reinforce_hand_values():
     out.token_loss.sum().backward()
     _close(logprobs.grad, [[-2.0, -2.0, 0.0]])
     assert out.ratio is None and not out.clipped.any()
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "cispo", "gspo", "gmpo"])
+def test_a_negative_clip_range_is_refused_and_a_zero_one_is_not(name):
+    """ε < 0 would turn the trust region inside out, so either bound below 0 is refused; ε = 0
+    is allowed. For PPO it clips the ratio to 1 exactly: each token's loss is
+    max(−A·ρ, −A), by hand from RATIOS and ADV."""
+    logprobs, old = _inputs()
+    loss = POLICY_LOSSES.get(name)
+    for low, high in ((-0.1, 0.2), (0.2, -0.1)):
+        with pytest.raises(ValueError, match=r"clip_low and clip_high must be >= 0, got"):
+            loss(logprobs, old, ADV, MASK, clip_low=low, clip_high=high)
+    out = loss(logprobs, old, ADV, MASK, clip_low=0.0, clip_high=0.0)
+    assert torch.isfinite(out.token_loss).all()
+    if name == "ppo_clip":
+        _close(out.token_loss, torch.maximum(-ADV * RATIOS, -ADV))
 
 
 def test_shape_mismatch_is_refused():
@@ -362,8 +379,9 @@ def test_sapo_hand_values_and_gradient_weight():
     # off-policy the weight decays smoothly: at ρ = 1.5, A = +2 the gradient is 0.94 of the
     # unclipped -A ρ, where PPO's clip at 1.28 gives 0
     assert logprobs.grad[0, 1] / (-2.0 * 1.5) == pytest.approx(0.9400, abs=1e-4)
-    with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
-        sapo_loss(logprobs, old, ADV, MASK, tau_neg=0.0)
+    for taus in ({"tau_pos": 0.0}, {"tau_neg": 0.0}):
+        with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
+            sapo_loss(logprobs, old, ADV, MASK, **taus)
 
 
 def test_on_policy_sapo_gradient_is_reinforce_gradient():
