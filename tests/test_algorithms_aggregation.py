@@ -39,6 +39,15 @@ def test_seq_mean_token_sum_hand_value():
 
 
 @pytest.mark.parametrize("mode", AGGREGATIONS.names())
+def test_one_token_in_one_sequence_is_its_own_loss(mode):
+    """Counts of 1 are valid: one sequence whose one trained token carries 2 gives 2 in
+    every mode (2/1 token, (2/1)/1 sequence, 2/(1 sequence · max_len 1))."""
+    one = torch.tensor([[0, 1, 0]])
+    out = aggregate(mode, VALUES[:1], one, num_tokens=1, num_seqs=1, max_len=1)
+    _close(out, 2.0)
+
+
+@pytest.mark.parametrize("mode", AGGREGATIONS.names())
 def test_masked_nan_and_inf_do_not_leak(mode):
     values = VALUES.clone().requires_grad_(True)
     poisoned = values + torch.tensor(

@@ -133,6 +133,8 @@ def test_kimi_omd_loss_value_and_gradient_by_hand():
     # d/dlp_t [-A sum(lp) + tau/2 S^2] = -A + tau S = -0.5 + 0.02
     assert torch.allclose(logprobs.grad, torch.full((1, 2), -0.48, dtype=torch.float64))
     assert not out.clipped.any()
+    # the logged ratio is π_θ/π_θi per token: e^0.2 and e^−0.1
+    assert torch.allclose(out.ratio, torch.tensor([[0.2, -0.1]], dtype=torch.float64).exp())
 
 
 def test_kimi_omd_loss_ignores_padding_and_rejects_negative_tau():
@@ -144,6 +146,11 @@ def test_kimi_omd_loss_ignores_padding_and_rejects_negative_tau():
     assert torch.allclose(out.token_loss, torch.tensor([[1.5, 0.0]]))
     with pytest.raises(ValueError, match="tau"):
         POLICY_LOSSES.get("kimi_omd")(logprobs, logprobs, logprobs, torch.ones(1, 2), tau=-1.0)
+    # τ = 0 is allowed: the plain policy gradient, −A·log π on the real token
+    plain = POLICY_LOSSES.get("kimi_omd")(
+        logprobs, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([[1.0, 0.0]]), tau=0.0
+    )
+    assert torch.allclose(plain.token_loss, torch.tensor([[1.0, 0.0]]))
 
 
 def test_clipped_value_loss_does_not_flag_tokens_inside_the_clip_range():

@@ -339,7 +339,7 @@ def kimi_omd_loss(
         old_logprobs: ``[B, T]`` log π_θi of the same tokens (no gradient).
         advantages: ``[B, T]`` advantage of each token (r − r̄ for Kimi).
         response_mask: ``[B, T]`` 1 on response tokens that are trained, 0 elsewhere.
-        tau: τ > 0, the strength of the mirror-descent regulariser.
+        tau: τ ≥ 0, the strength of the mirror-descent regulariser (0: no regulariser).
         **kwargs: ignored.
 
     Returns:
