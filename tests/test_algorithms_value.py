@@ -72,11 +72,20 @@ def test_gae_takes_one_lambda_per_sequence():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"gamma": 1.5}, {"lam": -0.1}, {"lam": torch.tensor([0.5, 2.0])}]
+    "kwargs",
+    [{"gamma": 1.5}, {"gamma": -0.1}, {"lam": -0.1}, {"lam": torch.tensor([0.5, 2.0])}],
 )
 def test_gae_rejects_out_of_range_parameters(kwargs):
     with pytest.raises(ValueError, match="must be in"):
         gae_advantages(TOKEN_REWARDS, VALUES, MASK, **kwargs)
+
+
+def test_gae_with_gamma_0_is_the_one_step_error():
+    """γ = 0 is allowed: δ_t = r_t − V_t and nothing flows back, A_t = δ_t whatever λ; the
+    returns are the token rewards."""
+    adv, ret = gae_advantages(TOKEN_REWARDS, VALUES, MASK, gamma=0.0, lam=0.9)
+    assert torch.allclose(adv, torch.tensor([[-0.5, -0.6, 0.2], [-0.2, -0.6, 0.0]]))
+    assert torch.allclose(ret, TOKEN_REWARDS)
 
 
 def test_gae_rejects_mismatched_shapes():
@@ -97,6 +106,13 @@ def test_whiten_uses_the_masked_entries_only():
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     got = whiten(values, mask, epsilon=0.0)  # mean 2, unbiased std 1
     assert torch.allclose(got, torch.tensor([[-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
+    # two entries, 1 and 3: mean 2, unbiased std √2
+    pair = whiten(values, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), epsilon=0.0)
+    half = 2**-0.5
+    assert torch.allclose(pair, torch.tensor([[-half, 0.0, half], [0.0, 0.0, 0.0]]))
+    # one entry has no spread to divide by: it is returned as it is, the rest 0
+    one = whiten(values, torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert torch.equal(one, torch.tensor([[0.0, 0.0, 0.0], [50.0, 0.0, 0.0]]))
 
 
 def test_clipped_value_loss_by_hand_and_its_gradient():
@@ -113,6 +129,8 @@ def test_clipped_value_loss_by_hand_and_its_gradient():
     assert torch.allclose(values.grad, torch.tensor([[1.0, 0.0]]))
     plain, _ = clipped_value_loss(values, old, returns, torch.ones(1, 2), clip=None)
     assert torch.allclose(plain, torch.tensor([[0.5, 0.5]]))
+    with pytest.raises(ValueError, match="value clip must be > 0, got 0"):
+        clipped_value_loss(values, old, returns, torch.ones(1, 2), clip=0.0)
 
 
 def test_positive_example_nll_keeps_correct_samples_only():

@@ -138,7 +138,8 @@ def whiten(values: Tensor, mask: Tensor, epsilon: float = 1e-8) -> Tensor:
     r"""Masked whitening :math:`(x - \mu) / (\sigma + \epsilon)` over all masked entries.
 
     The usual PPO normalisation of GAE advantages over the batch; the std is the unbiased
-    one, and 0 stays outside the mask.
+    one, and 0 stays outside the mask. Fewer than two entries have no spread to divide by
+    and are returned as they are.
     """
     _check_same_shape(values=values, mask=mask)
     m = (mask != 0).to(torch.float64)
