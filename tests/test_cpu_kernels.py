@@ -163,6 +163,31 @@ def test_a_shared_prompt_cache_refuses_rows_it_cannot_hold():
     assert cache.prompt_of.tolist() == [0, 1]
 
 
+def test_a_shared_prompt_cache_decodes_into_the_positions_left_after_the_prompt():
+    """Each row's own buffer holds capacity - prompt length positions (6 - 3 here): the
+    update returns the rows' own positions, the prompts' 3 and `prompt_of`; keeping every row
+    is allowed, and a 4th own position is refused."""
+    prompts = kv_cache.BufferKV(1, 6)
+    prompt_keys = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
+    prompts.update(0, prompt_keys, -prompt_keys)
+    prompts.length = 3
+    cache = kv_cache.SharedPromptKV(prompts, torch.tensor([0, 0, 1, 1]))
+    step = torch.arange(4 * 4, dtype=torch.float32).view(4, 1, 1, 4) + 100
+    own_k, own_v, pk, pv, prompt_of = cache.update(0, step, -step)
+    assert torch.equal(own_k, step) and torch.equal(own_v, -step)
+    assert torch.equal(pk, prompt_keys) and torch.equal(pv, -prompt_keys)
+    assert prompt_of.tolist() == [0, 0, 1, 1]
+    cache.length += 1
+    cache.batch_select_indices(torch.tensor([0, 1, 2, 3]))  # no row finished: all kept
+    two = torch.ones(4, 1, 2, 4)
+    own_k, *_ = cache.update(0, two, two)
+    assert torch.equal(own_k, torch.cat([step, two], dim=2))
+    cache.length += 2
+    assert (cache.length, cache.own.length) == (6, 3)
+    with pytest.raises(ValueError, match="KV cache of 3 positions is full"):
+        cache.update(0, step, step)
+
+
 @needs_compiler
 def test_bad_layouts_are_refused_with_the_operation_named(ops):
     kernels, _ = ops
@@ -573,6 +598,30 @@ def test_concat_kv_lays_out_a_selection_only_for_the_layers_it_holds():
     late = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 1, 4, 2)
     cache.update(1, late, late)
     torch.testing.assert_close(cache.stored(1)[0], late)
+
+
+def test_concat_kv_pending_selections_and_appended_tokens_compose_as_eager_operations():
+    """Selections and appended positions stack up lazily: a selection of a selection picks
+    from the selected rows, a second `append_tokens` keeps the first's positions, a selection
+    after appended positions selects them too, and reading twice gives the same keys. The
+    reference does each operation at once with plain indexing and concatenation."""
+    keys = torch.arange(2 * 1 * 2 * 2, dtype=torch.float32).view(2, 1, 2, 2)
+    first = torch.arange(3 * 2, dtype=torch.float32).view(3, 1, 1, 2) + 100  # [b, t, heads, d]
+    second = torch.arange(3 * 2, dtype=torch.float32).view(3, 1, 1, 2) + 200
+    cache = kv_cache.ConcatKV(1)
+    cache.update(0, keys, -keys)
+    cache.batch_select_indices(torch.tensor([1, 0]))
+    cache.batch_select_indices(torch.tensor([0, 1, 0]))  # rows 1, 0, 1 of `keys`
+    k, v, rows = cache.append_tokens(0, first, -first, None, 3, 1)
+    assert torch.equal(k, keys) and rows.tolist() == [1, 0, 1]  # handed over as they are
+    eager = torch.cat([keys[[1, 0, 1]], first.transpose(1, 2)], dim=2)
+    k, v, rows = cache.append_tokens(0, second, -second, None, 3, 1)
+    assert torch.equal(k, eager) and torch.equal(v, -eager) and rows is None
+    eager = torch.cat([eager, second.transpose(1, 2)], dim=2)[[2, 0]]
+    cache.batch_select_indices(torch.tensor([2, 0]))
+    for _ in range(2):
+        k, v = cache.stored(0)
+        assert torch.equal(k, eager) and torch.equal(v, -eager)
 
 
 @needs_compiler

@@ -188,7 +188,7 @@ def test_decode_drops_finished_rows_and_keeps_sampling_the_live_ones(tok):
     assert outs[1].completion_ids == outs[0].completion_ids
 
 
-@pytest.mark.parametrize("rows", [[0, 2, 3], [3, 1], [0, 0, 1, 1, 2, 2, 3, 3]])
+@pytest.mark.parametrize("rows", [[0, 2, 3], [3, 1], [0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3]])
 def test_select_rows_copies_the_filled_positions_of_the_chosen_rows(rows):
     buffer = torch.randn(4, 2, 10, 3)
     expected = buffer[rows, :, :6].clone()
@@ -254,6 +254,52 @@ def test_buffer_pool_reuses_and_grows_its_storage():
     assert d.data_ptr() != c.data_ptr()
     e = pool.empty(("k", 0, 0), torch.zeros(1, dtype=torch.float64), (2, 3, 4))
     assert e.dtype == torch.float64  # another dtype: a new storage
+
+
+def test_buffer_pool_reuses_a_storage_of_exactly_the_size_asked_and_not_across_devices():
+    pool = kv_cache.BufferPool()
+    a = pool.empty(("k", 0, 0), torch.zeros(1), (2, 3, 4))
+    b = pool.empty(("k", 0, 0), torch.zeros(1), (4, 3, 2))  # 24 elements again: same memory
+    assert b.data_ptr() == a.data_ptr() and b.shape == (4, 3, 2)
+    c = pool.empty(("k", 0, 0), torch.zeros(1, device="meta"), (2, 3, 4))
+    assert c.device.type == "meta"  # another device: a new storage there
+
+
+def test_buffer_kv_writes_positions_in_place_up_to_its_capacity():
+    """Keys and values (of their own width) are written at [length, length + t) and the filled
+    part returned; a write past the capacity is refused, one that fills it exactly is not."""
+    cache = kv_cache.BufferKV(1, capacity=5)
+    k1 = torch.arange(2 * 2 * 3, dtype=torch.float32).view(2, 1, 2, 3)
+    v1 = torch.arange(2 * 2 * 4, dtype=torch.float32).view(2, 1, 2, 4)
+    k, v = cache.update(0, k1, v1)
+    assert torch.equal(k, k1) and torch.equal(v, v1)
+    cache.length = 2  # as the forward advances it
+    k2, v2 = torch.full((2, 1, 3, 3), 7.0), torch.full((2, 1, 3, 4), -7.0)
+    k, v = cache.update(0, k2, v2)  # positions 2, 3, 4: exactly full
+    assert torch.equal(k, torch.cat([k1, k2], dim=2)) and torch.equal(v, torch.cat([v1, v2], 2))
+    cache.length = 5
+    with pytest.raises(ValueError, match="KV cache of 5 positions is full"):
+        cache.update(0, k2[:, :, :1], v2[:, :, :1])
+
+
+def test_a_pooled_cache_repeats_rows_into_the_other_slot_not_over_its_source():
+    """A prompt's cache repeated for its samples is taken from the pool's slot 1 while the
+    prompts' keys are in slot 0, so it never shares their memory, also in a second rollout
+    whose slot 0 the first one left large enough for the repeated rows, and after a
+    selection that kept every row."""
+    pool = kv_cache.BufferPool()
+    prompt_keys = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
+    for _ in range(2):
+        cache = kv_cache.BufferKV(1, 4, pool)
+        cache.update(0, prompt_keys, -prompt_keys)
+        cache.length = 3
+        cache.batch_select_indices(torch.tensor([0, 1]))  # every row kept: stays in place
+        source = cache.keys[0]
+        cache.batch_select_indices(torch.tensor([0, 0, 1, 1]))
+        assert cache.keys[0].data_ptr() != source.data_ptr()
+        assert cache.keys[0].data_ptr() == pool.storages[("keys", 0, 1)].data_ptr()
+        assert torch.equal(cache.keys[0][:, :, :3], prompt_keys[[0, 0, 1, 1]])
+        assert torch.equal(cache.values[0][:, :, :3], -prompt_keys[[0, 0, 1, 1]])
 
 
 class WrappedLinear(nn.Linear):

@@ -19,6 +19,7 @@ import yaml
 from rlvr.config import ConfigError, resolve_config
 from rlvr.config_offline import DPOConfig, SFTConfig
 from rlvr.tracking.jsonl import read_jsonl
+from rlvr.tracking.loggers import MetricLoggers, _scalars, run_loggers
 from rlvr.training.preference import run_dpo
 from rlvr.training.rl import NonFiniteError, train
 from rlvr.training.sft import run_sft
@@ -218,3 +219,37 @@ def test_sft_and_dpo_name_their_own_key_for_a_missing_package(tmp_path, monkeypa
     )
     with pytest.raises(ConfigError, match=r"^sft\.log_to: 'wandb' needs the wandb package"):
         run_sft(sft, show_progress=False)
+
+
+def test_only_finite_numbers_but_the_step_reach_the_loggers():
+    # booleans, texts, nulls, NaN and inf are not curves; ints become floats
+    metrics = {"step": 3, "loss": 1, "kl": 0.5, "stopped": True, "note": "x", "lr": None,
+               "nan": math.nan, "inf": -math.inf}  # fmt: skip
+    assert _scalars(metrics) == {"loss": 1.0, "kl": 0.5}
+
+
+def test_off_the_main_rank_no_logger_is_opened(tmp_path, wandb_runs, writers):
+    cfg = config(tmp_path / "r", "train.log_to=[tensorboard, wandb]")
+    assert run_loggers(cfg, "train", tmp_path, main=False).loggers == []
+    assert wandb_runs == [] and writers == []
+
+
+def test_a_logger_that_fails_to_open_closes_those_opened_and_closing_twice_is_harmless(
+    tmp_path, monkeypatch, writers
+):
+    # any error (not only a missing package) closes what was opened, then propagates
+    def broken_init(**settings):
+        raise RuntimeError("no network")
+
+    module = types.ModuleType("wandb")
+    module.init = broken_init
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    with pytest.raises(RuntimeError, match="no network"):
+        MetricLoggers(["tensorboard", "wandb"], tmp_path, {}, "p", "train.log_to")
+    assert [writer.closed for writer in writers] == [True]
+
+    with MetricLoggers(["tensorboard"], tmp_path, {}, "p", "train.log_to") as loggers:
+        loggers.log({"step": 1, "loss": 2.0}, step=1)
+    loggers.close()  # after the `with`: nothing left to close or to log to
+    loggers.log({"loss": 3.0}, step=2)
+    assert writers[1].scalars == [(1, "loss", 2.0)]

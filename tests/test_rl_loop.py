@@ -13,7 +13,13 @@ from rlvr.config import ConfigError, resolve_config
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models.loading import load_model_and_tokenizer, load_pretrained
-from rlvr.run_layout import STATE_FILE, latest_checkpoint
+from rlvr.run_layout import (
+    STATE_FILE,
+    checkpoint_path,
+    evaluated_folder,
+    latest_checkpoint,
+    saved_config,
+)
 from rlvr.tracking.jsonl import JsonlWriter, read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import CheckpointError, load_trainer_state
@@ -71,6 +77,8 @@ def test_run_directory_contract(tmp_path):
     assert {"prompt", "completion", "reward", "answer"} <= set(samples[0])
     for step in (1, 2):
         assert (run_dir / "checkpoints" / f"step-{step}" / "model.safetensors").is_file()
+        # the trainer state, written last, by the name the layout documents
+        assert (run_dir / "checkpoints" / f"step-{step}" / "trainer_state.pt").is_file()
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
 
 
@@ -303,12 +311,46 @@ def test_the_latest_checkpoint_is_the_complete_one_with_the_highest_step(tmp_pat
         ("step-11", False),  # no trainer state: not a checkpoint
         ("step-best", True),  # a user's copy
         ("step-²", True),
+        ("20", True),  # a number without the `step-` prefix is not a checkpoint either
         (".step-12.tmp", True),  # a save in progress
     ]:
         (folder / name).mkdir(parents=True)
         if complete:
             (folder / name / STATE_FILE).write_bytes(b"")
     assert latest_checkpoint(tmp_path) == folder / "step-10"
+
+
+def test_a_model_folder_is_evaluated_itself_and_a_run_directory_by_its_latest(tmp_path):
+    # `rlvr eval --model PATH`: a model folder (config.json) is evaluated as it is, even when
+    # it holds checkpoints of its own (`rlvr sft` with `sft.save_every`); a run directory
+    # without config.json stands for its latest complete checkpoint; anything else is itself
+    sft = tmp_path / "sft"
+    for folder in (sft, sft / "checkpoints" / "step-3"):
+        folder.mkdir(parents=True)
+    (sft / "config.json").write_text("{}")
+    (sft / "checkpoints" / "step-3" / STATE_FILE).write_bytes(b"")
+    assert evaluated_folder(sft) == sft
+    (sft / "config.json").unlink()
+    assert evaluated_folder(sft) == sft / "checkpoints" / "step-3"
+    assert evaluated_folder(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+
+
+def test_a_saved_model_s_config_is_the_one_beside_it_else_its_run_s(tmp_path):
+    # `rlvr sft`/`rlvr dpo` write config.yaml beside the model; `rlvr train`'s checkpoints
+    # RUN_DIR/checkpoints/step-N take RUN_DIR/config.yaml; the one beside wins where both are
+    run_dir = tmp_path / "run"
+    step = checkpoint_path(run_dir, 4)
+    assert step == tmp_path / "run" / "checkpoints" / "step-4"
+    step.mkdir(parents=True)
+    assert saved_config(step) is None
+    (run_dir / "config.yaml").write_text("{}")
+    assert saved_config(step) == run_dir / "config.yaml"
+    (step / "config.yaml").write_text("{}")
+    assert saved_config(step) == step / "config.yaml"
+    # a folder outside `checkpoints/` does not read the config two levels up
+    other = run_dir / "exports" / "final"
+    other.mkdir(parents=True)
+    assert saved_config(other) is None
 
 
 def test_a_checkpoint_that_cannot_be_loaded_is_named(tmp_path):

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import rlvr.tracking
 from rlvr.tracking import JsonlFormatError, JsonlWriter, plot_runs, read_jsonl
+from rlvr.tracking.progress import StepProgress
 from rlvr.tracking.report import (
     DEFAULT_METRICS,
     HELD_OUT_METRIC,
+    _labels,
     default_metrics,
     ema_smooth,
     load_run_metrics,
@@ -96,7 +99,7 @@ def test_jsonl_writer_rejects_bad_records(tmp_path):
     with pytest.raises(TypeError, match="'bad'"):
         log.write({"bad": object()})
     log.close()
-    with pytest.raises(ValueError, match="closed"):
+    with pytest.raises(ValueError, match=r"m\.jsonl: write to a closed JsonlWriter"):
         log.write({"step": 1})
     assert (tmp_path / "m.jsonl").read_text() == ""  # nothing half-written
 
@@ -230,7 +233,7 @@ def test_ema_smooth():
 
 def test_report_default_panels_and_null_values_kept_as_gaps():
     panels = ("reward/mean", "accuracy", "response_length/mean", "entropy", "kl", "clip_frac")
-    assert panels == DEFAULT_METRICS
+    assert panels == DEFAULT_METRICS == rlvr.tracking.DEFAULT_METRICS  # also lazily exported
     # a nulled value (NaN is written as null) stays on the x axis as a NaN: a gap in the curve
     steps, values = metric_series([{"step": 1, "kl": 0.5}, {"step": 2, "kl": None}], "kl")
     assert steps == [1.0, 2.0] and values[0] == 0.5 and math.isnan(values[1])
@@ -244,3 +247,108 @@ def test_a_non_numeric_eval_value_is_an_error_naming_eval_jsonl(tmp_path):
         log.write({"step": 1, "pass@1": "high"})
     with pytest.raises(ValueError, match=r"eval\.jsonl: metric 'eval/pass@1' at step 1"):
         plot_runs([run], tmp_path / "r.png")
+
+
+def test_jsonl_writes_readable_utf8_tuples_as_lists_and_names_nested_bad_keys(tmp_path):
+    # the file is UTF-8 text (not \u escapes), a tuple is a JSON list, and a value that
+    # cannot be logged is named by its full key path
+    path = tmp_path / "m.jsonl"
+    with JsonlWriter(path) as log:
+        log.write({"text": "héllo", "pair": (1, 2.5)})
+        with pytest.raises(TypeError, match=r"key 'outer\.inner\[1\]'"):
+            log.write({"outer": {"inner": [1, object()]}})
+    assert path.read_text(encoding="utf-8") == '{"text": "héllo", "pair": [1, 2.5]}\n'
+
+
+def test_read_jsonl_of_a_directory_is_file_not_found(tmp_path):
+    # a folder is not a JSONL file: the documented FileNotFoundError, not IsADirectoryError
+    with pytest.raises(FileNotFoundError, match="no such JSONL file"):
+        read_jsonl(tmp_path)
+
+
+def test_steps_and_values_must_be_numbers_not_booleans(tmp_path):
+    # True is an int in Python, but neither a step nor a metric value
+    run = tmp_path / "run"
+    with JsonlWriter(run / "metrics.jsonl") as log:
+        log.write({"step": True, "accuracy": 0.5})
+    with pytest.raises(ValueError, match=r"record 1 has no numeric 'step' \(got True\)"):
+        load_run_metrics(run)
+    with pytest.raises(ValueError, match=r"metric 'done' at step 2 is not a number \(True\)"):
+        metric_series([{"step": 2, "done": True}], "done")
+
+
+def test_eval_records_join_without_their_step_as_a_metric_and_missing_metrics_are_none(
+    tmp_path,
+):
+    run = _fake_run(tmp_path / "run", steps=1, scale=1.0)
+    with JsonlWriter(run / "eval.jsonl") as log:
+        log.write({"step": 1, "pass@1": 0.5})
+    records = load_run_metrics(run)
+    assert records[1] == {"step": 1, "eval/pass@1": 0.5}  # no "eval/step"
+    assert metric_series(records, "clip_frac") is None  # what plot_runs shows as "not logged"
+    with pytest.raises(FileNotFoundError, match="run directory does not exist"):
+        load_run_metrics(tmp_path / "nowhere")
+
+
+def test_ema_smooth_skips_a_nan_in_the_middle():
+    # w = 0.5 over [1, nan, 3]: the NaN stays a NaN and leaves the average as it was, so the
+    # third value is test_ema_smooth's second: (0.25 + 0.5*3) / (1 - 0.25) = 7/3
+    smoothed = ema_smooth([1.0, math.nan, 3.0], 0.5)
+    assert len(smoothed) == 3 and math.isnan(smoothed[1])
+    assert [smoothed[0], smoothed[2]] == pytest.approx([1.0, 7 / 3])
+
+
+def test_labels_are_names_and_parent_slash_name_where_two_runs_share_one(tmp_path):
+    a, b, c = tmp_path / "x" / "grpo", tmp_path / "y" / "grpo", tmp_path / "y" / "dpo"
+    assert _labels([a, b, c]) == ["x/grpo", "y/grpo", "dpo"]
+    assert _labels([a, c]) == ["grpo", "dpo"]
+
+
+def test_a_folder_s_runs_are_listed_by_name_whatever_their_creation_order(tmp_path):
+    names = ["zeta", "alpha", "mid", "beta", "omega", "delta"]
+    for name in names:
+        _fake_run(tmp_path / "sweep" / name, steps=1, scale=1.0)
+    assert run_directories([tmp_path / "sweep"]) == [tmp_path / "sweep" / n for n in sorted(names)]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_the_panels_form_a_grid_of_up_to_three_columns(tmp_path):
+    # one panel per metric, three to a row: 2 metrics are twice one metric's width, 4 and 7
+    # three times (a second and a third row); a single metric name is one panel, not one per
+    # letter
+    run = _fake_run(tmp_path / "run", steps=3, scale=1.0)
+    metrics = ["accuracy", "kl", "entropy", "reward/mean", "clip_frac", "loss", "x"]
+    sizes = {
+        n: _png_size(plot_runs([run], tmp_path / f"{n}.png", metrics=metrics[:n]))
+        for n in (1, 2, 4, 7)
+    }
+    width = sizes[1][0]
+    assert [sizes[n][0] for n in (2, 4, 7)] == [2 * width, 3 * width, 3 * width]
+    assert sizes[1][1] < sizes[4][1] < sizes[7][1]
+    assert _png_size(plot_runs([run], tmp_path / "one.png", metrics="accuracy")) == sizes[1]
+
+
+def test_plot_runs_refuses_no_metrics_and_a_smoothing_outside_0_1(tmp_path):
+    run = _fake_run(tmp_path / "run", steps=3, scale=1.0)
+    with pytest.raises(ValueError, match="no metrics to plot"):
+        plot_runs([run], tmp_path / "r.png", metrics=[])
+    for smoothing in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"plot_runs: smoothing must be in \[0, 1\)"):
+            plot_runs([run], tmp_path / "r.png", smoothing=smoothing)
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_the_progress_bar_shows_the_step_and_its_numbers_and_nothing_when_disabled(capsys):
+    metrics = {"reward/mean": 0.5, "accuracy": 0.25, "response_length/mean": 12.0}
+    with StepProgress(5, start=1) as progress:
+        progress.update(3, metrics)
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "3/5 reward 0.500 acc 0.250 len 12.0" in shown
+    with StepProgress(5, enabled=False) as progress:
+        progress.update(3, metrics)
+    assert capsys.readouterr().out == ""
