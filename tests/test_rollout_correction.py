@@ -239,3 +239,22 @@ def test_off_policy_mask_ignores_advantages_outside_the_mask():
     logprobs, sampling = torch.full((1, 3), -1.0), torch.tensor([[-0.5, -0.5, -1.0]])
     adv = torch.tensor([[0.5, 0.5, -3.0]])
     assert off_policy_sequence_mask(adv, logprobs, sampling, mask, 0.1).tolist() == [[1.0]]
+
+
+def test_the_log_ratio_is_clamped_at_exactly_20():
+    # log-ratios of +30 and −30 become e^20 and e^−20 (LOG_RATIO_CLAMP), not e^±30
+    old, rollout = torch.tensor([[0.0, -30.0]]), torch.tensor([[-30.0, 0.0]])
+    ratio = rollout_is_ratio(old, rollout, torch.ones(1, 2))
+    torch.testing.assert_close(ratio, torch.tensor([[math.exp(20.0), math.exp(-20.0)]]))
+
+
+def test_off_policy_mask_of_a_one_token_response_divides_by_one():
+    # one token with gap 0.3 > δ = 0.2 and a negative advantage: dropped (its mean gap is 0.3)
+    kept = off_policy_sequence_mask(
+        torch.tensor([[-1.0, 0.0]]),
+        torch.full((1, 2), -1.0),
+        torch.tensor([[-0.7, -1.0]]),
+        torch.tensor([[1.0, 0.0]]),
+        0.2,
+    )
+    assert kept.tolist() == [[0.0]]
