@@ -69,6 +69,12 @@ def test_vespo_weights_by_hand():
     # far off-policy: log w clamped to [log 1e-8, 20], φ finite and about 0
     far = vespo_weights(torch.tensor([[30.0, 0.0, 0.0], [-40.0, 0.0, 0.0]]), ADV, MASK)
     assert torch.isfinite(far).all() and far.max() < 1e-12
+    # the floor is log 1e-8 exactly: log w = −40 (two tokens at the ±20 token clamp) becomes
+    # log 1e-8, so φ = e^λ · (1e-8)^k · e^(−λ·1e-8): e^3·1e-16 (A ≥ 0), e^2·1e-24 (A < 0)
+    floor = vespo_weights(torch.tensor([[-25.0, -25.0, 0.0], [-20.0, -20.0, 0.0]]), ADV, MASK)
+    torch.testing.assert_close(
+        floor[:, 0], torch.tensor([math.exp(3) * 1e-16, math.exp(2) * 1e-24]), rtol=1e-4, atol=0
+    )
 
 
 def test_vespo_loss_is_reinforce_times_a_detached_weight():

@@ -291,6 +291,23 @@ def test_gspo_published_clip_range_is_the_default():
     _close(out.token_loss, [[-math.exp(2e-4)] * 2, [-1.0004] * 2])
     _close(out.token_loss[0, 0], -1.0002000)
     assert out.clipped.tolist() == [[False, False], [True, True]]
+    # below: seq 2's mean log-ratio −5e-4 gives s = 0.9995 < 1 − 3e-4; with A = −1 the loss
+    # is the pessimistic max(s, 0.9997) = 0.9997, clipped
+    low = torch.full((1, 2), -5e-4, dtype=torch.float64)
+    out = gspo_loss(low, torch.zeros_like(low), -torch.ones(1, 2), torch.ones(1, 2))
+    _close(out.token_loss, [[0.9997] * 2])
+    assert out.clipped.all()
+
+
+def test_gspo_and_gmpo_ratio_of_a_one_token_response_is_its_tokens():
+    # the mean log-ratio over one token is that token's, 0.1 (the 5.0 is padding)
+    logprobs = torch.tensor([[0.1, 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0]])
+    for loss in (gspo_loss, gmpo_loss):
+        out = loss(logprobs, torch.zeros_like(logprobs), -torch.ones(1, 2), mask,
+                   clip_low=0.5, clip_high=0.5)  # fmt: skip
+        _close(out.ratio, [[math.exp(0.1), 1.0]])
+        _close(out.token_loss, [[math.exp(0.1), 0.0]])
 
 
 def test_cispo_hand_values_and_clipped_tokens_keep_gradient():
