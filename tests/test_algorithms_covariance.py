@@ -48,3 +48,15 @@ def test_clip_cov_draws_within_the_band_and_repeats_with_its_seed():
     assert len({tuple(p.flatten().tolist()) for p in picks}) > 1  # the draw varies by seed
     assert torch.equal(draw(0.0, 3.0, 0.4, 5), draw(0.0, 3.0, 0.4, 5))
     assert not draw(10.0, 20.0, 1.0, 0).any()  # nothing in the band: nothing left out
+
+
+def test_a_lone_token_has_covariance_0_and_the_band_is_open():
+    # one masked token is its own mean: (A − A)(log π − log π) = 0
+    lone = token_covariance(
+        torch.tensor([[2.0, 5.0]]), torch.tensor([[-1.0, -3.0]]), torch.tensor([[1, 0]])
+    )
+    assert lone.tolist() == [[0.0, -torch.inf]]
+    # Clip-Cov draws from the open band (1, 5): the covariances on its ends are not candidates
+    cov = torch.tensor([[1.0, 2.0, 5.0]], dtype=torch.float64)
+    picked = clip_cov_tokens(cov, torch.ones(1, 3), 1.0, 1.0, 5.0, torch.Generator().manual_seed(0))
+    assert picked.tolist() == [[False, True, False]]

@@ -529,3 +529,9 @@ def test_kl_cov_penalises_the_selected_tokens_log_ratio():
     every = torch.ones(1, 3, dtype=torch.bool)
     kl_cov_loss(lp, lp.detach(), adv, torch.ones(1, 3), selected=every).token_loss.sum().backward()
     _close(lp.grad, -adv, atol=1e-12)
+    # β = 0 is allowed (no penalty: -A ρ everywhere); a negative β is refused
+    logprobs, old = _inputs()
+    zero = kl_cov_loss(logprobs, old, ADV, MASK, kl_coef=0.0, selected=selected)
+    _close(zero.token_loss, -ADV * RATIOS, atol=1e-12)
+    with pytest.raises(ValueError, match=r"kl_coef must be >= 0, got -0\.1"):
+        kl_cov_loss(logprobs, old, ADV, MASK, kl_coef=-0.1, selected=selected)
