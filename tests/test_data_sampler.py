@@ -112,6 +112,12 @@ def test_group_pass_rates_by_hand():
         group_pass_rates(correct, groups, 4)
     with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
         group_pass_rates(correct, groups, 2)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\), got \[-1, -1, 0"):
+        group_pass_rates(correct, groups - 1, 3)
+    assert (
+        group_pass_rates(torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.long), 0)
+        == []
+    )
 
 
 def first_digit_even(prompts, completions, **columns):
