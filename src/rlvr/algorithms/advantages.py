@@ -283,7 +283,9 @@ def gpg_advantages(
     (B − M)/B; α undoes that shrinkage ("accurate gradient estimation"). F_norm = 1 is the
     paper's choice (``std_normalization="none"``, this function's default); ``"group"`` is
     its F_norm = std variant, ``"batch"`` divides by the batch std. When every group is
-    constant, every advantage is 0 and α is taken as 1.
+    constant, every advantage is 0 and α is taken as 1. The authors' trainer (the paper's
+    repository, ``adjust_gd``) divides the loss by max(1 − M/B, 0.05) instead, which caps α
+    at 20; rlvr does not cap it (the two agree whenever at least 5 % of the batch learns).
 
     Args:
         rewards: ``[N]`` scalar reward of each sequence.
