@@ -99,6 +99,8 @@ def test_ipo_hand_values():
     _close(out.losses, [(0.75 - 1) ** 2, (-0.75 - 1) ** 2])  # 0.0625, 3.0625
     with pytest.raises(ValueError, match="label smoothing"):
         ipo_loss(*ARGS, beta=0.5, label_smoothing=0.1)
+    # β = 0.25: target 1/(2β) = 2 (at β = 0.5 it equals 2β, which hides a flipped division)
+    _close(ipo_loss(*ARGS, beta=0.25).losses, [(0.75 - 2) ** 2, (-0.75 - 2) ** 2])
 
 
 def test_hinge_hand_values_and_gradient():
@@ -130,6 +132,13 @@ def test_robust_dpo_is_unbiased_under_label_flips():
     _close(out.chosen_rewards, [0.1, -0.1])
     clean = robust_dpo_loss(*ARGS, beta=0.1)
     torch.testing.assert_close(clean.losses, dpo_loss(*ARGS, beta=0.1).losses)
+    # log-ratios other than ±1: chosen +2, rejected -0.5, β = 0.5 -> rewards 1 and -0.25,
+    # z = 1.25, and with ε = 0.1 L = (0.9·softplus(-1.25) - 0.1·softplus(1.25)) / 0.8
+    pair = [torch.tensor([v], dtype=F64) for v in (-8.0, -10.5, -10.0, -10.0, 1.0, 1.0)]
+    out = robust_dpo_loss(*pair, beta=0.5, label_smoothing=0.1)
+    _close(out.losses, [(0.9 * softplus(-1.25) - 0.1 * softplus(1.25)) / 0.8])
+    _close(out.chosen_rewards, [1.0])
+    _close(out.rejected_rewards, [-0.25])
 
 
 def test_simpo_hand_values_ignore_the_reference():
@@ -191,6 +200,11 @@ def test_ipo_gradient():
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="needs the reference"):
         preference_loss("dpo", CHOSEN, REJECTED, None, None, LEN_CHOSEN, LEN_REJECTED, beta=0.1)
+    # a reference-free loss goes without them
+    free = preference_loss(
+        "simpo", CHOSEN, REJECTED, None, None, LEN_CHOSEN, LEN_REJECTED, beta=2.0
+    )
+    _close(free.chosen_rewards, [-10.0, -10.0])
     with pytest.raises(ValueError, match="share one shape"):
         dpo_loss(CHOSEN, REJECTED[:1], REF_CHOSEN, REF_REJECTED, LEN_CHOSEN, LEN_REJECTED, beta=1)
     with pytest.raises(ValueError, match="label_smoothing"):
