@@ -369,6 +369,11 @@ def test_kto_values_each_response_against_the_reference_point():
     weighted = kto_loss(*ARGS, beta=0.5, z0=0.4, desirable_weight=2.0, undesirable_weight=0.5)
     _close(weighted.losses, [0.5 * (2 * (1 - s(0.3)) + 0.5 * (1 - s(0.7))),
                              0.5 * (2 * (1 - s(-0.7)) + 0.5 * (1 - s(-0.3)))])  # fmt: skip
+    # the rewards are β times the log-ratios: a = +2, b = -0.5 give 1 and -0.25
+    pair = [torch.tensor([v], dtype=F64) for v in (-8.0, -10.5, -10.0, -10.0, 1.0, 1.0)]
+    out = kto_loss(*pair, beta=0.5, z0=0.0)
+    _close(out.chosen_rewards, [1.0])
+    _close(out.rejected_rewards, [-0.25])
     with pytest.raises(ValueError, match="kto has no label smoothing"):
         kto_loss(*ARGS, beta=0.5, z0=0.0, label_smoothing=0.1)
 
@@ -378,10 +383,10 @@ def test_kto_on_one_sided_pairs_takes_the_present_side_alone():
     only (chosen length 0): each row's loss is its one term, not halved; a whole pair keeps
     the ½ (checked above)."""
     s = sigmoid
-    one_sided = (
+    one_sided = (  # a one-token response is present
         *ARGS[:4],
-        torch.tensor([2.0, 0.0], dtype=F64),
-        torch.tensor([0.0, 2.0], dtype=F64),
+        torch.tensor([1.0, 0.0], dtype=F64),
+        torch.tensor([0.0, 1.0], dtype=F64),
     )
     out = kto_loss(*one_sided, beta=0.5, z0=0.4, desirable_weight=2.0, undesirable_weight=0.5)
     _close(out.losses, [2 * (1 - s(0.5 - 0.2)), 0.5 * (1 - s(0.2 - 0.5))])
@@ -415,6 +420,8 @@ def test_aot_per_pair_is_the_sorted_batch_loss_in_value_and_gradient(unpaired):
     assert out.losses.mean().item() == pytest.approx(batch.item(), rel=1e-12)
     torch.testing.assert_close(c2.grad, c1.grad, atol=1e-12, rtol=0)
     torch.testing.assert_close(r2.grad, r1.grad, atol=1e-12, rtol=0)
+    _close(out.chosen_rewards, (beta * (chosen - ref_c)).tolist())
+    _close(out.rejected_rewards, (beta * (rejected - ref_r)).tolist())
     assert c1.grad.abs().min() > 0 and not torch.equal(matched[:, 0], (ref_c - ref_r))
 
 
@@ -444,3 +451,10 @@ def test_wpo_weight_by_hand():
     first = math.exp((ratio(logits[0, 0], 0) + ratio(logits[0, 1], 2)) / 2)
     _close(wpo_weights(logits, tokens, mask), [first, 1.0], atol=1e-12)
     assert first < 1.5 and ratio(logits[0, 0], 0) > 0  # the likeliest token's ratio is above 1
+    # three positions: the mean runs over each row's own tokens, one token divides by 1
+    row = torch.tensor([1.0, 0.0, 0.0], dtype=F64)
+    logits = torch.stack([row.expand(3, 3), row.expand(3, 3)])
+    tokens = torch.tensor([[0, 1, 2], [0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    both = [math.exp(sum(ratio(row, t) for t in range(3)) / 3), math.exp(ratio(row, 0))]
+    _close(wpo_weights(logits, tokens, mask), both, atol=1e-12)
