@@ -45,6 +45,9 @@ def test_entropy_coef_bad_values():
     ctl = AdaptiveEntropyCoef(init_coef=0.0, target=0.5, delta=0.1, max_coef=0.5)
     with pytest.raises(ValueError, match="entropy"):
         ctl.update(float("nan"))
+    # Δ = 0 is allowed: the coefficient then never moves
+    still = AdaptiveEntropyCoef(init_coef=0.25, target=0.5, delta=0.0, max_coef=0.5)
+    assert [still.update(0.1), still.update(0.9)] == [0.25, 0.0] and still.coef == 0.25
 
 
 def test_kl_coef_by_hand_above_below_and_clipped():
@@ -66,8 +69,15 @@ def test_kl_coef_floor_and_bad_values():
     ctl = AdaptiveKLCoef(init_coef=1.0, target=1.0, horizon=1)
     # error −0.2, n_steps/horizon = 10: 1 − 2 = −1 → floored at 0
     assert ctl.update(0.0, n_steps=10) == 0.0
-    with pytest.raises(ValueError, match="target"):
+    with pytest.raises(ValueError, match=r"target and horizon must be > 0, got 0\.0 and 10"):
         AdaptiveKLCoef(init_coef=0.1, target=0.0, horizon=10)
+    with pytest.raises(ValueError, match=r"target and horizon must be > 0, got 1\.0 and 0"):
+        AdaptiveKLCoef(init_coef=0.1, target=1.0, horizon=0)
+    with pytest.raises(ValueError, match="init_coef must be >= 0"):
+        AdaptiveKLCoef(init_coef=-0.1, target=1.0, horizon=10)
+    # β = 0 is a valid start (it stays 0: the update is multiplicative), n_steps = 0 no move
+    assert AdaptiveKLCoef(init_coef=0.0, target=1.0, horizon=10).update(5.0, n_steps=3) == 0.0
+    assert AdaptiveKLCoef(init_coef=0.5, target=1.0, horizon=10).update(5.0, n_steps=0) == 0.5
     with pytest.raises(ValueError, match="n_steps"):
         ctl.update(1.0, n_steps=-1)
     with pytest.raises(ValueError, match="kl"):
@@ -229,6 +239,7 @@ def test_the_stall_watch_counts_evaluations_without_a_better_score():
     the fifth score answers the last four as the first does."""
     scores = [0.3, 0.2, 0.3, 0.5, 0.5, 0.4, 0.1, 0.6, 0.55]
     watch = StallWatch(2)
+    assert watch.state_dict() == {"best": None, "stalled": 0}
     answers = [watch.update(score) for score in scores[:5]]
     resumed = StallWatch(2)
     resumed.load_state_dict(watch.state_dict())
@@ -282,6 +293,8 @@ def test_entropy_advantage_bonus_hand_example():
     # the sign of every advantage is kept, a zero one stays zero
     assert torch.equal(torch.sign(shaped), torch.sign(advantages))
     assert not entropy_advantage_bonus(advantages, entropy, alpha=0.0).any()
+    # κ defaults to the paper's 2
+    assert torch.equal(entropy_advantage_bonus(advantages, entropy, alpha=0.4), bonus)
     # a larger κ clips harder: at κ = 4 the 2.0 advantage gets 0.5, not 1.0
     assert float(entropy_advantage_bonus(advantages, entropy, 0.4, 4.0)[0, 3]) == 0.5
 
