@@ -41,6 +41,10 @@ def test_soft_overlong_penalty_buffer_zero_and_full_buffer():
     out = soft_overlong_penalty(torch.tensor([0.0, 5.0, 10.0], dtype=torch.float64), 10, 10)
     assert out.dtype == torch.float64
     _close(out, [0.0, -0.5, -1.0])
+    # the smallest settings: L_max = 1, a one-token ramp (L = L_max gets the full -penalty
+    # from the ramp itself), penalty 0 (allowed: no shaping)
+    _close(soft_overlong_penalty(torch.tensor([0, 1, 2]), 1, 1, 2.0), [0.0, -2.0, -2.0])
+    _close(soft_overlong_penalty(torch.tensor([3, 5, 6]), 5, 2, 0.0), [0.0, 0.0, 0.0])
 
 
 def test_soft_overlong_penalty_bad_args():
@@ -85,6 +89,9 @@ def test_kimi_length_reward_by_hand():
 
 
 def test_kimi_length_reward_singleton_empty_and_bad_inputs():
+    # a span of exactly 1 token still ranks: lengths 3 and 4 give λ = 0.5 and -0.5
+    _close(kimi_length_reward(torch.tensor([3, 4]), torch.tensor([T, T]), torch.tensor([0, 0])),
+           [0.5, -0.5])  # fmt: skip
     # a group of one has max == min → 0
     _close(kimi_length_reward(torch.tensor([3.0]), torch.tensor([T]), torch.tensor([0])), [0.0])
     empty = kimi_length_reward(
@@ -115,6 +122,7 @@ def test_repetition_penalty_by_hand():
     ]
     out = repetition_penalty(seqs, n=3)
     _close(out, [-0.25, 0.0, -2 / 3, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(repetition_penalty(seqs), out)  # n = 3 is the default
     assert out.dtype == torch.get_default_dtype()
 
 
