@@ -43,6 +43,7 @@ def test_top_k_by_hand_with_ties_and_unsorted_ids():
     assert keep.tolist() == [False, True, False, False, True, True, True, False]
     # a group of k or fewer keeps all its samples
     assert top_k_per_group(torch.zeros(3), torch.tensor([0, 0, 1]), 2).all()
+    assert top_k_per_group(torch.tensor([0.5]), torch.tensor([7]), 1).tolist() == [True]
 
 
 def test_top_k_matches_a_sort_of_each_group():
