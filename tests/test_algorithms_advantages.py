@@ -493,7 +493,7 @@ def test_pass_at_k_hand_values_and_k1_is_rloo():
     2/3 − 1 = −1/3. k = 1 is RLOO; non-binary rewards and k ≥ the group size are refused."""
     adv = pass_at_k_advantages(REWARDS, GROUPS, k=2)
     _close(adv, [1, -1 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -1 / 3, -1 / 3])
-    _close(pass_at_k_advantages(REWARDS, GROUPS, k=1), rloo_advantages(REWARDS, GROUPS))
+    _close(pass_at_k_advantages(REWARDS, GROUPS), rloo_advantages(REWARDS, GROUPS))  # k = 1
     assert pass_at_k_estimate(torch.tensor(8.0), torch.tensor(2.0), 3) == pytest.approx(
         1 - math.comb(6, 3) / math.comb(8, 3)
     )
@@ -501,6 +501,8 @@ def test_pass_at_k_hand_values_and_k1_is_rloo():
         pass_at_k_advantages(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]), k=1)
     with pytest.raises(ValueError, match=r"k=4 must be at least 1 and below every group's size"):
         pass_at_k_advantages(REWARDS, GROUPS, k=4)
+    with pytest.raises(ValueError, match=r"k=1 .*\(smallest 1\)"):  # a lone sample
+        pass_at_k_advantages(torch.tensor([1.0]), torch.tensor([0]), k=1)
 
 
 def test_weighted_reinforce_gives_passes_lambda_and_fails_minus_one():
