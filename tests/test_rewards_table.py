@@ -38,6 +38,12 @@ EXTRACTION_TABLE = [
     # the boxes of one answer are joined; boxes separated by words are not
     ("x = \\boxed{1} or x = \\boxed{2}", "1, 2"),
     ("\\boxed{1}, \\boxed{2}", "1, 2"),
+    ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2, 3"),  # every box back to the first
+    ("\\boxed{1}\\boxed{2}", "2"),  # adjacent, no joiner: the last; the search finds it
+    ("\\boxed{1}," + " " * 99 + "\\boxed{2}", "1, 2"),  # a joiner of 100 characters joins,
+    ("\\boxed{1}," + " " * 100 + "\\boxed{2}", "2"),  # one of 101 does not
+    ("\\boxed{\\(**\\(3\\)**\\)}", "3"),  # wrappers in wrappers take two rounds
+    ("\\boxed{\\left\\{ x = 1 \\right.}", "\\left\\{ x = 1 \\right."),  # "\\right." kept
     ("x_1 = \\boxed{-1}, x_2 = \\boxed{3}", "-1, 3"),
     ("$\\boxed{2}$ and $\\boxed{5}$", "2, 5"),
     ("\\boxed{3} hmm, actually \\boxed{4}", "4"),

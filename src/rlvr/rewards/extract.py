@@ -168,12 +168,13 @@ def _final_boxed_answer(text: str) -> str | None:
 
 
 def _clean(answer: str) -> str:
-    """Strip whitespace, ``$`` / ``\\(`` / ``**`` wrappers and a trailing ``.`` ``,`` ``;``."""
+    """Strip whitespace, ``$`` / ``\\(`` / ``**`` wrappers and a trailing ``.`` ``,`` ``;``
+    (not the ``.`` of ``\\right.``)."""
     for _round in range(_MAX_CLEAN_ROUNDS):
         previous = answer
         answer = answer.strip()
-        if answer.endswith((".", ",", ";")):
-            answer = answer[:-1]
+        if answer.endswith((".", ",", ";")) and not answer.endswith("\\right."):
+            answer = answer[:-1]  # but "\right." is LaTeX's invisible delimiter, not a stop
         for left, right in _WRAPPERS:
             long_enough = len(answer) >= len(left) + len(right)
             if long_enough and answer.startswith(left) and answer.endswith(right):
