@@ -722,6 +722,27 @@ def test_decode_steps_take_the_panel_products_where_measured_to_pay():
 
 
 @needs_compiler
+@pytest.mark.parametrize("pay", [True, False])
+def test_the_lm_head_takes_the_panel_products_only_where_they_pay(monkeypatch, pay):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=1, intermediate_size=128, seed=3)
+    products = []
+    panel_products = cpu_kernels.PanelStore.products
+
+    def counted(self, *args):
+        products.append(1)
+        return panel_products(self, *args)
+
+    monkeypatch.setattr(cpu_kernels.PanelStore, "products", counted)
+    monkeypatch.setattr(cpu_kernels, "panels_pay", lambda: pay)
+    hidden = torch.randn(3, 64)
+    with torch.no_grad():
+        logits = fused.FusedForward(model).logits(hidden)
+        torch.testing.assert_close(logits, model.lm_head(hidden), rtol=1e-5, atol=1e-5)
+    assert len(products) == int(pay)
+
+
+@needs_compiler
 def test_each_rollout_multiplies_by_the_weights_of_its_time(monkeypatch):
     """The packed weights are copies made for one rollout: after the weights change in place
     without a version bump (as `p.data.copy_` or a fused optimizer step leave them), the next

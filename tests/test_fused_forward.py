@@ -12,6 +12,8 @@ from torch import nn
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -341,6 +343,57 @@ def test_unsupported_models_use_the_transformers_forward(tok):
     assert forward_logits_shared_prefix(gpt2, mb).shape == (*mb.completion_ids.shape, len(tok))
 
 
+def small_llama(tok, **settings) -> nn.Module:
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        **settings,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"hidden_act": "gelu"},  # the fused MLP is SwiGLU only
+        {"pretraining_tp": 2},  # transformers then splits each projection into slices
+        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},  # depends on the length
+    ],
+)
+def test_llama_settings_outside_the_fused_forward_use_the_transformers_forward(tok, settings):
+    assert fused.supports(small_llama(tok))
+    assert not fused.supports(small_llama(tok, **settings))
+
+
+def test_the_fused_forward_norms_with_the_models_epsilon(tok):
+    # an RMSNorm epsilon of 0.5, far above the hidden states' mean square (about 4e-4 at
+    # initialisation), changes every norm: the log-probs agree only if the fused one reads it
+    model = small_llama(tok, rms_norm_eps=0.5)
+    mb = ragged_batch(tok)
+    ref, _ = logprobs_and_grads(model, mb, enabled=False)
+    lp, _ = logprobs_and_grads(model, mb, enabled=True)
+    torch.testing.assert_close(lp, ref)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Stands for an embedding whose forward is not a plain lookup (Gemma scales it)."""
+
+
+def test_a_custom_embedding_uses_the_transformers_forward_and_qwen2s_unused_window_not(tok):
+    model = llama(tok)
+    old = model.model.embed_tokens
+    model.model.embed_tokens = ScaledEmbedding(old.num_embeddings, old.embedding_dim)
+    assert not fused.supports(model)
+    # Qwen2 checkpoints carry a sliding_window with use_sliding_window false (transformers 4
+    # keeps the number): every layer then attends in full, as the fused forward does
+    qwen2 = qwen2_gqa(tok)
+    qwen2.config.sliding_window = 4096
+    assert not qwen2.config.use_sliding_window and fused.supports(qwen2)
+
+
 def test_adapters_run_by_their_own_forward_never_packed_and_never_on_the_lm_head(tok):
     model = ADAPTED["llama_lora"](tok)
     attn = model.model.layers[0].self_attn
@@ -351,6 +404,15 @@ def test_adapters_run_by_their_own_forward_never_packed_and_never_on_the_lm_head
     torch.testing.assert_close(packed, torch.cat([plain.q_proj(x), plain.k_proj(x)], -1))
     head = lora.add_lora(qwen2_gqa(tok), LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
     assert not fused.supports(head)  # the chunked log-probs read the head's weight
+
+
+def test_packed_projections_keep_their_biases(tok):
+    attn = qwen2_gqa(tok).model.layers[0].self_attn  # q, k, v with (nonzero) biases
+    x = torch.randn(3, attn.q_proj.in_features)
+    each = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)]
+    packed = fused.packed_linear(x, attn.q_proj, attn.k_proj, attn.v_proj)
+    torch.testing.assert_close(packed, torch.cat(each, -1))
+    assert fused.packed_linear(x, attn.q_proj, attn.o_proj) is None  # o_proj has no bias
 
 
 def test_packed_micro_batches_count_each_prompt_once_and_only_real_tokens():
@@ -497,6 +559,22 @@ def test_short_cpu_attention_with_explicit_scores_equals_the_fused_kernel(
     assert explicit[0][0, 0, 0].abs().sum() > 0
 
 
+def test_cpu_queries_up_to_48_positions_take_explicit_scores(monkeypatch):
+    """`SMALL_ATTENTION` (lever 18): fp32 queries of 2 to 48 positions on a CPU skip PyTorch's
+    scaled-dot-product kernel, a 49th position takes it."""
+    kernel, lengths = torch.nn.functional.scaled_dot_product_attention, []
+
+    def counted(q, *args, **kwargs):
+        lengths.append(q.shape[2])
+        return kernel(q, *args, **kwargs)
+
+    monkeypatch.setattr(fused.F, "scaled_dot_product_attention", counted)
+    for t in (2, 48, 49):
+        q, k = torch.randn(1, 2, t, 4), torch.randn(1, 2, t, 4)
+        fused.attention(q, k, k, fused.mask_bias(torch.ones(1, t), t, torch.float32), 0.5)
+    assert lengths == [49]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_the_padding_free_forward_and_backward_never_read_the_device_back(tok, name):
     """Lever 54: with the model and the micro-batch's tensors on PyTorch's meta device, where
@@ -515,6 +593,25 @@ def test_the_padding_free_forward_and_backward_never_read_the_device_back(tok, n
     assert logp.is_meta and logp.shape == entropy.shape == want.shape
     trained = [p for p in model.parameters() if p.requires_grad]
     assert trained and all(p.grad is not None and p.grad.is_meta for p in trained)
+
+
+def test_a_prompt_whose_samples_all_left_the_batch_gets_an_empty_group():
+    """`prefix_layout` with `select` [0, 0, 1, 1] of 3 prompts (prompt 2's rows dropped, as
+    finished rows are in decoding): prompt 2 owns rows 4..4, none, and its key-mask row is a
+    placeholder read from the last row, not from past the batch's 4 rows."""
+    key_mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    layout, gather = fused.prefix_layout(key_mask, 1, None, torch.tensor([0, 0, 1, 1]), 3)
+    assert not gather and layout.starts.tolist() == [0, 2, 4, 4]
+    assert layout.prefix_mask.tolist() == [[0, 1, 1], [1, 1, 1], [1, 1, 1]]
+    assert layout.own_mask.tolist() == [[1]] * 4 and layout.rows.tolist() == [[0], [1], [2], [3]]
+
+
+def test_a_forward_lays_its_attention_out_once_for_all_its_layers(tok, monkeypatch):
+    layouts = []
+    made = fused.prefix_layout
+    monkeypatch.setattr(fused, "prefix_layout", lambda *args: layouts.append(1) or made(*args))
+    forward_logits_shared_prefix(llama(tok), ragged_batch(tok))  # 2 layers
+    assert len(layouts) == 2  # the prompts' forward and the completions', not one a layer
 
 
 def layout_case(order: str) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:

@@ -1,6 +1,8 @@
 """LoRA adapters (`model.lora`): the adapted function, what trains, saving, resuming, the
 reference, and a run of each training command with them."""
 
+import json
+
 import pytest
 import torch
 from peft import PeftModel
@@ -82,8 +84,28 @@ def test_the_update_term_is_what_the_adapter_adds_and_nothing_when_disabled():
         torch.testing.assert_close(up.base_layer(x) + lora.update_term(up, x), up(x))
         with lora.adapters_disabled(model):
             assert lora.update_term(up, x) is None
+        plain = up.base_layer(x)
+        up.merge()  # the term folded into the base weight: adding it again would count it twice
+        assert lora.update_term(up, x) is None
+        torch.testing.assert_close(up.base_layer(x), plain + by_hand, rtol=1e-5, atol=1e-5)
     assert lora.update_term(up.base_layer, x) is None
     assert lora.base_layer(up) is up.base_layer and lora.base_layer(model.lm_head) is model.lm_head
+
+
+def test_the_update_term_sums_the_active_adapters():
+    from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
+
+    model, _ = tiny(rank=4)
+    inject_adapter_in_model(PeftLoraConfig(r=2, target_modules=["up_proj"]), model, "other")
+    randomize_adapters(model)
+    up = model.eval().model.layers[1].mlp.up_proj
+    up.set_adapter(["default", "other"])
+    x = torch.randn(5, up.in_features)
+    with torch.no_grad():
+        both = lora.update_term(up, x)
+        torch.testing.assert_close(up.base_layer(x) + both, up(x))
+        alone = (8.0 / 2) * x @ up.lora_A["other"].weight.T @ up.lora_B["other"].weight.T
+        assert not torch.allclose(both, alone)  # not the last adapter's term alone
 
 
 def test_adapters_disabled_computes_the_base_model_and_turns_them_back_on():
@@ -116,6 +138,7 @@ def test_a_saved_lora_model_is_merged_and_its_adapter_loads_in_peft_and_rlvr(tmp
     saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     assert saved and all(k.startswith("base_model.model.") and "lora_" in k for k in saved)
     base, _ = tiny()
+    assert set(lora.merged_state_dict(model)) == set(base.state_dict())  # no adapter keys
     peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter")
     torch.testing.assert_close(logits(peft_model, IDS), expected, rtol=0, atol=0)
     fresh, _ = tiny(rank=4)
@@ -135,10 +158,35 @@ def test_an_adapter_of_other_settings_is_an_error_naming_the_file(tmp_path, sett
         lora.load_adapter(other, tmp_path)
 
 
+def test_an_adapter_on_fewer_modules_than_the_model_has_is_an_error(tmp_path):
+    model, tokenizer = tiny(rank=4, target_modules=["q_proj"])
+    save_pretrained(model, tokenizer, tmp_path)
+    other, _ = tiny(rank=4)  # all-linear: k_proj and the others would keep their own B, A
+    with pytest.raises(ValueError, match=r"adapter_model\.safetensors.*missing: \['"):
+        lora.load_adapter(other, tmp_path)
+
+
+def test_the_saved_adapter_names_the_model_it_adapts(tmp_path):
+    model, tokenizer = tiny()
+    save_pretrained(model, tokenizer, tmp_path / "base")
+    cfg = ModelConfig(name_or_path=str(tmp_path / "base"), lora=LoraConfig(rank=4))
+    adapted, _ = load_model_and_tokenizer(cfg)
+    save_pretrained(adapted, tokenizer, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "base")
+
+
 def test_a_missing_adapter_is_an_error_naming_the_path(tmp_path):
     model, _ = tiny(rank=4)
     with pytest.raises(FileNotFoundError, match=r"adapter_model\.safetensors"):
         lora.load_adapter(model, tmp_path)
+
+
+def test_the_adapters_dropout_is_the_configured_one():
+    model, _ = tiny(rank=4, dropout=0.25)  # after disable_dropout_: the adapters' own stays
+    q = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q.lora_dropout["default"], torch.nn.Dropout)
+    assert q.lora_dropout["default"].p == 0.25
 
 
 def test_an_unknown_target_module_is_a_config_error():

@@ -1,13 +1,25 @@
 """Tiny model, HF-format round trip, the rollout engine and the training-side log-probs."""
 
+import copy
+import json
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from rlvr.config import ModelConfig
 from rlvr.models import fused
-from rlvr.models.loading import ModelLoadError, load_pretrained, resolve_device, save_pretrained
+from rlvr.models.loading import (
+    ModelLoadError,
+    decode_completions,
+    eos_token_ids,
+    load_model_and_tokenizer,
+    load_pretrained,
+    resolve_device,
+    save_pretrained,
+)
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
@@ -56,6 +68,42 @@ def test_checkpoint_round_trip_in_hf_format(tiny, tmp_path):
     assert loaded_tok(text)["input_ids"] == tok(text)["input_ids"]
 
 
+def test_the_tiny_model_is_the_one_built_from_the_seed_and_shape_given(tiny):
+    shape = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 48}
+    model, _ = load_model_and_tokenizer(ModelConfig(tiny=shape), seed=7)
+    built = build_tiny_model(tiny[1], **shape, seed=7)
+    assert model.config.num_attention_heads == 2  # not build_tiny_model's default of 4
+    for name, weight in built.state_dict().items():
+        assert torch.equal(model.state_dict()[name], weight), name
+    other, _ = load_model_and_tokenizer(ModelConfig(tiny=shape), seed=8)
+    assert not torch.equal(other.lm_head.weight, model.lm_head.weight)
+
+
+def test_a_model_is_loaded_in_the_configured_dtype_and_forward(tiny, tmp_path):
+    shape = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 48}
+    cfg = ModelConfig(tiny=shape, dtype="bfloat16", fused_forward=False)
+    model, _ = load_model_and_tokenizer(cfg)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not fused.supports(model)  # model.fused_forward: false
+    save_pretrained(*tiny, tmp_path / "m")  # saved in fp32
+    loaded, _ = load_pretrained(str(tmp_path / "m"), "bfloat16")
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+
+
+def test_whole_weights_of_a_sharded_model_are_saved_under_its_class_before_sharding(tiny, tmp_path):
+    tok = tiny[1]
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, intermediate_size=48)
+    # FSDP2 makes the sharded model's class FSDP<its class>
+    model.__class__ = type("FSDPLlamaForCausalLM", (type(model),), {})
+    weights = {name: 2 * w for name, w in model.state_dict().items()}  # not the module's own
+    save_pretrained(model, tok, tmp_path, weights=weights)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    loaded = load_pretrained(str(tmp_path))[0].state_dict()
+    for name, w in weights.items():
+        assert torch.equal(loaded[name], w), name
+
+
 def test_missing_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_pretrained(str(tmp_path / "nowhere"))
@@ -73,6 +121,28 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     )
     with pytest.raises(ModelLoadError, match=hint):
         load_pretrained(str(tmp_path / "run"))
+
+
+def test_a_folder_without_weights_and_relative_paths_are_clear_errors(tiny, tmp_path):
+    model, tok = tiny
+    tok.save_pretrained(tmp_path)
+    model.config.save_pretrained(tmp_path)  # config.json, but no weights
+    with pytest.raises(ModelLoadError, match=r"could not be loaded \(.*model\.safetensors"):
+        load_pretrained(str(tmp_path))
+    # ./ and ~ name local folders even where there is none: never looked up on the hub
+    for name in ("./no/such/model", "~/no/such/model"):
+        with pytest.raises(ModelLoadError, match="path does not exist"):
+            load_pretrained(name)
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny, tmp_path):
+    model, tok = tiny
+    save_pretrained(model, tok, tmp_path / "padded")
+    assert load_pretrained(str(tmp_path / "padded"))[1].pad_token_id == tok.pad_token_id
+    unpadded = copy.deepcopy(tok)
+    unpadded.pad_token = None
+    save_pretrained(model, unpadded, tmp_path / "unpadded")
+    assert load_pretrained(str(tmp_path / "unpadded"))[1].pad_token_id == tok.eos_token_id
 
 
 def test_a_damaged_weights_file_is_a_clear_error(tiny, tmp_path):
@@ -95,6 +165,35 @@ def test_model_device_resolves_or_names_the_key():
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match=r"model\.device 'cuda:1': no CUDA GPU"):
             resolve_device("cuda:1")
+
+
+def test_a_cuda_device_index_must_name_one_of_the_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a machine with GPUs 0 and 1
+    assert resolve_device("cuda") == torch.device("cuda")  # no index: the current GPU
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ModelLoadError, match=r"'cuda:2': this machine has 2 CUDA GPU"):
+        resolve_device("cuda:2")
+
+
+def test_eos_ids_are_the_tokenizers_and_the_generation_configs():
+    tokenizer = SimpleNamespace(eos_token_id=2)
+
+    def model(configured):
+        return SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=configured))
+
+    assert eos_token_ids(model([7, 5, 2]), tokenizer) == [2, 5, 7]  # a list, each id once
+    assert eos_token_ids(model(9), tokenizer) == [2, 9]
+    assert eos_token_ids(model(None), tokenizer) == [2]
+
+
+def test_decoded_completions_drop_a_final_eos_only(tiny):
+    tok = tiny[1]
+    ids = tok("<answer>3</answer>", add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    texts = decode_completions(tok, [[*ids, eos], ids, [], [eos, *ids]], [eos])
+    # the answer tags are special tokens and stay; an EOS inside the text stays too
+    assert texts == ["<answer>3</answer>"] * 2 + ["", tok.eos_token + "<answer>3</answer>"]
 
 
 def test_inverse_cdf_sample_picks_the_interval_of_u():
