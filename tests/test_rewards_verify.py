@@ -111,6 +111,30 @@ def test_parse_number_and_normalize() -> None:
     assert parse_number("5 pi") is None
     assert normalize_answer(" $\\dfrac{1}{2}$. ") == "\\frac{1}{2}"
     assert normalize_answer("1 2") != normalize_answer("12")
+    assert normalize_answer("a1 2") == "a1 2"  # the space between the digits 1 and 2 stays
+    assert parse_number(".5") == Fraction(1, 2)  # no integer part
+    assert parse_number(".") is None and parse_number("e5") is None  # no digits at all
+
+
+def test_the_fast_path_decides_plain_numbers_without_math_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def never(predicted: str, gold: str, timeout_s: float) -> bool:
+        raise AssertionError(f"sent to math-verify: {predicted!r} vs {gold!r}")
+
+    monkeypatch.setattr(verify_module, "_verify_in_worker", never)
+    # one side's "x =" is dropped when the other has none
+    assert answers_match("x = 3", "3") and answers_match("3", "y = 3")
+    # an empty side matches nothing, before any parsing
+    assert not answers_match("", "3") and not answers_match("3", "  ")
+    assert answers_match(".5", "0.5")
+    # the places of a scientific decimal count its exponent: 14.14214e-1 and 1414214e-6 are
+    # 1.414214, six places, which round 1.41421356; 1.414214e2 has four
+    assert answers_match("14.14214e-1", "1.41421356")
+    assert answers_match("1414214e-6", "1.41421356")
+    assert not answers_match("1.414214e2", "141.421356")
+    # lists match as sets: every member on each side is on the other
+    assert answers_match("2, 1", "1, 2") and not answers_match("1, 2", "1, 2, 3")
 
 
 # ------------------------------------------------------------------------------- timeouts
