@@ -107,6 +107,10 @@ def test_only_a_chunk_of_logits_exists_and_backward_keeps_no_logits(monkeypatch)
     # hidden, weight, tokens, entropies and the log-sum-exps, empty on a CPU (the GPU kernels
     # keep them): nothing of the [rows, vocab] shape
     assert sorted(saved) == sorted([N * D, VOCAB * D, N, N, 0])
+    # a budget below one row's logits still goes one row at a time, never two
+    made.clear()
+    linear_token_stats(hidden, head, tokens, chunk_elements=VOCAB // 2)
+    assert made == [VOCAB] * N
 
 
 def test_bf16_gradients_are_close_to_fp32_and_keep_the_dtype():
