@@ -75,44 +75,49 @@ def mutant(source: str, index: int) -> tuple[int, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", help="the file to mutate, relative to the repository root")
-    parser.add_argument("tests", nargs="+", help="test files (and, after --, pytest options)")
+    parser.add_argument("tests", nargs="+", help="test files; pytest options go after --")
     parser.add_argument("--lines", default="", help="only these lines, comma-separated")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    options = argv[cut + 1 :]
     root = Path(__file__).resolve().parents[1]
     lines = {int(n) for n in args.lines.split(",") if n}
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "repo"
         subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        command += [*args.tests, *options]
+
+        def tests_pass() -> bool:
+            env = {"PYTHONPATH": "src", "PATH": "/usr/bin:/bin", "HOME": tmp}
+            try:
+                run = subprocess.run(
+                    command, cwd=clone, env=env, capture_output=True, timeout=args.timeout
+                )
+            except subprocess.TimeoutExpired:
+                return False
+            return run.returncode == 0
+
+        if not tests_pass():  # no tests selected (exit 5) or failing ones: every mutant "dies"
+            sys.exit(f"the tests do not pass on HEAD itself: {' '.join(command[2:])}")
         target = clone / args.source
         original = target.read_text()
-        survivors, total = [], 0
+        total = survived = 0
         for index in range(len(mutation_sites(ast.parse(original)))):
             line, changed = mutant(original, index)
             if lines and line not in lines:
                 continue
-            total += 1
             target.write_text(changed)
             try:
-                pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-                env = {"PYTHONPATH": "src", "PATH": "/usr/bin:/bin", "HOME": tmp}
-                run = subprocess.run(
-                    [*pytest, *args.tests],
-                    cwd=clone,
-                    env=env,
-                    capture_output=True,
-                    timeout=args.timeout,
-                )
-                killed = run.returncode != 0
-            except subprocess.TimeoutExpired:
-                killed = True
+                killed = not tests_pass()
             finally:
                 target.write_text(original)
+            total, survived = total + 1, survived + (not killed)
             text = original.splitlines()[line - 1].strip()
             print(f"{'killed  ' if killed else 'SURVIVED'} line {line}: {text}", flush=True)
-            if not killed:
-                survivors.append(line)
-        print(f"{total} mutants, {len(survivors)} survived", flush=True)
+        print(f"{total} mutants, {survived} survived", flush=True)
     return 0
 
 
