@@ -721,12 +721,9 @@ def test_decode_steps_take_the_panel_products_where_measured_to_pay():
         torch.set_num_threads(threads)
 
 
-@needs_compiler
-@pytest.mark.parametrize("pay", [True, False])
-def test_the_lm_head_takes_the_panel_products_only_where_they_pay(monkeypatch, pay):
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden_size=64, num_layers=1, intermediate_size=128, seed=3)
-    products = []
+def count_panel_products(monkeypatch) -> list[int]:
+    """A list that gets an entry at each call of `PanelStore.products` from now on."""
+    products: list[int] = []
     panel_products = cpu_kernels.PanelStore.products
 
     def counted(self, *args):
@@ -734,6 +731,15 @@ def test_the_lm_head_takes_the_panel_products_only_where_they_pay(monkeypatch, p
         return panel_products(self, *args)
 
     monkeypatch.setattr(cpu_kernels.PanelStore, "products", counted)
+    return products
+
+
+@needs_compiler
+@pytest.mark.parametrize("pay", [True, False])
+def test_the_lm_head_takes_the_panel_products_only_where_they_pay(monkeypatch, pay):
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=64, num_layers=1, intermediate_size=128, seed=3)
+    products = count_panel_products(monkeypatch)
     monkeypatch.setattr(cpu_kernels, "panels_pay", lambda: pay)
     hidden = torch.randn(3, 64)
     with torch.no_grad():
@@ -752,14 +758,7 @@ def test_each_rollout_multiplies_by_the_weights_of_its_time(monkeypatch):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 90, (k,), generator=g).tolist() for k in (4, 9, 6)]
     params = SamplingParams(n=4, temperature=0.9, max_new_tokens=24)
-    products = []
-    panel_products = cpu_kernels.PanelStore.products
-
-    def counted(self, *args):
-        products.append(1)
-        return panel_products(self, *args)
-
-    monkeypatch.setattr(cpu_kernels.PanelStore, "products", counted)
+    products = count_panel_products(monkeypatch)
     monkeypatch.setattr(cpu_kernels, "panels_pay", lambda: True)  # on any CPU
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
