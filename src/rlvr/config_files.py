@@ -1,6 +1,7 @@
 """Reading and writing the configuration tree: YAML presets and files, dotted command-line
 overrides, errors that name the source and the key, the saved `config.yaml`, and the rows of
-`--help-config`. The tree's sections themselves are in `rlvr.config`, which re-exports these.
+`--help-config`, and `Section`, the base of every section. The tree's sections themselves are in
+`rlvr.config` (the `algorithm` section in `rlvr.config_algorithm`), which re-exports these.
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlvr.foreign_keys import foreign_key_hint
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, field docstrings are kept."""
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
 
 
 class ConfigError(ValueError):
