@@ -26,6 +26,7 @@ from rlvr.rollout.graphs import GraphState
 from rlvr.rollout.hf import HFRolloutEngine, left_pad
 from rlvr.rollout.sampling import (
     blocked_inverse_cdf,
+    draw_uniform,
     filter_logits,
     inverse_cdf_sample,
     penalize_repeats,
@@ -206,6 +207,14 @@ def test_inverse_cdf_sample_picks_the_interval_of_u():
     weights = torch.tensor([[2.0, 6.0, 0.0], [1.0, 0.0, 0.0]])
     assert inverse_cdf_sample(weights, torch.tensor([0.3, 0.5])).tolist() == [1, 0]
     assert inverse_cdf_sample(weights, torch.tensor([1.0, 1.0])).tolist() == [1, 0]
+
+
+def test_greedy_decoding_draws_no_uniforms():
+    # temperature 0 takes nothing from the run's generator, so what follows draws as before
+    generator = torch.Generator().manual_seed(0)
+    assert draw_uniform(generator, 3, SamplingParams(temperature=0.0)) is None
+    drawn = draw_uniform(generator, 3, SamplingParams(temperature=1.0))
+    torch.testing.assert_close(drawn, torch.rand(3, generator=torch.Generator().manual_seed(0)))
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 8])
@@ -632,6 +641,9 @@ def test_repetition_penalty_by_hand():
     logits = torch.tensor([[2.0, -1.0, 0.5]])
     seen = torch.tensor([[True, True, False]])
     assert penalize_repeats(logits, seen, 2.0).tolist() == [[1.0, -2.0, 0.5]]
+    # a positive logit below 1 is divided too (0.5 -> 0.25), and a logit of 0 stays 0
+    small = penalize_repeats(torch.tensor([[0.5, 0.0]]), torch.tensor([[True, True]]), 2.0)
+    assert small.tolist() == [[0.25, 0.0]]
     greedy = SamplingParams(temperature=0.0, repetition_penalty=2.0)
     assert sample_tokens(logits, greedy, None, seen=seen)[0].tolist() == [0]  # 1.0 > 0.5
     tokens, logps = sample_tokens(
