@@ -1,5 +1,6 @@
 """Config tree: presets, dotted overrides, and errors that name the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,46 @@ def test_the_named_preset_wins_over_the_files_preset(tmp_path):
     path.write_text("preset: dr_grpo\ntrain:\n  steps: 3\n")
     assert resolve_config(path).algorithm.aggregation == "seq_mean_token_sum"
     assert resolve_config(path, "grpo").algorithm.aggregation == "seq_mean_token_mean"
+
+
+# Each bound of the algorithm section, written out: the edge value that is still accepted and
+# the nearest one that is refused, with the key named (a bound moved or loosened fails here).
+ALGORITHM_BOUNDS = [
+    ("clip.low", 0.0, -0.01), ("clip.high", 0.0, -0.01), ("clip.dual", 1.01, 1.0),
+    ("covariance.fraction", 1.0, 1.01), ("covariance.fraction", 1e-6, 0.0),
+    ("covariance.kl_coef", 0.0, -0.1),
+    ("kl.coef", 0.0, -0.1), ("kl.adaptive_target", 0.01, 0.0), ("kl.horizon", 1, 0),
+    ("kl.reference_ema", 0.0, -0.01), ("kl.reference_ema", 1.0, 1.01),
+    ("kl.reference_reset_every", 0, -1), ("kl.reference_reset_mix", 1.0, 1.01),
+    ("kl.reference_reset_patience", 0, -1),
+    ("entropy.coef", 0.0, -0.1), ("entropy.target", 0.01, 0.0), ("entropy.delta", 0.0, -0.1),
+    ("entropy.max_coef", 0.0, -0.1), ("entropy.top_frac", 1.0, 1.01),
+    ("entropy.top_frac", 0.01, 0.0), ("entropy.advantage_alpha", 0.0, -0.1),
+    ("entropy.advantage_kappa", 1.01, 1.0),
+    ("overlong.buffer", 0.0, -0.1), ("overlong.buffer", 0.99, 1.0), ("overlong.penalty", 0.0, -0.1),
+    ("group_filter.keep", 0, -1),
+    ("shaping.length_start_step", 0, -1), ("shaping.repetition_ngram", 1, 0),
+    ("critic.gamma", 0.0, -0.01), ("critic.gamma", 1.0, 1.01), ("critic.lam", 0.0, -0.01),
+    ("critic.lam", 1.0, 1.01), ("critic.critic_lam", 1.0, 1.01),
+    ("critic.critic_lam", 0.0, -0.01), ("critic.length_adaptive_alpha", 0.01, 0.0),
+    ("critic.value_clip", 0.01, 0.0), ("critic.lr", 1e-9, 0.0), ("critic.warmup_steps", 0, -1),
+    ("rollout_is.min_ratio", 0.0, -0.1), ("rollout_is.max_ratio", 0.01, 0.0),
+    ("vespo.k_pos", 0.0, -0.1), ("vespo.lambda_pos", 0.01, 0.0), ("vespo.k_neg", 0.0, -0.1),
+    ("vespo.lambda_neg", 0.01, 0.0),
+    ("distill.coef", 0.01, 0.0), ("distill.discount", 1.0, 1.01),
+    ("distill.discount", 0.0, -0.01), ("distill.outcome_weight", 0.0, -0.1),
+    ("epsilon", 0.0, -1e-9), ("pass_k", 1, 0), ("positive_weight", 0.0, -0.1),
+    ("max_sampling_rounds", 1, 0), ("positive_lm_coef", 0.0, -0.1), ("omd_tau", 0.01, 0.0),
+    ("sapo_tau_pos", 0.01, 0.0), ("sapo_tau_neg", 0.01, 0.0), ("off_policy_mask", 0.0, -0.1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "edge", "beyond"), ALGORITHM_BOUNDS)
+def test_each_algorithm_bound_takes_its_edge_and_refuses_beyond_it(key, edge, beyond):
+    cfg = resolve_config(preset="grpo", overrides=[f"algorithm.{key}={edge}"])
+    section = cfg.algorithm
+    for part in key.split("."):
+        section = getattr(section, part)
+    assert section == edge
+    with pytest.raises(ConfigError, match=re.escape(f"config key 'algorithm.{key}'")):
+        resolve_config(preset="grpo", overrides=[f"algorithm.{key}={beyond}"])
