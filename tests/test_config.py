@@ -307,3 +307,12 @@ def test_each_algorithm_bound_takes_its_edge_and_refuses_beyond_it(key, edge, be
     assert section == edge
     with pytest.raises(ConfigError, match=re.escape(f"config key 'algorithm.{key}'")):
         resolve_config(preset="grpo", overrides=[f"algorithm.{key}={beyond}"])
+
+
+@pytest.mark.parametrize("section", ["covariance", "rollout_is"])
+def test_a_band_of_equal_ends_is_refused(section):
+    # Clip-Cov's (low, high) and rollout IS's [min_ratio, max_ratio] need low below high
+    low, high = ("low", "high") if section == "covariance" else ("min_ratio", "max_ratio")
+    overrides = [f"algorithm.{section}.{low}=1.5", f"algorithm.{section}.{high}=1.5"]
+    with pytest.raises(ConfigError, match=rf"{low} \(1\.5\) must be below .*{high} \(1\.5\)"):
+        resolve_config(preset="grpo", overrides=overrides)
