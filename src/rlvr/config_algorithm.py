@@ -13,6 +13,12 @@ from pydantic import Field, model_validator
 from rlvr.config_files import Section
 
 
+def _below(low_key: str, low: float, high_key: str, high: float) -> None:
+    """A ValueError naming both keys unless `low` < `high` (a band of equal ends is empty)."""
+    if low >= high:
+        raise ValueError(f"{low_key} ({low}) must be below {high_key} ({high})")
+
+
 class ClipConfig(Section):
     low: float = Field(default=0.2, ge=0.0)
     """Lower PPO clip range: the ratio is clipped at 1 - low."""
@@ -35,11 +41,7 @@ class CovarianceConfig(Section):
 
     @model_validator(mode="after")
     def _band(self) -> CovarianceConfig:
-        if self.low >= self.high:
-            raise ValueError(
-                f"algorithm.covariance.low ({self.low}) must be below "
-                f"algorithm.covariance.high ({self.high})"
-            )
+        _below("algorithm.covariance.low", self.low, "algorithm.covariance.high", self.high)
         return self
 
 
@@ -177,11 +179,8 @@ class RolloutISConfig(Section):
 
     @model_validator(mode="after")
     def _ordered(self) -> RolloutISConfig:
-        if self.min_ratio >= self.max_ratio:
-            raise ValueError(
-                f"algorithm.rollout_is.min_ratio ({self.min_ratio}) must be below "
-                f"algorithm.rollout_is.max_ratio ({self.max_ratio})"
-            )
+        low, high = "algorithm.rollout_is.min_ratio", "algorithm.rollout_is.max_ratio"
+        _below(low, self.min_ratio, high, self.max_ratio)
         return self
 
 
