@@ -155,6 +155,8 @@ def test_out_of_range_values_name_the_key(override, names):
         (["rollout.min_new_tokens=65"], r"rollout\.min_new_tokens \(65\) is above .*\(64\)"),
         (["data.min_terms=4", "data.max_terms=3"], r"data\.min_terms \(4\) is above"),
         (["data.operators='*'"], r"data\.operators '\*': the arithmetic task draws from"),
+        (["data.path=p.jsonl"], r"data\.path names a file, but data\.task=arithmetic is gen"),
+        (["data.task=countdown", "data.test_path=t.jsonl"], r"data\.test_path .*=countdown"),
         (["model.tiny.num_heads=3"], r"hidden_size \(256\) is not a multiple of .*num_heads \(3\)"),
     ],
 )

@@ -164,6 +164,12 @@ class DataConfig(Section):
             raise ValueError(
                 f"data.operators {self.operators!r}: the arithmetic task draws from `+` and `-`"
             )
+        for key in ("path", "test_path"):
+            if self.task in ("arithmetic", "countdown") and getattr(self, key) is not None:
+                raise ValueError(
+                    f"data.{key} names a file, but data.task={self.task} is generated, it reads "
+                    "no file; read problems from a file with data.task=file (or gsm8k/math)"
+                )
         if self.chat_template_kwargs and self.template != "chat":
             raise ValueError(
                 f"data.chat_template_kwargs are arguments of the chat template; "
