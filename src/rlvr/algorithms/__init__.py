@@ -21,8 +21,6 @@ from rlvr.algorithms.advantages import (
     gpg_advantages,
     group_normalized_advantages,
     opo_advantages,
-    reinforce_pp_advantages,
-    remax_advantages,
     rloo_advantages,
 )
 from rlvr.algorithms.aggregation import (
@@ -87,6 +85,11 @@ from rlvr.algorithms.registry import (
     POLICY_LOSSES,
     PREFERENCE_LOSSES,
     Registry,
+)
+from rlvr.algorithms.reinforce_advantages import (
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    remax_advantages,
 )
 from rlvr.algorithms.sequence_losses import (
     gmpo_loss,
@@ -164,6 +167,7 @@ __all__ = [
     "preference_loss",
     "reinforce_loss",
     "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "remax_advantages",
     "repetition_penalty",
     "reverse_kl_estimate",
