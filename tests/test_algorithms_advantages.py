@@ -612,3 +612,104 @@ def test_every_estimator_maps_an_empty_batch_to_an_empty_one_and_a_lone_sample_b
     side = [0.25] if name == "remax" else [3.0]
     assert advantages([1.0], side).tolist() == pytest.approx(right)
     assert advantages([0.0], side).tolist() == pytest.approx(wrong)
+
+
+def _kl_batch():
+    """Three samples of one group, lengths [2, 1, 2], rewards [1, 0, 1], log π = 0 on every
+    token and log π_ref = −k1: k1 = [[0.5, −0.25], [−1, pad], [−0.5, 1]] (the pad's 9 is
+    outside the mask and must not count)."""
+    from batches import token_batch
+
+    groups = torch.zeros(3, dtype=torch.long)
+    batch = token_batch([[5]] * 3, [[7] * 2, [7], [7] * 2], groups, torch.zeros(3))
+    batch.rewards = torch.tensor([1.0, 0.0, 1.0])
+    batch.ref_logprobs = -torch.tensor([[0.5, -0.25], [-1.0, -9.0], [-0.5, 1.0]])
+    return batch
+
+
+def test_a_kl_in_the_reward_subtracts_beta_times_each_samples_summed_kl():
+    """`kl.in_reward`: r_i ← r_i − β Σ_t k1_t over the sample's own response tokens, before
+    the group baseline. β = 0.2: penalties [0.05, −0.2, 0.1], shaped rewards [0.95, 0.2, 0.9]
+    of mean 0.68333. With `clamp_in_reward` each token's k1 is first clamped at 0: penalties
+    [0.1, 0, 0.2], shaped [0.9, 0, 0.8] of mean 0.56667. A KL in the loss leaves the rewards
+    alone although the batch has reference log-probs."""
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = _kl_batch()
+
+    def advantages(**kl) -> torch.Tensor:
+        algo = AlgorithmConfig.model_validate(
+            {"std_normalization": "none", "kl": {"coef": 0.2, "estimator": "k1", **kl}}
+        )
+        return batch_advantages(batch, algo, kl_coef=0.2)[0]
+
+    mask = batch.response_mask
+    shaped = torch.tensor([0.95 - 2.05 / 3, 0.2 - 2.05 / 3, 0.9 - 2.05 / 3])
+    torch.testing.assert_close(advantages(in_reward=True), shaped[:, None] * mask)
+    clamped = torch.tensor([0.9 - 1.7 / 3, -1.7 / 3, 0.8 - 1.7 / 3])
+    torch.testing.assert_close(
+        advantages(in_reward=True, clamp_in_reward=True), clamped[:, None] * mask
+    )
+    plain = torch.tensor([1 / 3, -2 / 3, 1 / 3])
+    torch.testing.assert_close(advantages(in_reward=False), plain[:, None] * mask)
+
+
+def test_normalize_then_sum_zeroes_the_padding_and_counts_only_weighted_parts():
+    """GDPO in `batch_advantages`: one part [1, 0] in a group of two normalises to ±1/√2 (std
+    1/√2, then the batch std 1), on each sample's own tokens only (lengths [2, 1]); a part of
+    weight 0, or no weights at all, gives every sample 0."""
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = token_batch([[5]] * 2, [[7] * 2, [7]], torch.tensor([0, 0]), torch.zeros(2))
+    batch.rewards = torch.tensor([1.0, 0.0])
+    batch.reward_parts = {"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([0.0, 1.0])}
+    algo = AlgorithmConfig(reward_aggregation="normalize_then_sum")
+    advantages, returns = batch_advantages(batch, algo, 0.0, {"a": 1.0, "b": 0.0})
+    h = math.sqrt(0.5)
+    torch.testing.assert_close(advantages, torch.tensor([[h, h], [-h, 0.0]]), atol=1e-5, rtol=0)
+    assert returns is None
+    for weights in ({"b": 0.0}, None):
+        none, _ = batch_advantages(batch, algo, 0.0, weights)
+        assert none.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_vapos_length_adaptive_lambda_is_each_samples_own():
+    """`critic.length_adaptive_alpha` α = 0.5 on lengths [2, 4]: λ = 1 − 1/(α l) = [0, 0.5];
+    with V = 0, γ = 1 and reward 1 on the last token, A_t = λ^(l−1−t): [0, 1] and
+    [0.125, 0.25, 0.5, 1]. The critic's targets use `critic_lam` = 1: the return 1 on every
+    token."""
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import batch_advantages
+
+    batch = token_batch([[5]] * 2, [[7] * 2, [7] * 4], torch.tensor([0, 1]), torch.zeros(2))
+    batch.rewards = torch.tensor([1.0, 1.0])
+    batch.values = torch.zeros(2, 4)
+    critic = {"length_adaptive_alpha": 0.5, "critic_lam": 1.0, "whiten_advantages": False}
+    algo = AlgorithmConfig.model_validate({"advantage": "gae", "critic": critic})
+    advantages, returns = batch_advantages(batch, algo, kl_coef=0.0)
+    assert advantages.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.125, 0.25, 0.5, 1.0]]
+    assert returns.tolist() == [[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+
+
+def test_an_on_policy_step_without_an_entropy_filter_runs_no_policy_forward():
+    """`prepare_update` needs the policy's log-probs only for several updates per step (the
+    old log-probs) or for `entropy.top_frac` below 1: otherwise the policy is not run."""
+    from batches import token_batch
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.estimation import prepare_update
+    from rlvr.training.update import LossSettings
+
+    class NoForward(torch.nn.Linear):
+        def forward(self, *args, **kwargs):
+            raise AssertionError("the policy was run")
+
+    batch = token_batch([[5]] * 2, [[7] * 2, [7]], torch.tensor([0, 0]), torch.zeros(2))
+    batch.rewards = torch.tensor([1.0, 0.0])
+    settings = LossSettings(AlgorithmConfig(std_normalization="none"), 1.0, 4, 64, 0)
+    prepare_update(batch, NoForward(1, 1), None, None, settings, needs_old_logprobs=False)
+    assert batch.old_logprobs is None
+    assert batch.advantages.tolist() == [[0.5, 0.5], [-0.5, 0.0]]
