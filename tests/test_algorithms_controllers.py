@@ -281,6 +281,63 @@ def test_a_stalled_pass_at_1_resets_the_reference_to_the_policy():
         AlgorithmConfig.model_validate({"kl": {"reference_reset_patience": 2}})
 
 
+def test_the_reference_exists_only_with_a_kl_term_and_is_saved_only_when_it_moves():
+    """kl.coef = 0 keeps no reference, even with `reference_ema` set (nothing to regularise,
+    nothing to save); a fixed reference (coef > 0, no EMA or resets) is a copy the run can
+    rebuild, so checkpoints leave it out and loading one leaves it as it is."""
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    policy = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        policy.weight.fill_(4.0)
+    off = Regularization(AlgorithmConfig.model_validate({"kl": {"reference_ema": 0.5}}), policy)
+    assert off.reference is None and not off.follows_policy
+    assert off.state_dict()["reference"] is None
+    assert not off.after_step(1, policy, kl=0.0, entropy=0.0)
+    fixed = Regularization(AlgorithmConfig.model_validate({"kl": {"coef": 0.1}}), policy)
+    assert fixed.reference is not policy and not fixed.follows_policy
+    state = fixed.state_dict()
+    assert state["reference"] is None
+    fixed.load_state_dict(state)
+    assert fixed.reference.weight.item() == 4.0
+
+
+def test_the_adaptive_kl_coefficient_takes_one_controller_step_per_rl_step():
+    """Ziegler et al.'s controller through `after_step`: target 0.1, horizon 10, β₀ = 0.2.
+    KL 0.3 clips the error 2 to +0.2: β = 0.2 · (1 + 0.2/10) = 0.204; KL 0.05 clips −0.5 to
+    −0.2: β = 0.204 · 0.98 = 0.19992."""
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    kl = {"coef": 0.2, "adaptive_target": 0.1, "horizon": 10}
+    reg = Regularization(AlgorithmConfig.model_validate({"kl": kl}), nn.Linear(1, 1))
+    reg.after_step(1, nn.Linear(1, 1), kl=0.3, entropy=0.0)
+    assert reg.kl_coef == pytest.approx(0.204, abs=1e-12)
+    reg.after_step(2, nn.Linear(1, 1), kl=0.05, entropy=0.0)
+    assert reg.kl_coef == pytest.approx(0.19992, abs=1e-12)
+
+
+def test_a_checkpoint_from_before_the_stall_watch_loads_with_a_fresh_one():
+    """States saved before `reference_reset_patience` existed have no "stalls" entry: the
+    watch starts afresh. A state with a watch loads into a run without one, which ignores it."""
+    from rlvr.config import AlgorithmConfig
+    from rlvr.training.regularization import Regularization
+
+    patient = AlgorithmConfig.model_validate({"kl": {"coef": 0.1, "reference_reset_patience": 2}})
+    reg = Regularization(patient, nn.Linear(1, 1))
+    reg.after_eval(0.5, nn.Linear(1, 1))
+    state = reg.state_dict()
+    assert state["stalls"] == {"best": 0.5, "stalled": 0}
+    old = {k: v for k, v in state.items() if k != "stalls"}
+    resumed = Regularization(patient, nn.Linear(1, 1))
+    resumed.load_state_dict(old)
+    assert resumed.stalls.state_dict() == {"best": None, "stalled": 0}
+    plain = Regularization(AlgorithmConfig.model_validate({"kl": {"coef": 0.1}}), nn.Linear(1, 1))
+    plain.load_state_dict(state)
+    assert plain.stalls is None
+
+
 def test_entropy_advantage_bonus_hand_example():
     advantages = torch.tensor([[1.0, -0.5, 0.0, 2.0], [0.25, 0.25, -4.0, 0.0]])
     entropy = torch.tensor([[0.5, 3.0, 1.0, 10.0], [0.25, 0.5, 0.0, 7.0]], requires_grad=True)

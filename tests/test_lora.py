@@ -203,6 +203,8 @@ def test_the_fixed_reference_of_a_lora_policy_is_the_policy_itself():
     model, _ = tiny(rank=4)
     fixed = resolve_config(preset="grpo", overrides=["algorithm.kl.coef=0.1"]).algorithm
     assert Regularization(fixed, model).reference is model
+    off = fixed.model_copy(update={"kl": fixed.kl.model_copy(update={"coef": 0.0})})
+    assert Regularization(off, model).reference is None  # no KL term: nothing to score
     moving = fixed.model_copy(update={"kl": fixed.kl.model_copy(update={"reference_ema": 0.5})})
     copied = Regularization(moving, model).reference
     assert copied is not model and lora.has_lora(copied)
