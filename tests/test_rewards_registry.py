@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from rlvr.rewards import (
+    RewardComposer,
     RewardOutput,
     TrainerState,
     UnknownRewardError,
@@ -179,7 +182,8 @@ def test_a_raising_reward_scores_zero_and_is_counted(scratch_registry: None) -> 
     assert out.total == [1.0, 0.0, 0.0, 0.0]
     assert out.errors == 4  # 2 rewards × 2 chunks (max_workers=2)
     assert any("judge unavailable" in m for m in out.error_examples)
-    assert any("test_short: ValueError" in m for m in out.error_examples)
+    # The composer's own check names the count (not zip's complaint further on).
+    assert "test_short: ValueError: returned 1 scores for 2 completions" in out.error_examples
 
 
 def test_missing_column_is_an_error_not_a_crash() -> None:
@@ -193,9 +197,12 @@ def test_nan_is_a_timeout_and_none_is_zero(scratch_registry: None) -> None:
     def odd(prompts: list[str], completions: list[str], **_: object) -> list[float | None]:
         return [float("nan"), None, 0.5]
 
-    out = compose_rewards([("test_odd", 2.0)], max_workers=1)(["p"] * 3, ["a", "b", "c"], {})
+    completions = ["x" * 100, "b", "c"]
+    out = compose_rewards([("test_odd", 2.0)], max_workers=1)(["p"] * 3, completions, {})
     assert out.total == [0.0, 0.0, 1.0]
     assert (out.timeouts, out.errors) == (1, 0)
+    # The message quotes the completion's first 80 characters.
+    assert out.error_examples == [f"test_odd: timeout: NaN (verifier timed out) for '{'x' * 80}'"]
 
 
 def test_parallel_scoring_is_deterministic_and_ordered() -> None:
@@ -331,6 +338,14 @@ def test_a_bad_log_call_is_the_reward_s_error(scratch_registry: None, log, messa
     assert message in out.error_examples[0]
 
 
+def test_a_lone_output_concatenates_to_itself() -> None:
+    # A step with one sampling round on one rank concatenates a single output.
+    only = RewardOutput([2.0], {"r": [1.0]}, 1, 0, ["e"], {"m": [3.0]}, {"a": ["x"]})
+    assert concat_outputs([only]) == RewardOutput(
+        [2.0], {"r": [1.0]}, 1, 0, ["e"], {"m": [3.0]}, {"a": ["x"]}
+    )
+
+
 def test_concat_outputs_puts_steps_end_to_end() -> None:
     first = RewardOutput([1.0], {"r": [1.0]}, 1, 0, ["e1"], {"m": [2.0]}, {"a": ["x"]})
     second = RewardOutput([0.0, 3.0], {"r": [0.0, 3.0]}, 0, 2, [], {"m": [4.0]}, {"b": [1, 2]})
@@ -344,6 +359,44 @@ def test_concat_outputs_puts_steps_end_to_end() -> None:
         metrics={"m": [2.0, 4.0]},
         extra={"a": ["x", None, None], "b": [None, 1, 2]},
     )
+
+
+def test_the_defaults_four_chunks_five_second_verifier_and_step_zero(
+    scratch_registry: None,
+) -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    @register_reward("test_sizes")
+    def sizes(completions: list[str], trainer_state: TrainerState, **_: object) -> list[float]:
+        seen.append((len(completions), trainer_state.global_step, trainer_state.max_steps))
+        return [0.0] * len(completions)
+
+    for composer in (compose_rewards([("test_sizes", 1.0)]), RewardComposer([("test_sizes", 1.0)])):
+        seen.clear()
+        composer(["p"] * 10, ["c"] * 10)
+        # 10 completions in max_workers=4 chunks; no `state` given: step 0 of 0
+        assert sorted(seen) == [(2, 0, 0), (2, 0, 0), (3, 0, 0), (3, 0, 0)]
+        assert composer.deadline("test_sizes", 3) == 5.0 * (2 * 3 + 2)
+
+
+def test_every_late_call_waits_for_the_same_deadline(scratch_registry: None) -> None:
+    # Four calls that all hang: each is abandoned at the one deadline counted from the start,
+    # not one after the other.
+    release = threading.Event()
+
+    @register_reward("test_stuck")
+    def stuck(completions: list[str], **_: object) -> list[float]:
+        release.wait(60)
+        return [1.0] * len(completions)
+
+    composer = compose_rewards([("test_stuck", 1.0)], max_workers=4, call_timeout_s=0.2)
+    start = time.monotonic()
+    try:
+        out = composer(["p"] * 4, ["a", "b", "c", "d"])
+    finally:
+        release.set()
+    assert time.monotonic() - start < 1.5
+    assert (out.total, out.timeouts) == ([0.0] * 4, 4)
 
 
 def test_composer_rejects_misaligned_input() -> None:
