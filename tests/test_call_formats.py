@@ -88,6 +88,13 @@ def test_hermes_reads_its_tool_turns_from_the_chat_template():
         "<|im_end|><|assistant|>",
     )
     assert tiny.result(["A", "B"]) == "<|tool|>A<|im_end|><|tool|>B<|im_end|><|assistant|>"
+    # A tool's output is the model's untrusted text: one that prints the second output's
+    # placeholder must come back as written, not with the second output put in its place.
+    hostile = "\x00OUTPUT2\x00"
+    assert (
+        tiny.result([hostile, "B"])
+        == f"<|tool|>{hostile}<|im_end|><|tool|>B<|im_end|><|assistant|>"
+    )
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,10 @@ def _output(n: int) -> str:
     return f"\x00OUTPUT{n}\x00"
 
 
+OUTPUT = re.compile("\x00OUTPUT([0-9]+)\x00")
+"""Any `_output` placeholder, and its number."""
+
+
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 """A `hermes` call."""
 
@@ -257,9 +261,7 @@ class Hermes(CallFormat):
 
     def result(self, outputs: list[str]) -> str:
         text = self._tool_turns(len(outputs))[len(self.anchor) :]
-        for i, output in enumerate(outputs):
-            text = text.replace(_output(i + 1), output)
-        return text
+        return OUTPUT.sub(lambda placeholder: outputs[int(placeholder[1]) - 1], text)
 
 
 CALL_FORMATS: Registry = Registry("tool call format")
