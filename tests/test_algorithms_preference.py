@@ -271,6 +271,31 @@ def test_bco_and_discopop_hand_values():
             loss(*ARGS, beta=0.5, label_smoothing=0.1)
 
 
+def test_log_ratio_losses_off_unit_log_ratios():
+    """Log-ratios a = [2, -0.5], b = [0.5, -3] at β = 0.25: the unit log-ratios of `ARGS` make
+    β a equal β / a and 1/(2β) + b squared equal twice it, so they cannot tell those apart.
+    β a = [0.5, -0.125], β b = [0.125, -0.75], 1/(2β) = 2, ρ = β (a - b) = [0.375, 0.625]."""
+    chosen = torch.tensor([-8.0, -20.5], dtype=F64)
+    rejected = torch.tensor([-10.5, -22.0], dtype=F64)
+    ref_chosen, ref_rejected = torch.tensor([-10.0, -20.0], dtype=F64), REF_REJECTED
+    args = (chosen, rejected, ref_chosen, ref_rejected, LEN_CHOSEN, LEN_REJECTED)
+    beta_a, beta_b = [0.5, -0.125], [0.125, -0.75]
+    nca = nca_pair_loss(*args, beta=0.25)
+    by_hand = [softplus(-c) + softplus(c) / 2 + softplus(r) / 2 for c, r in zip(beta_a, beta_b)]
+    _close(nca.losses, by_hand)
+    _close(nca.chosen_rewards, beta_a)
+    _close(nca.rejected_rewards, beta_b)
+    bco = bco_pair_loss(*args, beta=0.25)
+    _close(bco.losses, [softplus(-c) + softplus(r) for c, r in zip(beta_a, beta_b)])
+    _close(sppo_hard_loss(*args, beta=0.25).losses, [0.0 + 6.25, 6.25 + 1.0])  # (a-2)² + (b+2)²
+    # τ defaults to the paper's 0.05: σ(ρ/τ) = σ([7.5, 12.5])
+    s = sigmoid
+    by_hand = [
+        (1 - s(r / 0.05)) * softplus(-r) + s(r / 0.05) * math.exp(-r) for r in (0.375, 0.625)
+    ]
+    _close(discopop_loss(*args, beta=0.25).losses, by_hand)
+
+
 def test_exo_is_the_kl_between_two_point_distributions():
     """EXO's pair loss is KL(p ‖ q) with p = (σ(z), σ(-z)) and q = (1 - ε, ε): checked
     against torch's own KL of the two Bernoullis, and 0 with no gradient where p = q."""
