@@ -16,6 +16,7 @@ from rlvr.rewards import (
     UnknownRewardError,
     compose_rewards,
     concat_outputs,
+    countdown_reward,
     countdown_score,
     evaluate_countdown,
     format_score,
@@ -25,6 +26,7 @@ from rlvr.rewards import (
     register_reward,
     registry as registry_module,
 )
+from rlvr.rewards.builtin import tool_error_reward
 
 
 @pytest.fixture
@@ -447,6 +449,7 @@ def test_format_score(completion: str, expected: float) -> None:
         ("(7 - 1) / 3 * 9", [1, 3, 7, 9], 18, 1.0),  # exact fractions: 6/3*9
         ("9 / 6 * 4", [4, 6, 9], 6, 1.0),  # 3/2 * 4, the fraction is exact
         ("-(2 - 8)", [2, 8], 6, 1.0),
+        ("24 / 1", [24, 1], 24, 1.0),  # only a divisor of 0 is refused
         ("(3 + 5) * 3", [3, 5], 24, 0.0),  # reuses 3
         ("4 * 6 + 1", [4, 6], 25, 0.0),  # 1 is not given
         ("4 * 6", [4, 6], 25, 0.0),  # wrong value
@@ -473,6 +476,8 @@ def test_evaluate_countdown_is_exact() -> None:
     assert evaluate_countdown("1 / 3 + 1 / 3 + 1 / 3", [1, 3, 1, 3, 1, 3]) == 1
     assert evaluate_countdown("2 / 3", [2, 3]) == Fraction(2, 3)
     assert evaluate_countdown("2 / 3", [2]) is None
+    assert evaluate_countdown("-24", [24]) == -24
+    assert evaluate_countdown("+24", [24]) is None  # unary minus only, not unary plus
 
 
 def test_countdown_reward_through_the_composer() -> None:
@@ -492,8 +497,21 @@ def test_a_countdown_expression_over_256_characters_is_refused() -> None:
     ok = "+".join(["1"] * 128)  # 255 characters
     too_long = "+".join(["1"] * 129)  # 257 characters
     assert evaluate_countdown(ok, [1] * 200) == 128
+    assert evaluate_countdown(ok + " ", [1] * 200) == 128  # 256 characters: the limit itself
     assert evaluate_countdown(too_long, [1] * 200) is None
     assert countdown_score(too_long, [1] * 200, 129) == 0.0
+
+
+def test_countdown_needs_both_columns() -> None:
+    with pytest.raises(ValueError, match="needs 'numbers' and 'target' columns"):
+        countdown_reward(["p"], ["<answer>24</answer>"], numbers=[[24]])
+    with pytest.raises(ValueError, match="needs 'numbers' and 'target' columns"):
+        countdown_reward(["p"], ["<answer>24</answer>"], target=[24])
+
+
+def test_tool_error_is_minus_one_for_any_failed_call() -> None:
+    failed_calls = [0, 1, 3]
+    assert tool_error_reward(["p"] * 3, ["a", "b", "c"], failed_calls) == [0.0, -1.0, -1.0]
 
 
 def test_an_infinite_score_is_zero_and_an_error(scratch_registry: None) -> None:

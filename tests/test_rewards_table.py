@@ -273,6 +273,7 @@ FORMAT_TABLE = [
     ("  <think>\nreason\n</think>\n<answer>\n4\n</answer>", 0, 1, 1),  # leading space
     ("<think>\nreason\n</think>\n\n<answer>\n4\n</answer>", 0, 1, 1),  # a blank line
     ("reason</think>\n<answer>4</answer>", 0, 1, 1),  # the opening tag is missing
+    ("</think><answer>4</answer>", 0, 1, 1),  # the completion opens with the closing tag
     ("<think>\n\n</think>\n<answer>\n4\n</answer>", 0, 1, 1),  # no reasoning
     ("intro <think>x</think> then <answer>4</answer> outro", 0, 0, 1),
     ("<think>a</think><think>b</think><answer>1</answer>", 0, 0, 1),

@@ -96,6 +96,10 @@ def test_math_score_end_to_end(completion: str, gold: str, correct: bool) -> Non
     assert extract_answer(completion) is not None or not correct
 
 
+def test_a_row_without_a_gold_answer_scores_zero() -> None:
+    assert math_score("\\boxed{4}", None) == 0.0
+
+
 def test_parse_number_and_normalize() -> None:
     assert parse_number("1,234.5") == parse_number("2469/2")
     assert parse_number("1/0") is None
