@@ -128,6 +128,20 @@ def test_target_logprobs_layout_and_errors(tiny):
         target_logprobs(model, [[1], []], [[2], [3]], 0)
 
 
+def test_target_logprobs_keeps_each_forward_within_the_token_budget(tiny):
+    # Two pairs of 3 + 2 = 5 tokens under a budget of 5: one pair per forward pass.
+    model, tokenizer = tiny
+    rows: list[int] = []
+    embeddings = model.get_input_embeddings()
+    hook = embeddings.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))
+    try:
+        contexts, targets = [[10, 11, 12], [13, 14, 15]], [[16, 17], [18, 19]]
+        target_logprobs(model, contexts, targets, tokenizer.pad_token_id, micro_batch_tokens=5)
+    finally:
+        hook.remove()
+    assert rows and set(rows) == {1}  # every forward (the context's and the target's) one row
+
+
 def test_reference_likelihood_input_errors(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="2 prompts, 1 completions, 1 references"):
