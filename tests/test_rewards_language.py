@@ -13,6 +13,10 @@ def test_chain_of_thought_is_the_think_block() -> None:
     assert chain_of_thought("<think>plan</think><answer>5</answer>") == "plan"
     assert chain_of_thought("plan without opening tag</think>answer") == "plan without opening tag"
     assert chain_of_thought("no tags at all") == "no tags at all"
+    # A completion that closes the block at once (the template opened it) has no reasoning:
+    # the answer after it is not the chain of thought.
+    assert chain_of_thought("</think>the answer is five") == ""
+    assert language_consistency_score("</think>the answer is five", "en") == 0.0
 
 
 def test_word_scripts() -> None:
