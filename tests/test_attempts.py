@@ -234,3 +234,23 @@ def test_only_an_end_of_turn_stop_is_an_attempt():
         [ids("Q")], SamplingParams(n=1, max_new_tokens=100)
     )
     assert out.finish_reason == ["stop"] and out.attempts == [1] and len(engine.asked) == 1
+
+
+def score_is_text(prompts, completions, **columns):
+    """A verifier whose score is the completion itself, read as a number."""
+    return [float(text) for text in completions]
+
+
+def test_the_loops_judge_counts_a_verifier_score_of_one_or_more_as_right():
+    """`attempts_around` judges by the task's verifier alone, unweighted: 1 and 1.5 are right,
+    0.5 (partial credit) and 0 are wrong; one attempt leaves the engine as it is."""
+    from rlvr.data.problem import Problem
+    from rlvr.training.rewarding import attempts_around
+
+    engine = Scripted(["1"])
+    problems = [Problem(f"Q{i}", "1") for i in range(4)]
+    prompts = [f"Q{i}" for i in range(4)]
+    verifier = ("test_attempts:score_is_text", 5.0)
+    assert attempts_around(engine, TOK, (1, "No."), problems, prompts, verifier) is engine
+    wrapped = attempts_around(engine, TOK, (2, "No."), problems, prompts, verifier)
+    assert wrapped.judge([0, 1, 2, 3], ["1", "1.5", "0.5", "0"]) == [True, True, False, False]

@@ -141,6 +141,67 @@ def test_repetition_penalty_is_weighted_into_the_reward():
     assert batch.rewards.tolist() == pytest.approx([1.0, 1.0 - 1.2, 0.0, -2 / 3])
 
 
+def test_soft_overlong_punishment_is_added_with_weight_one():
+    """DAPO's ramp over the last `buffer` x max_new_tokens tokens: max 6, buffer 0.5 -> 3
+    tokens, so lengths [2, 6, 4, 5] get [0, -1, -1/3, -2/3] on top of the verifier's [1, 1, 0,
+    0]. The total is the weighted sum of the parts (GDPO reads the weights). A buffer under
+    half a token still ramps over one (0.05 x 6 rounds to 0): length 5 is free, 6 gets -1;
+    no buffer punishes nothing, a full-length sample included."""
+    rewarder = scorer("algorithm.overlong.buffer=0.5", "rollout.max_new_tokens=6")
+    batch = scored_batch([2, 6, 4, 5], [False] * 4, [True, True, False, False])
+    rewarder(batch)
+    assert batch.reward_parts["overlong"].tolist() == pytest.approx([0.0, -1.0, -1 / 3, -2 / 3])
+    assert batch.rewards.tolist() == pytest.approx([1.0, 0.0, -1 / 3, -2 / 3])
+    weighted = sum(rewarder.weights[k] * part for k, part in batch.reward_parts.items())
+    torch.testing.assert_close(batch.rewards, weighted)
+    rewarder = scorer("algorithm.overlong.buffer=0.05", "rollout.max_new_tokens=6")
+    batch = scored_batch([2, 6, 4, 5], [False] * 4, [True, True, False, False])
+    rewarder(batch)
+    assert batch.reward_parts["overlong"].tolist() == [0.0, -1.0, 0.0, 0.0]
+    rewarder = scorer("rollout.max_new_tokens=6")
+    batch = scored_batch([2, 6, 4, 5], [False] * 4, [True, True, False, False])
+    rewarder(batch)
+    assert "overlong" not in batch.reward_parts
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_a_verifier_left_out_of_the_rewards_scores_with_weight_zero():
+    """`reward.functions` without the task's verifier: the verifier still runs (its part and
+    `correct`), and the total is the listed rewards' alone."""
+    rewarder = scorer("reward.functions=[{name: test_rl_recipes:length_reward, weight: 2.0}]")
+    batch = scored_batch([2, 6, 4, 5], [False] * 4, [True, False, True, False])
+    rewarder(batch)
+    assert rewarder.weights["math"] == 0.0
+    assert batch.reward_parts["math"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert batch.correct.tolist() == [True, False, True, False]
+    assert batch.rewards.tolist() == pytest.approx([0.2] * 4)  # 2 x len("2") / 10
+
+
+def global_step_reward(prompts, completions, trainer_state, **columns):
+    """TRL's `trainer_state` keyword: the steps completed before the one scored."""
+    return [float(trainer_state.global_step)] * len(completions)
+
+
+def test_rewards_see_the_steps_completed_before_the_scored_one():
+    """A fresh scorer and the first step's both see global_step 0, step 3's sees 2; a fresh
+    scorer is before step 1, so a length reward starting at step 1 is still off."""
+    rewarder = scorer(
+        "reward.functions=[{name: test_rl_recipes:global_step_reward}]",
+        "algorithm.shaping.length_coef=0.5",
+        "algorithm.shaping.length_start_step=1",
+    )
+    seen = []
+    for step in (None, 1, 3):
+        if step is not None:
+            rewarder.step = step
+        batch = scored_batch([2, 6, 2, 6], [False] * 4, [True, True, True, True])
+        rewarder(batch)
+        seen.append(batch.reward_parts["test_rl_recipes:global_step_reward"].tolist())
+        if step is None:
+            assert "length" not in batch.reward_parts
+    assert seen == [[0.0] * 4, [0.0] * 4, [2.0] * 4]
+
+
 def test_top_entropy_tokens_keep_their_advantages_only():
     advantages = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]])
     entropy = torch.tensor([[0.1, 0.9, 0.5], [0.8, 0.2, 5.0]])
