@@ -13,8 +13,11 @@ import torch
 
 from rlvr.config import ConfigError, RewardSpec, resolve_config
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+from rlvr.rewards import model_based
+from rlvr.rewards.compose import RewardOutput
 from rlvr.rewards.judge import (
     HFJudge,
+    JudgeStats,
     OpenAIJudge,
     brpo_outcome,
     brpo_references,
@@ -24,8 +27,12 @@ from rlvr.rewards.judge import (
     parse_judgement,
 )
 from rlvr.rewards.model_based import (
+    BRPOOptions,
+    ModelRewardResult,
     RewardContext,
+    add_model_rewards,
     build_model_rewards,
+    make_judge,
     score_model_reward,
 )
 from rlvr.tracking.jsonl import read_jsonl
@@ -337,7 +344,7 @@ def test_model_reward_option_errors(tiny):
 
     with pytest.raises(ConfigError, match=r"unknown option 'jduge' \(did you mean 'judge'\?"):
         build({"name": "brpo", "options": {"jduge": "policy"}})
-    with pytest.raises(ConfigError, match=r"reward 'brpo': option 'judge' is required"):
+    with pytest.raises(ConfigError, match=r"option 'judge' is required \(`policy`, `frozen`"):
         build({"name": "brpo"})
     with pytest.raises(ConfigError, match=r"option 'both_orders'"):
         build({"name": "brpo", "options": {"judge": "policy", "both_orders": "maybe"}})
@@ -363,6 +370,90 @@ def test_score_model_reward_never_raises():
     result = score_model_reward("brpo", raising, ["p"] * 2, ["a", "b"], torch.tensor([0, 0]), {})
     assert result.scores == [0.0, 0.0] and result.errors == 1
     assert result.error_examples == ["brpo: RuntimeError: judge exploded"]
+
+
+def test_non_finite_model_scores_are_zero_and_each_an_error():
+    def scores(prompts, completions, group_ids, columns):
+        return ModelRewardResult([float("nan"), float("inf"), 2])
+
+    result = score_model_reward("r", scores, ["p"] * 3, ["a", "b", "c"], torch.tensor([0] * 3), {})
+    assert result.scores == [0.0, 0.0, 2.0]
+    assert (result.errors, result.timeouts) == (2, 0)
+    assert result.error_examples == [
+        "r: ValueError: non-finite score nan",
+        "r: ValueError: non-finite score inf",
+    ]
+
+
+def test_add_model_rewards_weighs_the_scores_and_keeps_five_examples():
+    def nan_then_ones(prompts, completions, group_ids, columns):
+        return ModelRewardResult([float("nan")] * 6 + [1.0])
+
+    output = RewardOutput(total=[0.5] * 7, per_reward={"format": [0.5] * 7})
+    added = add_model_rewards(
+        output, {"r": (2.0, nan_then_ones)}, ["p"] * 7, ["c"] * 7, torch.zeros(7), {}
+    )
+    assert added.total == [0.5] * 6 + [2.5]
+    assert added.per_reward["r"] == [0.0] * 6 + [1.0]
+    assert (added.errors, added.timeouts, len(added.error_examples)) == (6, 0, 5)
+
+
+class CountingJudge:
+    """Judges "t" as a timed-out request and "u" as an unparseable answer (both None), and
+    prefers any other rollout; `stats` (when kept) starts with 2 timeouts of earlier steps."""
+
+    def __init__(self, with_stats: bool):
+        if with_stats:
+            self.stats = JudgeStats(timeouts=2)
+
+    def compare(self, prompts, responses_a, responses_b):
+        results = []
+        for a in responses_a:
+            if a in ("t", "u") and hasattr(self, "stats"):
+                kind = "timeouts" if a == "t" else "unparseable"
+                self.stats.record(kind, f"{kind} on {a}")
+            results.append(None if a in ("t", "u") else (1.0, 0.0))
+        return results
+
+
+@pytest.mark.parametrize(
+    ("with_stats", "counts", "example"),
+    [
+        (True, (1, 1), "brpo: 2 of 3 judgements unusable, scored -1 (last: unparseable on u)"),
+        (False, (2, 0), "brpo: 2 of 3 judgements unusable, scored -1"),
+    ],
+)
+def test_brpo_counts_this_call_s_judge_timeouts_apart_from_its_errors(
+    monkeypatch, with_stats, counts, example
+):
+    # Each group's two rollouts are equal, so whichever is the reference, the other is judged:
+    # one timeout, one unparseable, one win. Only this call's timeouts count as timeouts; a
+    # judge without stats has none.
+    judge = CountingJudge(with_stats)
+    monkeypatch.setattr(model_based, "make_judge", lambda opts, context: judge)
+    spec = RewardSpec(name="brpo", options={"judge": "policy"})
+    [(_, reward)] = build_model_rewards([spec], RewardContext()).values()
+    completions = ["t", "t", "u", "u", "w", "w"]
+    result = reward(["q"] * 6, completions, torch.tensor([0, 0, 1, 1, 2, 2]), {})
+    assert sorted(result.scores) == [-1.0, -1.0, 0.0, 0.0, 0.0, 1.0]
+    assert (result.errors, result.timeouts) == counts
+    assert result.error_examples == [example]
+
+
+def test_brpo_s_default_judge_settings(tiny):
+    # Greedy judging (temperature 0), 128 new tokens; HTTP: 60 s per request, 8 in flight.
+    http = make_judge(BRPOOptions(judge="http://localhost:1", judge_model="m"), RewardContext())
+    assert isinstance(http, OpenAIJudge)
+    settings = (http.temperature, http.max_tokens, http.timeout_s, http.max_workers)
+    assert settings == (0.0, 128, 60.0, 8)
+    local = make_judge(BRPOOptions(judge="policy"), RewardContext(*tiny))
+    assert isinstance(local, HFJudge)
+    assert (local.params.temperature, local.params.max_new_tokens) == (0.0, 128)
+    assert local.engine.batch_size == 64
+
+
+def test_a_reward_context_without_a_generator_draws_from_seed_zero():
+    assert RewardContext().rng().initial_seed() == 0
 
 
 def run_config(tmp_path, functions):

@@ -18,6 +18,7 @@ from rlvr.rewards.model_based import (
     RewardModelOptions,
     build_reward_model,
     load_reward_model,
+    parse_options,
 )
 from rlvr.rewards.reward_model import reward_model_texts
 from tiny_run import TINY_RUN
@@ -104,6 +105,17 @@ def test_a_causal_lm_or_a_missing_folder_is_a_config_error(tmp_path) -> None:
         build_reward_model({"model": str(missing)}, RewardContext())
     with pytest.raises(ConfigError, match="option 'model' is required"):
         build_reward_model({}, RewardContext())
+
+
+def test_reward_model_option_bounds() -> None:
+    # One sequence per forward and a one-token window are the smallest settings.
+    opts = parse_options(RewardModelOptions, "reward_model", {"model": "m", "batch_size": 1})
+    assert (opts.batch_size, opts.max_length) == (1, None)
+    smallest = {"model": "m", "batch_size": 1, "max_length": 1}
+    assert parse_options(RewardModelOptions, "reward_model", smallest).max_length == 1
+    for key in ("batch_size", "max_length"):
+        with pytest.raises(ConfigError, match=f"option '{key}': Input should be greater"):
+            parse_options(RewardModelOptions, "reward_model", {"model": "m", key: 0})
 
 
 def test_training_on_the_reward_model_logs_its_scores(saved_classifier, tmp_path) -> None:
