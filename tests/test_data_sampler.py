@@ -187,3 +187,45 @@ def test_min_priority_one_is_accepted_and_makes_draws_uniform():
     sampler = PrioritizedSampler(3, seed=0, min_priority=1.0)
     sampler.observe([0, 1, 2], [1.0, 1.0, 0.5])
     assert sampler.priorities().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_task_of_one_problem_is_drawn_every_time_and_none_is_refused():
+    """One problem is a task (every draw is it); no problem is not (an epoch of none would
+    never end)."""
+    assert EpochSampler(1, seed=0).next(3) == [0, 0, 0]
+    assert PrioritizedSampler(1, seed=0).next(2) == [0, 0]
+    for sampler in (EpochSampler, PrioritizedSampler):
+        with pytest.raises(ValueError, match="the task has no training problems"):
+            sampler(0, seed=0)
+
+
+def test_the_epoch_sampler_saves_its_epoch_and_resumes_the_same_shuffle():
+    """The state is (epoch, position): (0, 0) fresh, (0, 2) after two draws, (1, 3) after six
+    more over five problems. A sampler restored at (0, 2) draws what the first one drew next,
+    each epoch every problem once."""
+    sampler = EpochSampler(5, seed=3)
+    assert sampler.state_dict() == {"epoch": 0, "position": 0}
+    first = sampler.next(2)
+    assert sampler.state_dict() == {"epoch": 0, "position": 2}
+    rest = sampler.next(6)
+    assert sampler.state_dict() == {"epoch": 1, "position": 3}
+    assert sorted(first + rest[:3]) == [0, 1, 2, 3, 4] and len(set(rest[3:])) == 3
+    resumed = EpochSampler(5, seed=3)
+    resumed.load_state_dict({"epoch": 0, "position": 2})
+    assert resumed.next(6) == rest
+
+
+def test_the_prioritized_sampler_s_default_floor_is_the_paper_s_zero():
+    """`build_sampler("prioritized", ...)` without `min_priority` never draws a problem solved
+    every time again."""
+    sampler = build_sampler("prioritized", 3, seed=0)
+    sampler.observe([0, 1, 2], [1.0, 0.5, 1.0])
+    assert {sampler.next(1)[0] for _ in range(50)} == {1}
+
+
+def test_a_draw_short_of_prioritised_problems_fills_up_to_its_count_exactly():
+    """One problem of four has a priority: a draw of two is it and one uniform other, no more."""
+    sampler = sampler_with({0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}, seed=4)
+    for _ in range(20):
+        drawn = sampler.next(2)
+        assert len(drawn) == 2 and drawn[0] == 1 and drawn[1] in (0, 2, 3)
