@@ -57,6 +57,10 @@ API_KEY = "sk-test-secret-0123"
         ("Score A: 8/10, Score B: 3/5", (0.8, 0.6)),  # both maxima: fractions
         ("score for response a = 4.5\nscore for response b = 6", (4.5, 6.0)),
         ("Score A: 5, Score B: 5", (5.0, 5.0)),  # a tie by scores
+        ("Score A: 3/0, Score B: 2/5", (3.0, 2.0)),  # a maximum of 0: raw scores, no 3/0
+        ("Score A: 3/5, Score B: 2/0", (3.0, 2.0)),
+        ("Score A: 0.9/1, Score B: 0.3/0.5", (0.9, 0.6)),  # maxima of 1 and below divide too
+        ("Score A: 7, and B gets no score. [[B]]", (0.0, 1.0)),  # one side only: not scores
         ('{"a": 7, "b": 3}', (7.0, 3.0)),
         ('reasoning... {"score_a": "2", "score_b": 9}', (2.0, 9.0)),
         ('{"winner": "B"}', (0.0, 1.0)),
@@ -165,6 +169,51 @@ def test_brpo_both_orders_cancel_position_bias():
     assert call[1] == ["xxx", "x", "xx", "xx"] and call[2] == ["xx", "xx", "xxx", "x"]
 
 
+class OrderJudge:
+    """The verdicts on "wt" and "ln" (judged against "ref"): "wt" wins as response A and ties
+    as B; "ln" loses as A and gets an unusable judgement as B."""
+
+    VERDICTS: ClassVar[dict[tuple[str, bool], tuple[float, float] | None]] = {
+        ("wt", True): (1.0, 0.0),
+        ("wt", False): (0.5, 0.5),
+        ("ln", True): (0.0, 1.0),
+        ("ln", False): None,
+    }
+
+    def compare(self, prompts, responses_a, responses_b):
+        return [
+            self.VERDICTS[(a, True)] if b == "ref" else self.VERDICTS[(b, False)]
+            for a, b in zip(responses_a, responses_b)
+        ]
+
+
+def test_brpo_both_orders_needs_a_win_and_a_usable_judgement_in_each_order():
+    generator = torch.Generator().manual_seed(2)  # randint(3) -> 0: "ref" is the reference
+    result = brpo_rewards(
+        ["q"] * 3,
+        ["ref", "wt", "ln"],
+        [0, 0, 0],
+        OrderJudge(),
+        generator,
+        both_orders=True,
+        failure_score=-0.5,
+    )
+    # "wt": a tie as B is no win (-1); "ln": a loss then an unusable judgement is unusable
+    assert result.rewards == [0.0, -1.0, -0.5] and result.failed == 1
+
+
+def test_judge_defaults_and_the_80_character_sample_of_an_unusable_answer(tiny, monkeypatch):
+    local = HFJudge(*tiny)  # greedy, 128 new tokens, 64 sequences at once
+    assert (local.params.temperature, local.params.max_new_tokens) == (0.0, 128)
+    assert local.engine.batch_size == 64
+    http = OpenAIJudge("http://localhost:1", "m")
+    settings = (http.temperature, http.max_tokens, http.timeout_s, http.max_workers)
+    assert settings == (0.0, 512, 60.0, 8)
+    monkeypatch.setattr(http, "_request", lambda content: "x" * 100)
+    assert http.compare(["q"], ["a"], ["b"]) == [None]
+    assert http.stats.last_error == f"unparseable judgement '{'x' * 80}'"
+
+
 def test_brpo_singletons_are_references_and_nothing_is_judged():
     judge = ScriptedJudge()
     result = brpo_rewards(["p", "q"], ["a", "b"], [0, 1], judge, torch.Generator())
@@ -207,6 +256,10 @@ def test_hf_judge_on_the_tiny_model_counts_garbage(tiny):
     assert len(results) == 2 and len(judge.last_outputs) == 2
     assert model.training  # generation put the module back in train mode
     assert judge.stats.unparseable == sum(r is None for r in results)
+    judge = HFJudge(model, tokenizer, max_new_tokens=12)  # over 80 characters of garbage
+    assert judge.compare(["What is 1+1?"], ["2"], ["3"]) == [None]
+    assert len(judge.last_outputs[0]) > 80
+    assert judge.stats.last_error == f"unparseable judgement {judge.last_outputs[0][:80]!r}"
     assert judge.compare([], [], []) == []
     with pytest.raises(ValueError, match="1 prompts, 2 responses A, 1 responses B"):
         judge.compare(["p"], ["a", "b"], ["c"])
