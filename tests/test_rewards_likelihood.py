@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, ModelConfig, RewardSpec, TinyModelConfig, resolve_config
-from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
+from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rewards.likelihood import (
     likelihood_improvement,
     reasoning_part,
@@ -150,6 +151,22 @@ def test_reference_likelihood_input_errors(tiny):
         reference_likelihood_rewards(model, tokenizer, ["a"], ["c"], [""])
     with pytest.raises(ValueError, match="unknown likelihood mode 'nll'"):
         reference_likelihood_rewards(model, tokenizer, ["a"], ["c"], ["d"], mode="nll")
+
+
+def test_a_model_path_loads_that_model_with_or_without_the_policy(tmp_path, tiny):
+    tokenizer = build_tiny_tokenizer()
+    save_pretrained(build_tiny_model(tokenizer, hidden_size=16, num_layers=1), tokenizer, tmp_path)
+    # The path's model, not the policy (hidden size 32) nor its initial weights (model_config).
+    for context in (RewardContext(), RewardContext(*tiny, model_config=TINY)):
+        model, _ = context.model(str(tmp_path), "model")
+        assert model.config.hidden_size == 16
+
+
+def test_policy_and_frozen_need_the_policy_and_its_tokenizer(tiny):
+    model, _ = tiny
+    for context, which in [(RewardContext(), "frozen"), (RewardContext(model), "policy")]:
+        with pytest.raises(ConfigError, match=f"model={which!r} needs the policy and its token"):
+            context.model(which, "model")
 
 
 def test_frozen_is_the_initial_policy_not_the_current_one():
