@@ -11,6 +11,7 @@ from rlvr.training.optim import (
     build_optimizer,
     build_scheduler,
     load_optimizer_state,
+    lr_multiplier,
     optimizer_steps,
     reset_optimizer_state,
 )
@@ -231,3 +232,27 @@ def test_the_decayed_parameters_are_those_hugging_faces_trainer_decays(architect
     assert kept == set(names.values()) - trainers
     assert any(name.endswith("norm.weight") for name in kept)
     assert any(name.endswith("q_proj.bias") for name in kept) == (architecture == "qwen2")
+
+
+def test_defaults_no_weight_decay_and_a_cosine_down_to_zero():
+    """`build_optimizer` decays nothing unless asked; `build_scheduler`'s cosine ends at 0:
+    no warm-up, 2 steps: 1, ½(1 + cos(π/2)) = 0.5, then 0."""
+    weights = torch.nn.Parameter(torch.zeros(2, 2))
+    optimizer = build_optimizer(torch.nn.ParameterList([weights]), 1.0)
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.0]
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=2)
+    lrs = []
+    for _ in range(3):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([1.0, 0.5, 0.0], abs=1e-12)
+
+
+def test_one_step_after_the_warmup_reaches_the_floor():
+    """warmup 2 of 3 steps: the cosine spans the one step left, so step 2 is at the peak and
+    step 3 at the floor 0.25; warm-up as long as the run leaves the peak (no division by 0)."""
+    cosine = {"schedule": "cosine", "min_lr_ratio": 0.25}
+    assert lr_multiplier(2, warmup_steps=2, total_steps=3, **cosine) == 1.0
+    assert lr_multiplier(3, warmup_steps=2, total_steps=3, **cosine) == pytest.approx(0.25)
+    assert lr_multiplier(2, warmup_steps=2, total_steps=2, **cosine) == 1.0
