@@ -128,3 +128,85 @@ def test_majority_at_k_scores_the_first_sample_carrying_the_vote():
     assert majority_at_k(["A", "A", "B"], [True, False, False], 3) == 1.0
     # "A" wins 2–1 and its first sample (index 0) is wrong: 0.0 (its last, index 2, is right)
     assert majority_at_k(["A", "B", "A"], [False, True, True], 3) == 0.0
+
+
+def test_evaluate_scores_scripted_samples_by_hand():
+    """Two problems, k = 3 scripted samples each, verified by `math`: problem 0 right once
+    (votes 5, 4, 4: the majority is wrong), problem 1 right twice (votes 2, 2, 7). pass@1 =
+    (1/3 + 2/3)/2 = 0.5, pass@3 = 1, maj@3 = 0.5; two samples ran out of tokens (no end of
+    turn): truncated_frac = 2/6; the mean length counts the tokens. The records are
+    problem-major, numbered from the problem's place in the list. One attempt by default (in
+    `sample_and_verify` too): a wrong sample is not asked again."""
+    from types import SimpleNamespace
+
+    from rlvr.data.problem import Problem
+    from rlvr.evaluation.evaluate import evaluate, sample_and_verify
+    from scripted_engine import TOK, Scripted, ids
+
+    texts = [
+        "<answer>5</answer><|im_end|>",
+        "<answer>4</answer>",
+        "<answer>4</answer><|im_end|>",
+        "<answer>2</answer><|im_end|>",
+        "<answer>2</answer><|im_end|>",
+        "<answer>7</answer>",
+    ]
+    engine = Scripted(texts)
+    engine.generator = None
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    problems = [Problem("What is 2+3?", "5"), Problem("What is 1+1?", "2")]
+    records: list[dict] = []
+    metrics = evaluate(model, TOK, problems, reward="math", k=3, engine=engine, records=records)
+    # one call: 3 samples a prompt, unfiltered (no top-k or top-p), the default budget 64
+    ((prompts, params),) = engine.asked
+    assert len(prompts) == 2
+    assert (params.n, params.temperature, params.top_p, params.top_k) == (3, 1.0, 1.0, 0)
+    assert params.max_new_tokens == 64
+    lengths = [len(ids(t)) for t in texts]
+    assert {key: metrics[key] for key in ("problems", "k", "pass@1", "pass@3", "maj@3")} == {
+        "problems": 2,
+        "k": 3,
+        "pass@1": pytest.approx(0.5),
+        "pass@3": 1.0,
+        "maj@3": 0.5,
+    }
+    assert metrics["truncated_frac"] == pytest.approx(2 / 6)
+    assert metrics["response_length/mean"] == pytest.approx(sum(lengths) / 6)
+    assert "attempts/mean" not in metrics and 0 <= metrics["seconds"] < 60
+    assert [r["problem"] for r in records] == [0, 0, 0, 1, 1, 1]
+    assert [r["correct"] for r in records] == [True, False, False, True, True, False]
+    assert [r["extracted"] for r in records] == ["5", "4", "4", "2", "2", "7"]
+    assert [r["length"] for r in records] == lengths
+    again = Scripted(texts)
+    again.generator = None
+    s = sample_and_verify(model, TOK, problems, "math", "chat", 3, 1.0, 1.0, 64, 0, engine=again)
+    assert s.correct == [[True, False, False], [True, True, False]] and len(again.asked) == 1
+    assert [r["finish_reason"] for r in records] == [
+        "stop",
+        "length",
+        "stop",
+        "stop",
+        "stop",
+        "length",
+    ]
+
+
+def test_a_runs_evaluation_budget_is_evals_own_else_the_rollouts():
+    """`evaluate_as_configured` samples `eval.max_new_tokens` tokens when set, else the
+    rollout's budget."""
+    from types import SimpleNamespace
+
+    from rlvr.config import resolve_config
+    from rlvr.data.problem import Problem
+    from rlvr.evaluation.evaluate import evaluate_as_configured
+    from scripted_engine import TOK, Scripted
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    problems = [Problem("What is 2+3?", "5")]
+    for overrides, budget in ((["eval.max_new_tokens=5"], 5), ([], 7)):
+        cfg = resolve_config(overrides=["eval.k=1", "rollout.max_new_tokens=7", *overrides])
+        engine = Scripted(["<answer>5</answer><|im_end|>"])
+        engine.generator = None
+        metrics = evaluate_as_configured(model, TOK, problems, "math", cfg, engine=engine)
+        assert metrics["pass@1"] == 1.0
+        assert engine.asked[0][1].max_new_tokens == budget
