@@ -210,3 +210,20 @@ def test_a_runs_evaluation_budget_is_evals_own_else_the_rollouts():
         metrics = evaluate_as_configured(model, TOK, problems, "math", cfg, engine=engine)
         assert metrics["pass@1"] == 1.0
         assert engine.asked[0][1].max_new_tokens == budget
+
+
+def test_a_partial_credit_below_one_is_wrong():
+    """The verifier's own score decides, unweighted: 1 is right, 0.5 is not."""
+    from types import SimpleNamespace
+
+    from rlvr.data.problem import Problem
+    from rlvr.evaluation.evaluate import sample_and_verify
+    from scripted_engine import TOK, Scripted
+
+    engine = Scripted(["1<|im_end|>", "0.5<|im_end|>"])
+    engine.generator = None
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    problems = [Problem("Q", "1")]
+    verifier = "test_attempts:score_is_text"
+    s = sample_and_verify(model, TOK, problems, verifier, "chat", 2, 1.0, 1.0, 8, 0, engine=engine)
+    assert s.scored.total == [1.0, 0.5] and s.correct == [[True, False]]
