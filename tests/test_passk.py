@@ -227,3 +227,31 @@ def test_a_partial_credit_below_one_is_wrong():
     verifier = "test_attempts:score_is_text"
     s = sample_and_verify(model, TOK, problems, verifier, "chat", 2, 1.0, 1.0, 8, 0, engine=engine)
     assert s.scored.total == [1.0, 0.5] and s.correct == [[True, False]]
+
+
+def test_evaluate_draws_eight_samples_by_default_and_means_the_attempts():
+    """`evaluate`'s default k is 8 (its metric names follow it); with two attempts a wrong
+    first sample is asked again, the problem counts as right when its last attempt is, and
+    `attempts/mean` is the mean number of attempts over the samples: (2 + 1) / 2."""
+    from types import SimpleNamespace
+
+    from rlvr.data.problem import Problem
+    from rlvr.evaluation.evaluate import evaluate
+    from scripted_engine import TOK, Scripted
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    problems = [Problem("What is 2+3?", "5")]
+    right, wrong = "<answer>5</answer><|im_end|>", "<answer>4</answer><|im_end|>"
+    engine = Scripted([right] * 7 + [wrong])
+    engine.generator = None
+    metrics = evaluate(model, TOK, problems, reward="math", engine=engine)
+    assert engine.asked[0][1].n == 8
+    assert (metrics["k"], metrics["pass@1"], metrics["pass@8"]) == (8, 7 / 8, 1.0)
+    assert "attempts/mean" not in metrics
+    engine = Scripted([wrong, right], [right])
+    engine.generator = None
+    metrics = evaluate(
+        model, TOK, problems, reward="math", k=2, attempts=(2, "Try again."), engine=engine
+    )
+    assert len(engine.asked) == 2 and len(engine.asked[1][0]) == 1  # only the wrong one again
+    assert (metrics["pass@1"], metrics["attempts/mean"]) == (1.0, 1.5)
