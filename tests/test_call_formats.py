@@ -280,3 +280,10 @@ def test_hermes_with_qwens_own_templates(template, chat_kwargs, opening):
 def test_tags_read_the_input_after_the_last_opening_tag():
     turn = "<calculator>oops <calculator>2+3</calculator>"
     assert Tags().parse(turn, ["calculator"]) == [Call("calculator", "2+3")]
+
+
+def test_a_result_at_the_very_start_of_a_solution_is_the_tools():
+    """`tags` has no anchor, so a written solution may begin with a result: its span starts at
+    0 and ends at its own </result>, not at the end of the text."""
+    assert Tags().result_spans("<result>3</result>then 4") == [(0, 18)]
+    assert Tags().result_spans("<result>3") == [(0, 9)]  # unclosed: to the end of the text
