@@ -15,7 +15,7 @@ from rlvr.config import (
     resolve_config,
 )
 from rlvr.config_files import parse_override
-from rlvr.config_offline import DPOConfig, SFTConfig
+from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
 
 
 def test_defaults_and_overrides_are_typed():
@@ -309,6 +309,58 @@ def test_each_algorithm_bound_takes_its_edge_and_refuses_beyond_it(key, edge, be
     assert section == edge
     with pytest.raises(ConfigError, match=re.escape(f"config key 'algorithm.{key}'")):
         resolve_config(preset="grpo", overrides=[f"algorithm.{key}={beyond}"])
+
+
+# The same for the sections of `rlvr sft`, `rlvr dpo` and `rlvr curate` (curate's pass-rate
+# band closed on either end: the test after).
+OFFLINE_BOUNDS = [
+    *[("sft", key, edge, beyond) for key, edge, beyond in [
+        ("steps", 1, 0), ("epochs", 1e-6, 0), ("max_length", 2, 1), ("batch_size", 1, 0),
+        ("lr", 0.0, -1e-9), ("weight_decay", 0.0, -0.01), ("warmup_steps", 0, -1),
+        ("min_lr_ratio", 0.0, -0.01), ("min_lr_ratio", 1.0, 1.01),
+        ("max_grad_norm", 0.0, -0.1), ("micro_batch_tokens", 1, 0), ("save_every", 0, -1),
+        ("keep_checkpoints", 0, -1), ("threads", 0, -1),
+    ]],
+    *[("dpo", key, edge, beyond) for key, edge, beyond in [
+        ("beta", 1e-6, 0), ("label_smoothing", 0.0, -0.01), ("label_smoothing", 0.49, 0.5),
+        ("kto_desirable_weight", 1e-6, 0), ("kto_undesirable_weight", 1e-6, 0),
+        ("discopop_tau", 1e-6, 0), ("ld_alpha", 0.0, -0.01), ("ld_alpha", 1.0, 1.01),
+        ("nll_coef", 0.0, -0.1), ("steps", 1, 0), ("epochs", 1e-6, 0), ("max_length", 2, 1),
+        ("batch_size", 1, 0), ("lr", 0.0, -1e-9), ("weight_decay", 0.0, -0.01),
+        ("warmup_steps", 0, -1), ("min_lr_ratio", 0.0, -0.01), ("min_lr_ratio", 1.0, 1.01),
+        ("max_grad_norm", 0.0, -0.1), ("micro_batch_tokens", 1, 0),
+        ("eval_every_steps", 0, -1), ("eval_pairs", 0, -1), ("prompts", 1, 0),
+        ("samples_per_prompt", 2, 1), ("temperature", 1e-6, 0), ("max_new_tokens", 1, 0),
+        ("save_every", 0, -1), ("keep_checkpoints", 0, -1), ("threads", 0, -1),
+    ]],
+    *[("curate", key, edge, beyond) for key, edge, beyond in [
+        ("samples_per_prompt", 1, 0), ("temperature", 1e-6, 0), ("max_new_tokens", 1, 0),
+        ("max_problems", 0, -1), ("min_pass_rate", 0.0, -0.01), ("max_pass_rate", 1.0, 1.01),
+    ]],
+]  # fmt: skip
+READ_BY = {
+    "kto_desirable_weight": "kto",
+    "kto_undesirable_weight": "kto",
+    "discopop_tau": "discopop",
+}
+"""The loss that reads a dpo setting (another loss refuses it)."""
+
+
+@pytest.mark.parametrize(("section", "key", "edge", "beyond"), OFFLINE_BOUNDS)
+def test_each_offline_bound_takes_its_edge_and_refuses_beyond_it(section, key, edge, beyond):
+    model = {"sft": SFTConfig, "dpo": DPOConfig, "curate": CurateConfig}[section]
+    loss = [f"dpo.loss={READ_BY[key]}"] if section == "dpo" and key in READ_BY else []
+    cfg = resolve_config(overrides=[*loss, f"{section}.{key}={edge}"], model=model)
+    assert getattr(getattr(cfg, section), key) == edge
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{section}.{key}'")):
+        resolve_config(overrides=[*loss, f"{section}.{key}={beyond}"], model=model)
+
+
+def test_curates_band_may_close_on_either_end():
+    for rate in (0.0, 1.0):
+        overrides = [f"curate.min_pass_rate={rate}", f"curate.max_pass_rate={rate}"]
+        band = resolve_config(overrides=overrides, model=CurateConfig).curate
+        assert (band.min_pass_rate, band.max_pass_rate) == (rate, rate)
 
 
 @pytest.mark.parametrize("section", ["covariance", "rollout_is"])
