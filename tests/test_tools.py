@@ -459,3 +459,89 @@ def test_a_result_that_exactly_fills_the_budget_ends_by_length_without_a_new_tur
     )
     assert out.completion_ids[0] == ids(call + result)
     assert out.finish_reason == ["length"] and len(engine.asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("expression", "output"),
+    [
+        ("2**64", "18446744073709551616"),  # the largest exponent allowed
+        ("2**65", "error: the power is too large"),
+        ("1000000000000**2", "1" + "0" * 24),  # the largest base allowed, 10**12
+        ("1000000000001**2", "error: the power is too large"),
+        ("10**30", "1" + "0" * 30),  # a result of exactly 1e30 is allowed
+        ("2*10**30", "error: the result is too large"),
+        ("1+" * 99 + "11", "110"),  # exactly MAX_EXPRESSION_CHARS (200) characters
+        (
+            "__import__('os').system('ls')",
+            "error: not arithmetic: Call(func=Attribute(value=Call(func=Name",  # 40 characters
+        ),
+    ],
+)
+def test_the_calculators_limits_are_inclusive(expression, output):
+    assert calculator(expression) == output
+
+
+def test_a_tools_output_is_cut_at_200_characters():
+    assert len(run_tool("python", "print('x' * 1000)", 5.0)) == MAX_OUTPUT_CHARS == 200
+
+
+def test_the_budget_boundaries_of_a_call_and_its_result():
+    """A call whose last token is the budget's last gets no result (it is not run, not counted,
+    and the completion stopped); a result that fills the budget exactly ends the completion
+    without asking the engine for 0 more tokens. A continuation may stop at once
+    (min_new_tokens 0) whatever the first turn's minimum."""
+    call = "<calculator>1+1</calculator>"
+    result = "<result>2</result>"
+    exact = ToolCaller(Scripted([call]), TOK, ["calculator"])
+    out = exact.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=len(ids(call))))
+    assert out.completion_ids[0] == ids(call)
+    assert (out.tool_calls, out.finish_reason) == ([0], ["stop"])
+    engine = Scripted([call])
+    full = ToolCaller(engine, TOK, ["calculator"])
+    budget = len(ids(call)) + len(ids(result))
+    out = full.generate([ids("Q")], SamplingParams(n=1, max_new_tokens=budget))
+    assert out.completion_ids[0] == ids(call + result)
+    assert (out.tool_calls, out.finish_reason, len(engine.asked)) == ([1], ["length"], 1)
+    engine = Scripted([call], ["?"])
+    ToolCaller(engine, TOK, ["calculator"]).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=64, min_new_tokens=5)
+    )
+    assert engine.asked[1][1].min_new_tokens == 0
+    # an engine that writes past the room left: the continuation is cut at the budget
+    engine = Scripted([call], ["so <answer>2</answer>"])
+    out = ToolCaller(engine, TOK, ["calculator"]).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=budget + 2)
+    )
+    assert out.completion_ids[0] == ids(call + result) + ids("so <answer>2</answer>")[:2]
+    assert out.finish_reason == ["length"]
+
+
+def test_a_second_call_right_after_a_result_is_read_whole():
+    """The policy's turn starts right after the last result: a call whose opening tag is the
+    continuation's first token still runs."""
+    call, again = "<calculator>1+1</calculator>", "<calculator>2*3</calculator>"
+    engine = Scripted([call], [again], ["?"])
+    out = ToolCaller(engine, TOK, ["calculator"]).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=200)
+    )
+    expected = call + "<result>2</result>" + again + "<result>6</result>?"
+    assert TOK.decode(out.completion_ids[0]) == expected
+    assert (out.tool_calls, out.failed_calls) == ([2], [0])
+
+
+def test_the_python_tool_keeps_64_kib_of_output_and_fails_past_it():
+    assert python("print('x' * 65000)") == "x" * 65000
+    assert python("print('x' * 66000)").startswith("error:")
+
+
+def test_tool_use_defaults_are_the_configs():
+    """`ToolUse()` built in code calls as often and waits as long as the config's defaults."""
+    assert ToolUse.of(RLConfig().rollout) == ToolUse() == ToolUse((), 4, 5.0, "tags")
+    caller = ToolCaller(Scripted(), TOK, ["calculator"])
+    assert (caller.max_calls, caller.timeout_s) == (4, 5.0)
+
+
+def test_tool_use_stops_at_its_formats_calls_and_nowhere_without_tools():
+    assert ToolUse(("calculator",)).stop_sequences(TOK) == (tuple(ids("</calculator>")),)
+    # hermes would stop at every end of turn: without tools, not at all
+    assert ToolUse((), format="hermes").stop_sequences(TOK) == ()
