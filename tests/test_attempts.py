@@ -254,3 +254,30 @@ def test_the_loops_judge_counts_a_verifier_score_of_one_or_more_as_right():
     assert attempts_around(engine, TOK, (1, "No."), problems, prompts, verifier) is engine
     wrapped = attempts_around(engine, TOK, (2, "No."), problems, prompts, verifier)
     assert wrapped.judge([0, 1, 2, 3], ["1", "1.5", "0.5", "0"]) == [True, True, False, False]
+
+
+def test_a_template_that_drops_the_retry_message_is_refused():
+    only_assistant = qwen_like_tokenizer(
+        "{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content }}<|im_end|>"
+        "{% endif %}{% endfor %}"
+    )
+    with pytest.raises(ConfigError, match="does not render a user turn after an assistant"):
+        retry_turn(only_assistant, "Wrong.")
+
+
+def test_the_calls_of_every_attempt_add_up_and_a_retry_may_stop_at_once():
+    """Both attempts call the calculator (no 5 in the first: wrong), the second's call fails:
+    2 calls, 1 failed. The retry is sampled with min_new_tokens 0 whatever the first
+    attempt's minimum."""
+    from rlvr.rollout.tools import ToolCaller
+
+    call, bad = "<calculator>2+2</calculator>", "<calculator>2+</calculator>"
+    engine = Scripted(
+        [call], ["<answer>4</answer><|im_end|>"], [bad], ["<answer>5</answer><|im_end|>"]
+    )
+    caller = ToolCaller(engine, TOK, ["calculator"])
+    out = Attempts(caller, TOK, 2, _right_if_five, retry_turn(TOK, "Wrong.")).generate(
+        [ids("Q")], SamplingParams(n=1, max_new_tokens=300, min_new_tokens=5)
+    )
+    assert (out.tool_calls, out.failed_calls, out.attempts) == ([2], [1], [2])
+    assert engine.asked[2][1].min_new_tokens == 0
