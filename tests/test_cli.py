@@ -434,6 +434,14 @@ def test_eval_scores_every_row_of_a_data_file(tmp_path, monkeypatch):
     assert "data.task=arithmetic is generated, it reads no file" in generated.stderr
     broken = runner.invoke(app, [*common, "--task", "file", "--data-path", str(plain)])
     assert broken.exit_code == 2 and "set data.prompt_column" in broken.stderr
+    # a file task that holds nothing out, as a run with data.test_size=0 trains on all rows
+    none_held = [*common, "--task", "file", f"data.path={plain}", "data.prompt_column=question"]
+    empty = runner.invoke(app, [*none_held, "data.test_size=0"])
+    assert empty.exit_code == 2, (empty.output, empty.exception)
+    assert (
+        "data.task=file with data.test_size=0 holds out no problems to evaluate; give "
+        "--data-path FILE or data.test_size=N" in " ".join(empty.stderr.split())
+    )
 
 
 def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_path, monkeypatch):
@@ -455,7 +463,8 @@ def test_data_that_cannot_be_loaded_is_a_one_line_error_and_loses_nothing(tmp_pa
         (["train", *SMALL, "data.task=file"], "data.task=file needs data.path"),
         (
             ["train", *SMALL, "data.task=file", f"data.path={two_rows}", "data.test_size=2"],
-            "two.jsonl has 2 rows, not more than data.test_size=2",
+            "two.jsonl has 2 rows, not more than data.test_size=2; lower data.test_size (0 "
+            "holds none out) or give data.test_path",
         ),
         (
             ["sft", *model, "data.task=file", f"data.path={two_rows}", "data.test_size=1"],

@@ -687,7 +687,10 @@ def test_bad_settings_name_their_key(tmp_path):
     assert "data.task=file needs data.path" in run_error(tmp_path, "data.task=file")
     data = arithmetic_pairs(tmp_path / "few.jsonl", 8)
     message = run_error(tmp_path, "data.task=file", f"data.path={data}", "dpo.eval_pairs=8")
-    assert "few.jsonl has 8 rows, not more than dpo.eval_pairs=8" in message
+    assert (
+        "few.jsonl has 8 rows, not more than dpo.eval_pairs=8; lower dpo.eval_pairs (0 holds "
+        "none out) or give data.test_path" in message
+    )
     # one new token cannot be a right answer: every sample scores 0, no pair
     message = run_error(tmp_path, "data.train_size=50", "dpo.prompts=8", "dpo.max_new_tokens=1")
     assert "dpo.prompts: none of 8 arithmetic problems" in message

@@ -31,7 +31,7 @@ def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[lis
     if len(problems) <= test_size:
         raise ConfigError(
             f"{source} has {len(problems)} rows, not more than data.test_size={test_size}; "
-            "lower data.test_size or give data.test_path"
+            "lower data.test_size (0 holds none out) or give data.test_path"
         )
     split = len(problems) - test_size
     return problems[:split], problems[split:]
@@ -88,7 +88,13 @@ def load_eval_task(cfg: DataConfig) -> Task:
     `data.test_path` when it is given, read as the task's rows, else `load_task`'s held-out
     split, the one a training run on the same `data` settings evaluates."""
     if cfg.test_path is None:
-        return load_task(cfg)
+        task = load_task(cfg)
+        if not task.test:
+            raise ConfigError(
+                f"data.task={cfg.task} with data.test_size=0 holds out no problems to "
+                "evaluate; give --data-path FILE or data.test_size=N"
+            )
+        return task
     from rlvr.data import loaders
 
     if cfg.task == "file":

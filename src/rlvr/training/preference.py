@@ -364,7 +364,7 @@ def _pair_source(cfg: DPOConfig) -> FilePairs | Task:
     if len(train) <= d.eval_pairs:
         raise ConfigError(
             f"{path_label(data.path)} has {len(train)} rows, not more than dpo.eval_pairs="
-            f"{d.eval_pairs}; lower dpo.eval_pairs or give data.test_path"
+            f"{d.eval_pairs}; lower dpo.eval_pairs (0 holds none out) or give data.test_path"
         )
     return train[: -d.eval_pairs], train[-d.eval_pairs :]
 
