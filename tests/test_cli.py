@@ -71,6 +71,17 @@ def test_a_setting_given_as_an_option_is_shown_as_key_value(args, said, tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_first_argument_that_is_neither_a_file_nor_a_setting_says_which_it_can_be(tmp_path):
+    for arg, said in (
+        ("train.steps", "config file 'train.steps' does not exist; a setting is written key=value"),
+        ("missing.yaml", "config file 'missing.yaml' does not exist"),
+    ):
+        result = runner.invoke(app, ["train", arg, f"train.output_dir={tmp_path}"])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == f"error: {said}"
+    assert not any(tmp_path.iterdir())
+
+
 def test_train_on_a_device_that_is_not_there_names_the_key(tmp_path):
     result = runner.invoke(
         app, ["train", *TINY_RUN, f"train.output_dir={tmp_path}", "model.device=cuda:7"]

@@ -147,7 +147,8 @@ def build_config(
     if config_path is not None:
         path = Path(config_path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            hint = "" if path.suffix in (".yaml", ".yml") else "; a setting is written key=value"
+            raise ConfigError(f"config file {str(path)!r} does not exist{hint}")
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
