@@ -10,9 +10,11 @@ from rlvr.config import (
     ConfigError,
     RLConfig,
     changed_settings,
+    data_config,
     describe_fields,
     preset_names,
     resolve_config,
+    save_config,
 )
 from rlvr.config_files import parse_override
 from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
@@ -370,3 +372,162 @@ def test_a_band_of_equal_ends_is_refused(section):
     overrides = [f"algorithm.{section}.{low}=1.5", f"algorithm.{section}.{high}=1.5"]
     with pytest.raises(ConfigError, match=rf"{low} \(1\.5\) must be below .*{high} \(1\.5\)"):
         resolve_config(preset="grpo", overrides=overrides)
+
+
+# The same for `rlvr train`'s other sections (the algorithm's are above); COMPANIONS holds the
+# settings an edge needs beside it (a 1-wide model has one head, one term at most needs one at
+# least).
+RL_BOUNDS = [
+    ("model.tiny.hidden_size", 1, 0), ("model.tiny.num_layers", 1, 0),
+    ("model.tiny.num_heads", 1, 0), ("model.tiny.intermediate_size", 1, 0),
+    ("model.lora.rank", 0, -1), ("model.lora.alpha", 0.01, 0), ("model.lora.dropout", 0.0, -0.01),
+    ("model.lora.dropout", 0.99, 1.0),
+    ("data.min_priority", 0.0, -0.01), ("data.min_priority", 1.0, 1.01), ("data.train_size", 1, 0),
+    ("data.test_size", 0, -1), ("data.max_digits", 1, 0), ("data.min_terms", 1, 0),
+    ("data.max_terms", 1, 0), ("data.shortcut_frac", 0.0, -0.01), ("data.shortcut_frac", 1.0, 1.01),
+    ("rollout.max_tool_calls", 1, 0), ("rollout.tool_timeout", 0.01, 0),
+    ("rollout.vllm_memory", 0.01, 0), ("rollout.vllm_memory", 1.0, 1.01),
+    ("rollout.vllm_cpu_kv_cache_gib", 1, 0), ("rollout.vllm_max_model_len", 1, 0),
+    ("rollout.prompts_per_step", 1, 0), ("rollout.samples_per_prompt", 1, 0),
+    ("rollout.temperature", 0.01, 0), ("rollout.top_p", 0.01, 0), ("rollout.top_p", 1.0, 1.01),
+    ("rollout.top_k", 0, -1), ("rollout.min_p", 0.0, -0.01), ("rollout.min_p", 1.0, 1.01),
+    ("rollout.repetition_penalty", 0.01, 0), ("rollout.max_new_tokens", 1, 0),
+    ("rollout.min_new_tokens", 0, -1), ("rollout.max_prompt_tokens", 1, 0),
+    ("rollout.batch_size", 1, 0), ("rollout.attempts", 1, 0),
+    ("reward.timeout_s", 0.01, 0),
+    ("train.steps", 1, 0), ("train.lr", 0.0, -1e-9), ("train.weight_decay", 0.0, -0.01),
+    ("train.warmup_steps", 0, -1), ("train.min_lr_ratio", 0.0, -0.01),
+    ("train.min_lr_ratio", 1.0, 1.01), ("train.max_grad_norm", 0.0, -0.1), ("train.epochs", 1, 0),
+    ("train.mini_batches", 1, 0), ("train.micro_batch_tokens", 1, 0), ("train.save_every", 0, -1),
+    ("train.keep_checkpoints", 0, -1), ("train.log_samples", 0, -1),
+    ("train.max_nonfinite_steps", 1, 0), ("train.threads", 0, -1),
+    ("eval.samples", 1, 0), ("eval.k", 1, 0), ("eval.temperature", 0.0, -0.01),
+    ("eval.max_new_tokens", 1, 0), ("eval.every_steps", 0, -1), ("eval.attempts", 1, 0),
+]  # fmt: skip
+COMPANIONS = {
+    "model.tiny.hidden_size": ["model.tiny.num_heads=1"],
+    "data.max_terms": ["data.min_terms=1"],
+}
+
+
+@pytest.mark.parametrize(("key", "edge", "beyond"), RL_BOUNDS)
+def test_each_rl_bound_takes_its_edge_and_refuses_beyond_it(key, edge, beyond):
+    companions = COMPANIONS.get(key, [])
+    section = resolve_config(overrides=[*companions, f"{key}={edge}"])
+    for part in key.split("."):
+        section = getattr(section, part)
+    assert section == edge
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}'")):
+        resolve_config(overrides=[*companions, f"{key}={beyond}"])
+
+
+@pytest.mark.parametrize(
+    ("key", "edge", "beyond"),
+    [
+        ("from_step", 1, 0),
+        ("max_new_tokens", 1, 0),
+        ("budget_scale", 0.01, 0),
+        ("temperature", 0.01, 0),
+    ],
+)
+def test_each_bound_of_a_rollout_stage_takes_its_edge_and_refuses_beyond_it(key, edge, beyond):
+    def stage(value):
+        first = "" if key == "from_step" else "from_step: 2, "
+        return [f"rollout.schedule=[{{{first}{key}: {value}}}]"]
+
+    assert getattr(resolve_config(overrides=stage(edge)).rollout.schedule[0], key) == edge
+    with pytest.raises(ConfigError, match=re.escape(f"config key 'rollout.schedule.0.{key}'")):
+        resolve_config(overrides=stage(beyond))
+
+
+def test_adams_betas_lie_in_zero_to_one_open_at_one():
+    # PyTorch's AdamW refuses a beta outside [0, 1): the config says so, naming the beta,
+    # instead of a traceback once the model has loaded
+    for edge in ([0.0, 0.0], [0.99, 0.9999]):
+        assert resolve_config(overrides=[f"train.betas={edge}"]).train.betas == tuple(edge)
+    for betas, index in (
+        ([1.0, 0.999], 0),
+        ([0.9, 1.0], 1),
+        ([-0.01, 0.999], 0),
+        ([0.9, -0.01], 1),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(f"config key 'train.betas.{index}'")):
+            resolve_config(overrides=[f"train.betas={betas}"])
+
+
+@pytest.mark.parametrize("model", [RLConfig, SFTConfig, DPOConfig, CurateConfig])
+def test_a_saved_default_tree_loads_again(model, tmp_path):
+    # every default lies inside its own bounds: a run's config.yaml of the defaults is valid
+    path = tmp_path / "config.yaml"
+    save_config(model(), path)
+    again = resolve_config(path, model=model)
+    assert again.model_dump(mode="json") == model().model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["data.template=none"],  # one attempt, no chat-template arguments, no tools
+        ["data.template=none", "rollout.tools=[calculator]"],  # tags need no chat template
+        ["rollout.attempts=2", "eval.attempts=3"],  # the chat template (the default) retries
+        ["rollout.tools=[calculator]", "rollout.tool_format=hermes"],
+        ["data.chat_template_kwargs={enable_thinking: false}"],
+        ["model.lora.rank=4"],  # LoRA without FSDP
+        ["train.fsdp=true"],  # FSDP without LoRA
+        ["data.path=null", "data.test_path=null"],
+        ["data.task=file", "data.path=[a.jsonl, b.jsonl]", "data.test_path=[t.jsonl]"],
+        ["algorithm.kl.coef=0.04", "algorithm.kl.reference_reset_patience=2", "eval.every_steps=5"],
+        ["reward.functions=[{name: math}]"],  # no tool reward, no tools needed
+        ["rollout.tools=[python]", "reward.functions=[{name: tool_error}]"],
+    ],
+)
+def test_settings_that_agree_are_accepted(overrides):
+    resolve_config(overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data.template=none", "rollout.attempts=2"],
+            r"rollout\.attempts / eval\.attempts > 1 tell .*data\.template=none does not use",
+        ),
+        (["data.template=r1", "eval.attempts=2"], r"data\.template=r1 does not use"),
+        (
+            ["data.template=none", "rollout.tools=[calculator]", "rollout.tool_format=hermes"],
+            r"rollout\.tool_format=hermes passes .*data\.template=none does not use",
+        ),
+        (
+            ["train.fsdp=true", "model.lora.rank=4"],
+            r"train\.fsdp with model\.lora\.rank > 0: LoRA trains small adapters",
+        ),
+        (
+            ["data.template=none", "data.chat_template_kwargs={enable_thinking: false}"],
+            r"data\.chat_template_kwargs .*data\.template=none has none",
+        ),
+        (["data.task=file", "data.path=[]"], r"'data\.path': an empty list names no file"),
+        (["data.task=file", "data.test_path=[]"], r"'data\.test_path': an empty list names no"),
+        (
+            ["algorithm.kl.coef=0.04", "algorithm.kl.reference_reset_patience=2"],
+            r"reference_reset_patience=2 counts held-out evaluations .*eval\.every_steps=0",
+        ),
+        (
+            ["reward.functions=[{name: math}, {name: tool_error}]"],
+            r"reward\.functions has tool_error, .*rollout\.tools is empty",
+        ),
+        (
+            ["rollout.tools=[calculater]"],
+            r"'rollout\.tools': unknown tool 'calculater'; did you mean 'calculator'\?",
+        ),
+    ],
+)
+def test_settings_that_disagree_are_refused_with_the_keys_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(overrides=overrides)
+
+
+def test_a_command_that_takes_only_a_task_takes_only_data_keys():
+    data = data_config({"task": "countdown"}, ["data.max_digits=2"])
+    assert (data.task, data.max_digits) == ("countdown", 2)
+    with pytest.raises(ConfigError, match=r"'train\.steps=3': this command takes only data\."):
+        data_config({}, ["train.steps=3"])

@@ -8,7 +8,7 @@ errors that name the key and the closest valid one; the fully resolved tree is s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -319,6 +319,10 @@ class RewardConfig(Section):
     """Hard timeout of one verifier call; a timeout scores 0 and is counted."""
 
 
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+"""One of AdamW's betas: a moment's decay per step."""
+
+
 class TrainConfig(Section):
     steps: int = Field(default=100, ge=1)
     """Number of RL steps (one rollout batch each)."""
@@ -327,8 +331,8 @@ class TrainConfig(Section):
     weight_decay: float = Field(default=0.0, ge=0.0)
     """AdamW weight decay, on the weight matrices and embeddings; norms and biases are not
     decayed (`optim.decay_groups`)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    betas: tuple[_Beta, _Beta] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1) (PyTorch's AdamW refuses others)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Linear warm-up optimizer steps."""
     schedule: Literal["constant", "cosine"] = "constant"
