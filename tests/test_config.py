@@ -531,3 +531,21 @@ def test_a_command_that_takes_only_a_task_takes_only_data_keys():
     assert (data.task, data.max_digits) == ("countdown", 2)
     with pytest.raises(ConfigError, match=r"'train\.steps=3': this command takes only data\."):
         data_config({}, ["train.steps=3"])
+
+
+def test_the_settings_documented_as_off_are_off_by_default():
+    """A default that the docs call "off" is the value that turns the knob off: plain sampling
+    at the temperature (as TRL's and vLLM's defaults sample), the whole arithmetic cold start
+    worked out, one checkpoint at the end and none deleted, torch's own thread count."""
+    cfg = resolve_config()
+    r = cfg.rollout
+    assert (r.top_p, r.top_k, r.min_p, r.repetition_penalty, r.min_new_tokens) == (
+        1.0,
+        0,
+        0.0,
+        1.0,
+        0,
+    )
+    assert cfg.data.shortcut_frac == 0.0
+    t = cfg.train
+    assert (t.save_every, t.keep_checkpoints, t.threads) == (0, 0, 0)
