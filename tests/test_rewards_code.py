@@ -89,6 +89,18 @@ def test_malformed_tests_are_refused(tests: object, message: str) -> None:
         parse_tests(tests)
 
 
+def test_inputs_and_outputs_need_both_keys_and_both_lists() -> None:
+    # only one of the two keys: read as a single stdin/stdout case, which lacks its keys
+    with pytest.raises(ValueError, match=r"lacks input, output$"):
+        parse_tests({"inputs": ["1"]})
+    with pytest.raises(ValueError, match=r"lacks input, output$"):
+        parse_tests({"outputs": ["2"]})
+    # either one not a list is refused, even when the lengths agree
+    for raw in ({"inputs": "1", "outputs": ["2"]}, {"inputs": ["1"], "outputs": "2"}):
+        with pytest.raises(ValueError, match=r"^'inputs' and 'outputs' must be lists$"):
+            parse_tests(raw)
+
+
 # ------------------------------------------------------------------------------ scores
 
 
@@ -148,6 +160,19 @@ def test_code_reward_is_registered_and_checks_its_column() -> None:
     with pytest.raises(ValueError, match="row 1 of the 'tests' column"):
         code_reward(["p", "q"], [fenced(DOUBLE)] * 2, tests=[DOUBLE_TESTS, "not python ("])
     assert code_reward(["p"], [fenced(DOUBLE)], tests=[json.dumps(DOUBLE_TESTS)]) == [1.0]
+
+
+def test_a_malformed_row_is_shown_whole_up_to_80_characters() -> None:
+    no_assert = "assert-style tests contain no top-level assert statement"
+    at_limit = "x" * 78  # its repr, with the quotes, is 80 characters: shown whole
+    with pytest.raises(ValueError) as caught:
+        code_reward(["p"], ["c"], tests=[at_limit])
+    assert str(caught.value) == f"row 0 of the 'tests' column ('{at_limit}'): {no_assert}"
+    past_limit = "y" * 79  # 81: its first 77 characters and "..."
+    with pytest.raises(ValueError) as caught:
+        code_reward(["p", "q"], ["c"] * 2, tests=[DOUBLE_TESTS, past_limit])
+    shown = "'" + "y" * 76 + "..."
+    assert str(caught.value) == f"row 1 of the 'tests' column ({shown}): {no_assert}"
 
 
 def test_composed_hang_is_a_timeout_and_a_crash_scores_zero() -> None:

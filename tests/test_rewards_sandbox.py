@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.rewards import SandboxError, SandboxResult, isolation_report, run_python
-from rlvr.rewards._sandbox_child import seccomp_machine
-from rlvr.rewards.sandbox import ISOLATION_MODES
+from rlvr.rewards import (
+    SandboxError,
+    SandboxResult,
+    isolation_report,
+    run_python,
+    sandbox as sandbox_module,
+)
+from rlvr.rewards._sandbox_child import SETUP_FAILED, SETUP_FAILED_EXIT, seccomp_machine
+from rlvr.rewards.sandbox import ISOLATION_MODES, PROGRAM_NAME, _Identity
 
 MARGIN_S = 1.5  # start-up and clean-up on two busy cores
 
@@ -95,8 +101,10 @@ def test_normal_programs_run(mode: str) -> None:
         isolation=mode,
     )
     assert (echo.exit_code, echo.stdout, echo.ok, echo.isolation) == (0, "ABC\nXYZ\n", True, mode)
+    assert (echo.killed_by_signal, echo.timed_out, echo.output_truncated) == (None, False, False)
     exits = run_timed("import sys\nprint('bye')\nsys.exit(3)", timeout_s=3, isolation=mode)
     assert (exits.exit_code, exits.stdout, exits.ok) == (3, "bye\n", False)
+    assert exits.killed_by_signal is None
     raises = run_timed("print('start')\n1 / 0", timeout_s=3, isolation=mode)
     assert raises.exit_code == 1 and raises.stdout == "start\n"
     assert "ZeroDivisionError" in raises.stderr
@@ -108,6 +116,27 @@ def test_normal_programs_run(mode: str) -> None:
         isolation=mode,
     )
     assert threads.stdout == "[0, 1, 2, 3]\n"
+
+
+def test_output_is_read_for_half_a_second_after_the_program_ends() -> None:
+    """A process that outlives the program and escaped its group (``os.setsid`` is not refused
+    in the audit-hook mode) is read for `_DRAIN_S` = 0.5 s after the program exits, no longer."""
+    stray = (
+        "import sys, time\nsys.stdin.read()\ntime.sleep(0.1)\nprint('early', flush=True)\n"
+        "time.sleep(0.65)\nprint('late', flush=True)"
+    )
+    program = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-I', '-S', '-c', {stray!r}], "
+        "stdin=subprocess.PIPE, start_new_session=True)"
+    )  # it exits at once; the stray reads EOF then and prints 0.1 s and 0.75 s later
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", program],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    out = sandbox_module._exchange(process, b"", 5.0, 1000)
+    assert (bytes(out.stdout), out.timed_out, out.truncated) == (b"early\n", False, False)
 
 
 def test_concurrent_runs_do_not_mix(mode: str) -> None:
@@ -127,8 +156,132 @@ def test_concurrent_runs_do_not_mix(mode: str) -> None:
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown isolation"):
         run_python("print(1)", isolation="chroot")
-    with pytest.raises(ValueError, match="positive"):
-        run_python("print(1)", timeout_s=0)
+    for limit in ("timeout_s", "memory_mb", "max_processes", "max_file_mb"):
+        with pytest.raises(ValueError, match="positive"):
+            run_python("print(1)", **{limit: 0})
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux-only")
+def test_the_audit_hook_mode_works_on_any_linux() -> None:
+    """It needs no namespaces, seccomp or Landlock, so a machine where it fails has a broken
+    sandbox (every test above would skip its modes), not a missing feature."""
+    assert "audit-hook" in isolation_report("audit-hook").split()[-1]
+    result = run_python("print(6 * 7)", timeout_s=3, isolation="audit-hook")
+    assert (result.stdout, result.ok, result.isolation) == ("42\n", True, "audit-hook")
+
+
+def test_the_default_report_is_the_best_modes() -> None:
+    assert isolation_report() == isolation_report(sandbox_module.best_isolation())
+
+
+def test_a_mode_that_fails_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox_module, "_probes", {})
+    monkeypatch.setattr(sandbox_module, "_best", None)
+    child = "import sys\nsys.stderr.write(' broken here \\n')\nsys.exit(3)"
+    monkeypatch.setattr(sandbox_module, "_CHILD_SOURCE", child)
+    with pytest.raises(SandboxError, match=r"^isolation mode 'seccomp' fails here: broken here$"):
+        isolation_report("seccomp")
+    monkeypatch.setattr(sandbox_module, "_CHILD_SOURCE", "import sys\nsys.exit(3)")
+    with pytest.raises(SandboxError, match=r"^isolation mode 'audit-hook' fails here: 3$"):
+        isolation_report("audit-hook")
+    with pytest.raises(SandboxError) as caught:
+        sandbox_module.best_isolation()
+    assert str(caught.value) == (
+        "no sandbox isolation mode works here: isolation mode 'namespaces' fails here: 3; "
+        "isolation mode 'seccomp' fails here: broken here; "
+        "isolation mode 'audit-hook' fails here: 3"
+    )
+
+
+def test_the_smallest_limits_are_accepted() -> None:
+    result = run_python("print(6 * 7)", timeout_s=3, max_processes=1, max_file_mb=1)
+    assert (result.stdout, result.ok) == ("42\n", True)
+    # 1 MiB of address space is too little for the program itself: its failure, not a refusal
+    tiny = run_python("print(6 * 7)", timeout_s=3, memory_mb=1)
+    assert (tiny.exit_code, tiny.stdout) == (1, "")
+    assert tiny.stderr.rstrip().endswith("MemoryError")
+
+
+def test_the_limits_given_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[dict[str, object]] = []
+    spawn = sandbox_module._spawn
+
+    def spy(mode: str, scratch: str, identity: _Identity, config: dict[str, object]):
+        configs.append(dict(config))
+        return spawn(mode, scratch, identity, config)
+
+    isolation_report()  # probed before the spy, so it sees only the programs' launches
+    monkeypatch.setattr(sandbox_module, "_spawn", spy)
+    run_python("pass")
+    run_python("pass", timeout_s=2.5, memory_mb=100, max_processes=3, max_file_mb=2)
+    run_python("pass", timeout_s=0.4, cpu_s=9)
+    # the CPU limit defaults to the wall-clock timeout rounded up, plus one second
+    assert configs == [
+        {"program": PROGRAM_NAME, "cpu_s": 6, "memory_mb": 512, "max_processes": 32,
+         "max_file_mb": 16},
+        {"program": PROGRAM_NAME, "cpu_s": 4, "memory_mb": 100, "max_processes": 3,
+         "max_file_mb": 2},
+        {"program": PROGRAM_NAME, "cpu_s": 9, "memory_mb": 512, "max_processes": 32,
+         "max_file_mb": 16},
+    ]  # fmt: skip
+
+
+def test_output_up_to_the_cap_is_kept_whole() -> None:
+    both = "import sys\nsys.stdout.write('x' * 1000)\nsys.stderr.write('y' * 1000)"
+    result = run_python(both, timeout_s=3, max_output_bytes=1000)
+    assert (result.stdout, result.stderr) == ("x" * 1000, "y" * 1000)
+    assert (result.ok, result.output_truncated, result.killed_by_signal) == (True, False, None)
+    # the default cap is 1 MiB of each stream
+    mib = run_python("import sys\nsys.stdout.write('x' * (1 << 20))", timeout_s=3)
+    assert (len(mib.stdout), mib.ok, mib.output_truncated) == (1 << 20, True, False)
+    over = run_python("import sys\nsys.stdout.write('x' * ((1 << 20) + 1))", timeout_s=3)
+    assert (len(over.stdout), over.ok, over.output_truncated) == (1 << 20, False, True)
+
+
+def test_a_program_posing_as_a_setup_failure_is_an_ordinary_failure() -> None:
+    """Only exit status 121 together with the setup-failure message is the sandbox's fault."""
+    message = f"import sys\nsys.stderr.write({SETUP_FAILED!r} + ' no')\nsys.exit(1)"
+    posing = run_python(message, timeout_s=3)
+    assert (posing.exit_code, posing.stderr) == (1, f"{SETUP_FAILED} no")
+    status = run_python(f"import os\nos._exit({SETUP_FAILED_EXIT})", timeout_s=3)
+    assert (status.exit_code, status.stderr) == (SETUP_FAILED_EXIT, "")
+
+
+# ------------------------------------------------------------------------------ who runs it
+
+
+def test_identity_and_the_interpreter_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _Identity(0, 0).is_root and not _Identity(65534, 65534).is_root
+    assert _Identity(None, None).is_root == (os.geteuid() == 0)
+    assert sandbox_module._can_start_interpreter(_Identity(None, None)) is True
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, but exits with 1
+    assert sandbox_module._can_start_interpreter(_Identity(None, None)) is False
+
+
+def test_a_root_trainer_runs_the_sandbox_as_nobody_when_it_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checked: list[_Identity] = []
+
+    def can_start(identity: _Identity) -> bool:
+        checked.append(identity)
+        return True
+
+    monkeypatch.setattr(sandbox_module, "_can_start_interpreter", can_start)
+    nobody = _Identity(*sandbox_module._nobody())
+    for euid, expected in ((0, nobody), (1, _Identity(None, None)), (1000, _Identity(None, None))):
+        monkeypatch.setattr(sandbox_module, "_identity_cache", None)
+        monkeypatch.setattr(sandbox_module.os, "geteuid", lambda euid=euid: euid)
+        assert sandbox_module._sandbox_identity() == expected
+    assert checked == [nobody]  # only the root trainer asks whether nobody can start it
+
+
+def test_nobody_without_a_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_entry(name: str) -> None:
+        raise KeyError(name)
+
+    monkeypatch.setattr(sandbox_module.pwd, "getpwnam", no_entry)
+    assert sandbox_module._nobody() == (65534, 65534)
 
 
 # ------------------------------------------------------------------------------ time, CPU, memory
@@ -138,6 +291,15 @@ def test_infinite_loop_is_killed_at_the_wall_timeout(mode: str) -> None:
     start = time.monotonic()
     result = run_timed("while True:\n    pass", timeout_s=1, isolation=mode)
     assert time.monotonic() - start >= 1.0
+    assert result.timed_out and result.exit_code is None
+    assert result.killed_by_signal == signal.SIGKILL
+    assert 1.0 <= result.wall_s < 1.0 + MARGIN_S
+
+
+def test_a_program_that_closes_its_output_still_times_out(mode: str) -> None:
+    # With no output left to read, the wait for its end keeps to the wall-clock deadline.
+    program = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.7)"
+    result = run_timed(program, timeout_s=0.3, isolation=mode)
     assert result.timed_out and result.exit_code is None
     assert result.killed_by_signal == signal.SIGKILL
 
