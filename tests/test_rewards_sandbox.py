@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -206,8 +207,11 @@ def test_the_limits_given_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     configs: list[dict[str, object]] = []
     spawn = sandbox_module._spawn
 
+    nonces: list[object] = []
+
     def spy(mode: str, scratch: str, identity: _Identity, config: dict[str, object]):
-        configs.append(dict(config))
+        configs.append({key: value for key, value in config.items() if key != "nonce"})
+        nonces.append(config["nonce"])
         return spawn(mode, scratch, identity, config)
 
     isolation_report()  # probed before the spy, so it sees only the programs' launches
@@ -224,6 +228,9 @@ def test_the_limits_given_to_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
         {"program": PROGRAM_NAME, "cpu_s": 9, "memory_mb": 512, "max_processes": 32,
          "max_file_mb": 16},
     ]  # fmt: skip
+    # each run's setup-failure nonce is fresh: 32 hex digits
+    assert all(re.fullmatch(r"[0-9a-f]{32}", str(nonce)) for nonce in nonces)
+    assert len(set(nonces)) == 3
 
 
 def test_output_up_to_the_cap_is_kept_whole() -> None:
@@ -245,6 +252,28 @@ def test_a_program_posing_as_a_setup_failure_is_an_ordinary_failure() -> None:
     assert (posing.exit_code, posing.stderr) == (1, f"{SETUP_FAILED} no")
     status = run_python(f"import os\nos._exit({SETUP_FAILED_EXIT})", timeout_s=3)
     assert (status.exit_code, status.stderr) == (SETUP_FAILED_EXIT, "")
+    # both, even on a line of their own after a guessed first line: the nonce is not known
+    for lead in ("", "\\n", "0" * 32 + "\\n"):
+        forged = f"{lead}{SETUP_FAILED} no"
+        both = f"import os, sys\nsys.stderr.write({forged!r})\nsys.stderr.flush()\nos._exit(121)"
+        posing = run_python(both, timeout_s=3)
+        assert (posing.exit_code, posing.stderr) == (SETUP_FAILED_EXIT, forged)
+
+
+def test_a_real_setup_failure_is_the_sandbox_s_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child cannot apply a CPU limit of "soon": it exits before the program runs, and
+    `run_python` raises with the child's message (not the nonce line before it)."""
+    spawn = sandbox_module._spawn
+
+    def broken(mode: str, scratch: str, identity: _Identity, config: dict[str, object]):
+        return spawn(mode, scratch, identity, {**config, "cpu_s": "soon"})
+
+    monkeypatch.setattr(sandbox_module, "_spawn", broken)
+    with pytest.raises(SandboxError) as caught:
+        run_python("print('ran')", timeout_s=3)
+    assert str(caught.value) == (
+        f"{SETUP_FAILED} ValueError: invalid literal for int() with base 10: 'soon'"
+    )
 
 
 # ------------------------------------------------------------------------------ who runs it
@@ -313,6 +342,7 @@ def test_cpu_time_limit_ends_a_busy_program(mode: str) -> None:
 
 FORK_BOMB = """
 import os
+import re
 print(os.getcwd(), flush=True)
 while True:
     try:

@@ -17,7 +17,9 @@ start-up time on every test case. In order, it
 4. installs a seccomp filter (x86-64 and arm64), or else an audit hook;
 5. runs the program in this same process as ``__main__``.
 
-A setup failure exits with `SETUP_FAILED_EXIT` and a message that starts with `SETUP_FAILED`.
+A setup failure exits with `SETUP_FAILED_EXIT`, and writes to stderr the run's ``nonce``
+setting on a line of its own, then a message that starts with `SETUP_FAILED`: the program, which
+never learns the nonce, cannot pass its own failure off as the sandbox's.
 """
 
 import ctypes
@@ -399,6 +401,7 @@ def _run_program(source: str, filename: str) -> None:
 
 def main() -> None:
     config = dict(argument.split("=", 1) for argument in sys.argv[1:])
+    nonce = config.pop("nonce", "")
     source = ""
     try:
         if config["program"]:
@@ -408,12 +411,13 @@ def main() -> None:
             os.remove(path)
         held = _confine(config)
     except Exception as exc:
-        sys.stderr.write(f"{SETUP_FAILED} {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"{nonce}\n{SETUP_FAILED} {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
         os._exit(SETUP_FAILED_EXIT)
     if not config["program"]:
         print(" ".join(held), flush=True)
         return
+    del nonce  # not left in this frame for the program to read
     _run_program(source, config["program"])
 
 

@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import pwd
+import secrets
 import selectors
 import shutil
 import signal
@@ -314,12 +315,16 @@ def _spawn(
     )  # fmt: skip
 
 
-def _setup_failure(returncode: int | None, stderr: str) -> str | None:
-    """The child's setup-failure message, if that is how it ended."""
-    if returncode == _sandbox_child.SETUP_FAILED_EXIT and stderr.startswith(
-        _sandbox_child.SETUP_FAILED
+def _setup_failure(returncode: int | None, stderr: str, nonce: str) -> str | None:
+    """The child's setup-failure message, if that is how it ended: exit status
+    `SETUP_FAILED_EXIT` and the run's `nonce` on the first line of stderr, then the message."""
+    first, _, message = stderr.partition("\n")
+    if (
+        returncode == _sandbox_child.SETUP_FAILED_EXIT
+        and first == nonce
+        and message.startswith(_sandbox_child.SETUP_FAILED)
     ):
-        return stderr.strip()
+        return message.strip()
     return None
 
 
@@ -437,13 +442,14 @@ def run_python(
         if identity.uid is not None:
             os.chown(program, identity.uid, identity.gid)
         start = time.monotonic()
-        process = _spawn(mode, scratch, identity, limits)
+        nonce = secrets.token_hex(16)
+        process = _spawn(mode, scratch, identity, {**limits, "nonce": nonce})
         out = _exchange(process, stdin.encode("utf-8"), timeout_s, max_output_bytes)
         wall_s = time.monotonic() - start
     finally:
         _remove_scratch(scratch)
     stderr = out.stderr.decode("utf-8", errors="replace")
-    failure = _setup_failure(process.returncode, stderr)
+    failure = _setup_failure(process.returncode, stderr, nonce)
     if failure is not None:
         raise SandboxError(failure)
     code_or_signal = process.returncode
