@@ -194,6 +194,22 @@ def test_an_unknown_target_module_is_a_config_error():
         tiny(rank=4, target_modules=["no_such_proj"])
 
 
+def test_a_target_module_that_matches_nothing_is_named_even_when_others_match():
+    """peft refuses a list of target modules only when none of them matches; one mistyped
+    name among good ones would train fewer modules than asked without a word."""
+    with pytest.raises(ConfigError) as caught:
+        tiny(rank=4, target_modules=["q_proj", "v_prj", "mlp.up_proj", "self_attn.o"])
+    assert str(caught.value) == (
+        "model.lora.target_modules=['q_proj', 'v_prj', 'mlp.up_proj', 'self_attn.o']: this "
+        "model has no module named v_prj, self_attn.o (its linear layers: down_proj, "
+        "gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj)"
+    )
+    model, _ = tiny(rank=4, target_modules=["q_proj", "mlp.up_proj"])  # a dotted suffix is a name
+    assert sorted(lora.lora_layers(model)) == [
+        f"model.layers.{i}.{name}" for i in (0, 1) for name in ("mlp.up_proj", "self_attn.q_proj")
+    ]
+
+
 def test_an_adapter_on_a_tied_lm_head_is_a_config_error():
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*ties its LM head"):
         tiny(rank=4, target_modules=["q_proj", "lm_head"])

@@ -84,7 +84,7 @@ class LoraConfig(Section):
     """Dropout on the input of the LoRA update, in training only."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get an update: `all-linear` (every linear layer but the LM head), or
-    module names such as [q_proj, v_proj]."""
+    module names such as [q_proj, v_proj] (each must name a module of the model)."""
 
 
 class ModelConfig(Section):

@@ -76,6 +76,22 @@ def add_lora(model: nn.Module, cfg: LoraConfig, base_name: str | None = None) ->
         model = inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
     except ValueError as error:
         raise ConfigError(f"{key}: {error}") from None
+    if isinstance(cfg.target_modules, list):  # peft refuses only a list that matches nothing
+        adapted = lora_layers(model)
+        missing = [
+            t for t in cfg.target_modules if not any(n == t or n.endswith(f".{t}") for n in adapted)
+        ]
+        if missing:
+            inside = tuple(f"{name}." for name in adapted)  # an adapter's own A, B and base
+            linear = {
+                n.split(".")[-1]
+                for n, m in model.named_modules()
+                if _is_linear(m) and not n.startswith(inside)
+            }
+            raise ConfigError(
+                f"{key}: this model has no module named {', '.join(missing)} (its linear "
+                f"layers: {', '.join(sorted(linear))})"
+            )
     tied = getattr(model.config, "tie_word_embeddings", False)
     ends = (model.get_input_embeddings(), model.get_output_embeddings())
     if tied and any(_is_lora_layer(m) for m in ends):
@@ -84,6 +100,11 @@ def add_lora(model: nn.Module, cfg: LoraConfig, base_name: str | None = None) ->
             "would change both or be lost when saved; adapt other modules"
         )
     return model
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """A linear layer, or an adapted one (whose base layer is)."""
+    return isinstance(base_layer(module), nn.Linear)
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
