@@ -23,7 +23,7 @@ from rlvr.models.loading import (
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.graphs import GraphState
-from rlvr.rollout.hf import HFRolloutEngine, left_pad
+from rlvr.rollout.hf import HFRolloutEngine, PreallocatedLayer, left_pad
 from rlvr.rollout.sampling import (
     blocked_inverse_cdf,
     draw_uniform,
@@ -735,3 +735,172 @@ def test_min_new_tokens_first_allows_eos_at_token_min_plus_one(tiny):
     for row, completion in enumerate(out.completion_ids):
         assert completion == _drawn_tokens(draws, row, eos, seven, min_new=5)
     assert min(len(c) for c in out.completion_ids) == 6
+
+
+def test_a_preallocated_layer_holds_exactly_its_capacity():
+    """Written in place, the layer hands back every filled position (keys and values of their
+    own head sizes) up to `capacity` positions, and refuses one more."""
+    layer = PreallocatedLayer(4)
+    keys = torch.arange(1 * 2 * 3 * 4, dtype=torch.float32).reshape(1, 2, 3, 4)
+    values = torch.arange(1 * 2 * 3 * 5, dtype=torch.float32).reshape(1, 2, 3, 5)
+    layer.update(keys, values)
+    last_key, last_value = torch.full((1, 2, 1, 4), -1.0), torch.full((1, 2, 1, 5), -2.0)
+    all_keys, all_values = layer.update(last_key, last_value)  # the 4th position: full
+    assert layer.get_seq_length() == 4
+    assert torch.equal(all_keys, torch.cat([keys, last_key], dim=2))
+    assert torch.equal(all_values, torch.cat([values, last_value], dim=2))
+    with pytest.raises(ValueError, match="KV cache of 4 positions is full"):
+        layer.update(last_key, last_value)
+
+
+def _chunked_tokens(seed, chunk_rows, budget, eos, seven):
+    """The tokens `eos_or_seven_model` gives each row when the rollout runs in chunks of
+    `chunk_rows` rows: each chunk decodes on its own, one uniform per row of the chunk drawn
+    at each step it reaches (until its last row ends or the budget), the lower id taking the
+    lower half of [0, 1)."""
+    first, second = sorted([eos, seven])
+    generator = torch.Generator().manual_seed(seed)
+    completions = []
+    for rows in chunk_rows:
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        live = list(range(rows))
+        for _ in range(budget):
+            draws = torch.rand(rows, generator=generator).tolist()
+            for row in live:
+                tokens[row].append(first if draws[row] < 0.5 else second)
+            live = [row for row in live if tokens[row][-1] != eos]
+            if not live:
+                break
+        completions += tokens
+    return completions
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "prompts", "chunks"),
+    [
+        (2, 3, [3, 3, 3]),  # fewer rows than n: a prompt a chunk
+        (6, 3, [6, 3]),  # two prompts (6 rows) a chunk
+        (None, 171, [510, 3]),  # the default 512 rows: 170 prompts of 3, then one
+    ],
+)
+def test_prompts_are_decoded_in_chunks_of_batch_size_rows(tiny, batch_size, prompts, chunks):
+    """`generate` decodes `batch_size // n` prompts at a time (at least one), each chunk
+    with its own draws: the tokens are those each chunk's draws give, and each completion
+    names its prompt."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    sizes = {} if batch_size is None else {"batch_size": batch_size}
+    engine = HFRolloutEngine(
+        eos_or_seven_model(tok),
+        [tok.eos_token_id],
+        tok.pad_token_id,
+        generator=torch.Generator().manual_seed(5),
+        **sizes,
+    )
+    questions = [_prompts(tok)[i % 3] for i in range(prompts)]
+    out = engine.generate(questions, SamplingParams(n=3, max_new_tokens=6))
+    assert out.completion_ids == _chunked_tokens(5, chunks, 6, eos, seven)
+    assert out.prompt_index == [i // 3 for i in range(3 * prompts)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("min_new", [1, 5])
+def test_min_new_tokens_bans_eos_for_exactly_the_first_min_new_tokens(tiny, min_new, overlap):
+    """min_new_tokens=1 bans EOS at the first token only; with `overlap` (each step launched
+    before the host reads the last one) the ban ends at the same step."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = _eos_or_seven_engine(tok, 1)
+    engine.overlap = overlap
+    out = engine.generate(
+        _prompts(tok), SamplingParams(n=8, max_new_tokens=12, min_new_tokens=min_new)
+    )
+    draws = _draws(1, 12)
+    for row, completion in enumerate(out.completion_ids):
+        assert completion == _drawn_tokens(draws, row, eos, seven, min_new=min_new)
+    assert min(len(c) for c in out.completion_ids) == min_new + 1
+
+
+@pytest.mark.parametrize("decoder", ["fused", "static_buffers", "transformers"])
+def test_each_prompts_tokens_are_penalised_in_its_own_rows_only(tiny, decoder, monkeypatch):
+    """The prompt holding "7" first: its rows start with "8", the other prompt's rows, whose
+    prompt has no "7", with "7" (greedy, penalty 2: a = 2.0 -> 1.0 once seen, b = 1.5), on
+    every decoder (the static-buffer step cannot penalise: the engine leaves it)."""
+    tok = tiny[1]
+    model = two_token_model(tok, "7", "8")
+    seven, eight = (tok.convert_tokens_to_ids(t) for t in "78")
+    engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id)
+    if decoder == "static_buffers":
+        engine.graph_state = GraphState(capture=False)
+    if decoder == "transformers":
+        monkeypatch.setattr(fused, "supports", lambda model: False)
+    prompts = [tok("What is 7+1?")["input_ids"], tok("What is 1+2?")["input_ids"]]
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=3, repetition_penalty=2.0)
+    out = engine.generate(prompts, params)
+    a, b = [seven, eight, seven], [eight, seven, seven]
+    assert out.completion_ids == [b, b, a, a]
+
+
+def test_rollout_logprobs_of_a_model_with_learned_positions_match_an_unpadded_forward(tiny):
+    """GPT-2 (absolute, learned position embeddings, decoded by the `transformers` forward):
+    each left-padded prompt's tokens sit at positions 0, 1, ... as in an unpadded forward, so
+    the rollout's log-probs are that forward's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tiny[1]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2)).eval()
+    engine = HFRolloutEngine(
+        model, [tok.eos_token_id], tok.pad_token_id, generator=torch.Generator().manual_seed(0)
+    )
+    prompts = _prompts(tok)
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=8))
+    for i, completion in enumerate(out.completion_ids):
+        prompt = prompts[out.prompt_index[i]]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0] / 0.7
+        expected = logits.log_softmax(-1)[len(prompt) - 1 : -1].gather(
+            -1, torch.tensor(completion)[:, None]
+        )
+        assert torch.allclose(expected.squeeze(-1), torch.tensor(out.logprobs[i]), atol=1e-4)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("budget", [2, 30])
+def test_consecutive_rollouts_draw_on_from_where_the_last_one_stopped(tiny, budget, overlap):
+    """One generator over consecutive rollouts: each draws one uniform per row at each step it
+    decodes and none after its last (the budget's, or the one at which its last row ended,
+    also where `overlap` launched the next step before the host knew), so the second
+    rollout's tokens are those of the draws after the first's."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = _eos_or_seven_engine(tok, 6)
+    engine.overlap = overlap
+    params = SamplingParams(n=8, max_new_tokens=budget)
+    first, second = (engine.generate(_prompts(tok), params).completion_ids for _ in range(2))
+    assert first + second == _chunked_tokens(6, [24, 24], budget, eos, seven)
+    reached = any(len(c) == budget and c[-1] != eos for c in first)
+    assert reached == (budget == 2)  # at 30 every row ended first: no step was left to draw
+
+
+def test_a_stop_sequence_of_three_tokens_ends_a_row_at_its_last_token(tiny):
+    """With "777" a stop sequence, each row's tokens are the ones its draws give (EOS or "7",
+    each 1/2) up to its first EOS or its first "777", kept at its end."""
+    _, tok = tiny
+    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
+    engine = _eos_or_seven_engine(tok, 4)
+    params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven,) * 3,))
+    out = engine.generate(_prompts(tok), params)
+    draws = _draws(4, 30)
+    first, second = sorted([eos, seven])
+    by_sequence = 0
+    for row, completion in enumerate(out.completion_ids):
+        expected = []
+        for u in draws[:, row].tolist():
+            expected.append(first if u < 0.5 else second)
+            if expected[-1] == eos or expected[-3:] == [seven] * 3:
+                break
+        assert completion == expected
+        assert out.finish_reason[row] == ("stop" if len(expected) < 30 else "length")
+        by_sequence += expected[-3:] == [seven] * 3
+    assert by_sequence >= 2

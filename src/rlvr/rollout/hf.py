@@ -204,6 +204,7 @@ class HFRolloutEngine:
         lengths = torch.full((rows,), budget)
         stopped = torch.zeros(rows, dtype=torch.bool)
         overlap = device.type == "cuda" if self.overlap is None else self.overlap
+        generator = self.generator or torch.default_generator
         for step in range(budget):
             sampled[batch.on_device, step] = batch.token
             sampled_logps[batch.on_device, step] = batch.logp
@@ -217,11 +218,14 @@ class HFRolloutEngine:
             read_ended = host_copy(ends)
             last = step == budget - 1
             if overlap and not last:  # step + 1 runs while the host reads step's tokens
+                before = generator.get_state()
                 batch.advance(decoder, draw(step + 1, batch.rows))
             ended = read_ended()
             finished = batch.rows[ended]
             lengths[finished], stopped[finished] = step + 1, True
             if last or len(finished) == len(batch.rows):
+                if overlap and not last:  # step + 1 was not needed: its draws are not made
+                    generator.set_state(before)
                 break
             if len(finished):
                 batch.keep((~ended).nonzero().squeeze(1), decoder)
