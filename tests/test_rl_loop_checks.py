@@ -350,3 +350,17 @@ def test_two_samples_are_a_group_for_every_check():
                 overrides=["rollout.samples_per_prompt=3", "algorithm.group_filter.keep=1"],
             )
         )
+
+
+def test_the_rollout_engine_captures_cuda_graphs_only_where_asked(tmp_path, monkeypatch):
+    asked = []
+    real = rl.HFRolloutEngine
+
+    def engine(*args, cuda_graphs):
+        asked.append(cuda_graphs)
+        return real(*args, cuda_graphs=cuda_graphs)
+
+    monkeypatch.setattr(rl, "HFRolloutEngine", engine)
+    run(tmp_path / "a", "train.steps=1")
+    run(tmp_path / "b", "train.steps=1", "rollout.cuda_graphs=false")
+    assert asked == [True, False]
