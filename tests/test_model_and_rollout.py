@@ -388,14 +388,15 @@ def test_rollout_stops_at_eos_and_drops_finished_rows(tiny):
             assert len(completion) == 30 and tok.eos_token_id not in completion
 
 
-def _drawn_tokens(draws, row, eos, seven, min_new=0):
+def _drawn_tokens(draws, row, eos, seven, min_new=0, stop=0):
     """The tokens `eos_or_seven_model` gives a row from its uniform draws: the lower id takes
-    the lower half of [0, 1); "7" while EOS is banned; up to and with the first EOS."""
+    the lower half of [0, 1); "7" while EOS is banned; up to and with the first EOS, or the
+    first run of `stop` sevens (a stop sequence; 0: none)."""
     first, second = sorted([eos, seven])
     tokens = []
     for step, u in enumerate(draws[:, row].tolist()):
         tokens.append(seven if step < min_new else (first if u < 0.5 else second))
-        if tokens[-1] == eos:
+        if tokens[-1] == eos or (stop and tokens[-stop:] == [seven] * stop):
             break
     return tokens
 
@@ -441,16 +442,10 @@ def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, monkeypatch):
         monkeypatch.setattr(fused, "supports", lambda model: False)
     params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven, seven),))
     out = engine.generate(_prompts(tok), params)
-    generator = torch.Generator().manual_seed(4)
-    draws = torch.stack([torch.rand(24, generator=generator) for _ in range(30)])
-    first, second = sorted([eos, seven])
+    draws = _draws(4, 30)
     stopped_by_sequence = 0
     for row, completion in enumerate(out.completion_ids):
-        expected = []
-        for u in draws[:, row].tolist():
-            expected.append(first if u < 0.5 else second)
-            if expected[-1] == eos or expected[-2:] == [seven, seven]:
-                break
+        expected = _drawn_tokens(draws, row, eos, seven, stop=2)
         assert completion == expected
         ended = expected[-1] == eos or expected[-2:] == [seven, seven]
         assert out.finish_reason[row] == ("stop" if ended else "length")
@@ -892,14 +887,9 @@ def test_a_stop_sequence_of_three_tokens_ends_a_row_at_its_last_token(tiny):
     params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven,) * 3,))
     out = engine.generate(_prompts(tok), params)
     draws = _draws(4, 30)
-    first, second = sorted([eos, seven])
     by_sequence = 0
     for row, completion in enumerate(out.completion_ids):
-        expected = []
-        for u in draws[:, row].tolist():
-            expected.append(first if u < 0.5 else second)
-            if expected[-1] == eos or expected[-3:] == [seven] * 3:
-                break
+        expected = _drawn_tokens(draws, row, eos, seven, stop=3)
         assert completion == expected
         assert out.finish_reason[row] == ("stop" if len(expected) < 30 else "length")
         by_sequence += expected[-3:] == [seven] * 3
