@@ -429,10 +429,12 @@ def test_each_row_draws_its_uniform_at_each_step_whatever_rows_remain(tiny):
     assert len({len(c) for c in out.completion_ids}) > 4  # rows stopped at many steps
 
 
+@pytest.mark.parametrize("stop", [2, 3])
 @pytest.mark.parametrize("decoder", ["fused", "static_buffers", "transformers"])
-def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, monkeypatch):
-    """With "77" a stop sequence, each row's tokens are the ones its draws give (EOS or "7",
-    each 1/2), up to its first EOS or its first "77", kept at its end, on every decoder."""
+def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, stop, monkeypatch):
+    """With "77" (or "777") a stop sequence, each row's tokens are the ones its draws give
+    (EOS or "7", each 1/2), up to its first EOS or its first "77", kept at its end, on every
+    decoder."""
     _, tok = tiny
     eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
     engine = _eos_or_seven_engine(tok, 4)
@@ -440,17 +442,17 @@ def test_a_stop_sequence_ends_a_row_as_eos_does(tiny, decoder, monkeypatch):
         engine.graph_state = GraphState(capture=False)
     if decoder == "transformers":
         monkeypatch.setattr(fused, "supports", lambda model: False)
-    params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven, seven),))
+    params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven,) * stop,))
     out = engine.generate(_prompts(tok), params)
     draws = _draws(4, 30)
     stopped_by_sequence = 0
     for row, completion in enumerate(out.completion_ids):
-        expected = _drawn_tokens(draws, row, eos, seven, stop=2)
+        expected = _drawn_tokens(draws, row, eos, seven, stop=stop)
         assert completion == expected
-        ended = expected[-1] == eos or expected[-2:] == [seven, seven]
+        ended = expected[-1] == eos or expected[-stop:] == [seven] * stop
         assert out.finish_reason[row] == ("stop" if ended else "length")
-        stopped_by_sequence += completion[-2:] == [seven, seven]
-    assert stopped_by_sequence >= 3
+        stopped_by_sequence += completion[-stop:] == [seven] * stop
+    assert stopped_by_sequence >= {2: 3, 3: 2}[stop]
 
 
 def test_min_new_tokens_bans_eos_until_the_minimum(tiny):
@@ -876,21 +878,3 @@ def test_consecutive_rollouts_draw_on_from_where_the_last_one_stopped(tiny, budg
     assert first + second == _chunked_tokens(6, [24, 24], budget, eos, seven)
     reached = any(len(c) == budget and c[-1] != eos for c in first)
     assert reached == (budget == 2)  # at 30 every row ended first: no step was left to draw
-
-
-def test_a_stop_sequence_of_three_tokens_ends_a_row_at_its_last_token(tiny):
-    """With "777" a stop sequence, each row's tokens are the ones its draws give (EOS or "7",
-    each 1/2) up to its first EOS or its first "777", kept at its end."""
-    _, tok = tiny
-    eos, seven = tok.eos_token_id, tok.convert_tokens_to_ids("7")
-    engine = _eos_or_seven_engine(tok, 4)
-    params = SamplingParams(n=8, max_new_tokens=30, stop_sequences=((seven,) * 3,))
-    out = engine.generate(_prompts(tok), params)
-    draws = _draws(4, 30)
-    by_sequence = 0
-    for row, completion in enumerate(out.completion_ids):
-        expected = _drawn_tokens(draws, row, eos, seven, stop=3)
-        assert completion == expected
-        assert out.finish_reason[row] == ("stop" if len(expected) < 30 else "length")
-        by_sequence += expected[-3:] == [seven] * 3
-    assert by_sequence >= 2
