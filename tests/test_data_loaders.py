@@ -468,3 +468,50 @@ def test_a_hub_test_split_is_cut_to_test_size(monkeypatch):
     problems = [Problem(f"q{i}", "1") for i in range(10)]
     monkeypatch.setattr(loaders, "load_gsm8k", lambda split, path: problems)
     assert len(load_task(DataConfig(task="gsm8k", test_size=3)).test) == 3
+
+
+def test_errors_quote_a_bounded_excerpt_of_a_long_bad_value(tmp_path):
+    """A bad value is quoted, cut to a fixed length so a long one fits on a line: the last 80
+    characters of a GSM8K answer or MATH solution, the first 60 of a message that is not an
+    object, the first 40 of a bad content or an unusable prompt value."""
+    long = "".join(str(i % 10) for i in range(100))
+    for row, excerpt, problem in (
+        (
+            {"question": "q", "answer": long},
+            "GSM8K answer has no '####' final-answer marker",
+            gsm8k_problem,
+        ),
+        (
+            {"question": "q", "answer": long + "####  "},
+            "GSM8K answer is empty after '####'",
+            gsm8k_problem,
+        ),
+        (
+            {"problem": "q", "solution": long},
+            "MATH solution has no \\boxed{...} answer",
+            math_problem,
+        ),
+    ):
+        with pytest.raises(DatasetError) as caught:
+            problem(row)
+        assert str(caught.value) == f"{excerpt}: {(row.get('answer') or row['solution'])[-80:]!r}"
+    not_object = [long, {"role": "user", "content": "hi"}]
+    with pytest.raises(DatasetError) as caught:
+        loaders.parse_messages(not_object, "prompt")
+    assert str(caught.value).endswith(f"got {long[:60]!r}")
+    bad_content = [{"role": "user", "content": [long]}]
+    with pytest.raises(DatasetError) as caught:
+        loaders.parse_messages(bad_content, "prompt")
+    assert str(caught.value).endswith(f"and content {str([long])[:40]!r}")
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": {"text": long}, "answer": "1"}])
+    with pytest.raises(DatasetError) as caught:
+        load_file(path)
+    assert f"column 'prompt' is a dict ({str({'text': long})[:40]!r})" in str(caught.value)
+
+
+def test_a_file_that_cannot_be_read_names_the_reason(tmp_path):
+    not_a_file = tmp_path / "shard.jsonl"
+    not_a_file.mkdir()
+    with pytest.raises(DatasetError) as caught:
+        loaders._read_text(not_a_file)
+    assert str(caught.value) == f"{not_a_file}: cannot read file (Is a directory)"
