@@ -104,19 +104,14 @@ def summed(dicts):
 # ----------------------------------------------------------------------------- cadence
 
 
-def test_evaluations_come_before_step_1_every_n_steps_and_at_the_end(tmp_path, fake_eval):
-    run_dir = run(tmp_path / "a", "train.steps=3", "eval.every_steps=2", "eval.samples=3")
-    assert steps_of(run_dir, "eval.jsonl") == [0, 2, 3]
-    assert read_jsonl(run_dir / "eval.jsonl")[0] == {"step": 0, "pass@1": 0.5, "problems": 3}
-    assert fake_eval == [None, None, None]  # the HF engine: no vLLM engine to evaluate on
-    run_dir = run(tmp_path / "b", "train.steps=2", "eval.every_steps=2")
-    assert steps_of(run_dir, "eval.jsonl") == [0, 2]  # the last step is evaluated once
-    # resumed after step 2: no second evaluation before step 3, the cadence goes on
-    run_dir = run(tmp_path / "b", "train.steps=3", "eval.every_steps=2", resume=True)
-    assert steps_of(run_dir, "eval.jsonl") == [0, 2, 3]
-    assert steps_of(run_dir, "metrics.jsonl") == [1, 2, 3]
-    assert len(fake_eval) == 6
-    assert not (run(tmp_path / "c", "train.steps=1") / "eval.jsonl").exists()
+def test_held_out_evaluation_gets_eval_samples_problems_and_no_vllm_engine(tmp_path, fake_eval):
+    """What each evaluation is given (its cadence, before step 1, every N steps, at the end and
+    across a resume, is checked on real evaluations in test_rl_loop.py)."""
+    run_dir = run(tmp_path, "train.steps=2", "eval.every_steps=2", "eval.samples=3")
+    assert read_jsonl(run_dir / "eval.jsonl") == [
+        {"step": step, "pass@1": 0.5, "problems": 3} for step in (0, 2)
+    ]
+    assert fake_eval == [None, None]  # the HF engine: no vLLM engine to evaluate on
 
 
 def test_checkpoints_every_save_every_steps_and_at_the_end(tmp_path):
