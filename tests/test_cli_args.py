@@ -257,6 +257,7 @@ def test_a_stopped_train_plots_and_exits_as_the_signal(trained, tmp_path):
     ("args", "said"),
     [
         (["train", "--actor_rollout_ref.actor.ppo_epochs", "2"], "not options: train.epochs=2"),
+        (["train", "--rollout.n", "8"], "not options: rollout.samples_per_prompt=8"),
         (["train", "--train.seed=3", "x=1"], "not options: train.seed=3 "),
         (["train", "--train.seed", "--preset", "grpo"], "not options: train.seed=... "),
         (["train", "x=1", "--train.seed", "a=b"], "not options: train.seed=... "),

@@ -232,6 +232,26 @@ def test_help_config_rows_show_each_default_with_its_range():
         ),
         (RLConfig, "data.train_batch_size=64", "verl's name for rlvr's 'rollout.prompts_per_step'"),
         (RLConfig, "algorithm.clip.hihg=0.3", "did you mean 'algorithm.clip.high'?"),
+        (  # the tail of verl's path, as a verl user shortens it
+            RLConfig,
+            "rollout.n=8",
+            "the end of verl's 'actor_rollout_ref.rollout.n', rlvr's 'rollout.samples_per_prompt'",
+        ),
+        (RLConfig, "clip_ratio_high=0.28", "rlvr's 'algorithm.clip.high'"),
+        (RLConfig, "rollout.max_tokens=9", "did you mean 'rollout.max_new_tokens'?"),
+        (RLConfig, "rollout.q=1", "did you mean 'rollout.top_p'?"),  # not its section, `rollout`
+        (
+            RLConfig,
+            "lr=1e-6",
+            "unknown config key 'lr'; did you mean 'algorithm.critic.lr' or 'train.lr'?",
+        ),
+        (
+            RLConfig,
+            "coef=0.1",
+            "did you mean 'algorithm.kl.coef', 'algorithm.entropy.coef' or "
+            "'algorithm.distill.coef'?",
+        ),
+        (SFTConfig, "steps=3", "unknown config key 'steps'; did you mean 'sft.steps'?"),
         (DPOConfig, "num_generations=4", "unknown config key 'num_generations'"),
         (
             RLConfig,
@@ -246,6 +266,12 @@ def test_a_trl_or_verl_name_is_answered_with_rlvrs_key(model, override, message)
     assert message in str(info.value)
     if model is DPOConfig and "num_generations" in override:
         assert "name for" not in str(info.value)  # dpo has no group size to point at
+
+
+def test_a_verl_tail_with_two_meanings_gets_no_hint():
+    with pytest.raises(ConfigError) as info:  # verl's rollout.n and rollout.val_kwargs.n
+        resolve_config(overrides=["n=8"])
+    assert str(info.value) == "config + overrides: unknown config key 'n'"
 
 
 def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():

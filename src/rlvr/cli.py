@@ -82,7 +82,7 @@ def _refuse_option(arg: str, following: str, model: type, command: str) -> None:
     foreign = rlvr_key(key, [k for k, _, _ in describe_fields(model)])
     _fail(
         f"{arg!r}: settings are key=value arguments here, not options: "
-        f"{foreign[1] if foreign else key}={value or '...'} (--help-config lists every key)"
+        f"{foreign.ours if foreign else key}={value or '...'} (--help-config lists every key)"
     )
 
 

@@ -39,14 +39,27 @@ def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
+def _close_keys(key: str, valid: list[str]) -> list[str]:
+    """The keys a mistyped `key` may have meant: those it names the last part of (`lr`:
+    `train.lr`, `algorithm.critic.lr`), else its nearest spelling that is not the section it
+    was written in (`rollout.n` does not mean `rollout`)."""
+    last = key.rsplit(".", 1)[-1]
+    same_leaf = [k for k in valid if k.endswith("." + last) and k != key]
+    if same_leaf and len(same_leaf) <= 3:
+        return same_leaf
+    others = [k for k in valid if not key.startswith(k + ".")]
+    return difflib.get_close_matches(key, others, n=1, cutoff=0.5)
+
+
 def _explain(error: ValidationError, root: type[BaseModel], source: str) -> ConfigError:
     valid = _valid_keys(root)
     lines = []
     for item in error.errors():
         key = ".".join(str(p) for p in item["loc"])
         if item["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = [repr(k) for k in _close_keys(key, valid)]
+            alternatives = " or ".join([", ".join(close[:-1]), *close[-1:]] if close[1:] else close)
+            hint = f"; did you mean {alternatives}?" if close else ""
             foreign = foreign_key_hint(key, item["input"], valid)
             lines.append(f"unknown config key {key!r}" + (f": {foreign}" if foreign else hint))
         elif item["type"] == "value_error" and not key:  # a check across sections

@@ -8,7 +8,7 @@ seq_mean_token_mean`, not verl's `seq-mean-token-mean`; `--help-config` lists th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def _each_command(name: str) -> tuple[str, ...]:
@@ -199,13 +199,30 @@ def _leaves(key: str, value: Any) -> list[str]:
     return [leaf for name, inner in value.items() for leaf in _leaves(f"{key}.{name}", inner)]
 
 
-def rlvr_key(name: str, valid: list[str]) -> tuple[str, str] | None:
-    """(framework, rlvr's key among `valid`) for a TRL or verl setting `name`, or None."""
+class ForeignName(NamedTuple):
+    framework: str
+    name: str
+    """The framework's whole name: the one given, or the verl path whose tail was given."""
+    ours: str
+
+
+def rlvr_key(name: str, valid: list[str]) -> ForeignName | None:
+    """The TRL or verl setting `name` and rlvr's key for it among `valid`, or None. `name` may
+    also be the tail of verl's path (`rollout.n` for `actor_rollout_ref.rollout.n`,
+    `clip_ratio_high`) where every path it ends points at the same key."""
     for framework, names in (("TRL", TRL), ("verl", VERL)):
         ours = [k for k in names.get(name, ()) if k in valid]
         if ours:
-            return framework, ours[0]
-    return None
+            return ForeignName(framework, name, ours[0])
+    tails = {
+        full: ours[0]
+        for full, keys in VERL.items()
+        if full.endswith("." + name) and (ours := [k for k in keys if k in valid])
+    }
+    if len(set(tails.values())) != 1:
+        return None
+    full, ours = next(iter(tails.items()))
+    return ForeignName("verl", full, ours)
 
 
 def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
@@ -215,5 +232,7 @@ def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
         found = rlvr_key(leaf, valid)
         if found:
             named = "" if leaf == key else f"{leaf!r} is "
-            return f"{named}{found[0]}'s name for rlvr's {found[1]!r}"
+            if found.name != leaf:
+                return f"{named}the end of verl's {found.name!r}, rlvr's {found.ours!r}"
+            return f"{named}{found.framework}'s name for rlvr's {found.ours!r}"
     return None
