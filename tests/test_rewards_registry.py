@@ -27,6 +27,7 @@ from rlvr.rewards import (
     registry as registry_module,
 )
 from rlvr.rewards.builtin import tool_error_reward
+from rlvr.rewards.compose import signature_mismatch
 
 
 @pytest.fixture
@@ -548,3 +549,25 @@ def test_error_examples_are_capped_at_five_over_all_calls(scratch_registry: None
 
     out = compose_rewards([("test_all_nan", 1.0)], max_workers=3)(["p"] * 12, ["x"] * 12, {})
     assert out.timeouts == 12 and len(out.error_examples) == 5
+
+
+def test_a_signature_no_call_can_reach_is_told_apart() -> None:
+    """Without **kwargs a reward must name every keyword a call passes; with it, or with
+    verl's signature (called its own way), or with no signature to read, it is accepted."""
+
+    def verl(data_source, solution_str, ground_truth, extra_info=None):
+        return 0.0
+
+    def lacks_two(prompts, completions, answer, completion_ids, trainer_state):
+        return [0.0] * len(completions)
+
+    for fn in (length_reward, verl, max, *(get_reward(name) for name in list_rewards())):
+        assert signature_mismatch(fn) is None, fn
+    assert signature_mismatch(lacks_two) == (
+        "it takes (prompts, completions, answer, completion_ids, trainer_state) and no "
+        "**kwargs, but a reward is called by keyword with prompts=, completions=, answer=, "
+        "completion_ids=, trainer_state=, log_extra=, log_metric= and the problem's other "
+        "columns, so every call would fail (no log_extra, log_metric); take **kwargs, as TRL's "
+        "rewards do (def f(prompts, completions, answer, **kwargs)), or write verl's "
+        "compute_score(data_source, solution_str, ground_truth, extra_info)"
+    )

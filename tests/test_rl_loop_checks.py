@@ -18,6 +18,7 @@ import torch
 
 from rlvr.config import ConfigError, resolve_config
 from rlvr.rewards import register_reward, registry as registry_module
+from rlvr.rewards.compose import PASSED_KEYWORDS
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import rl
 from rlvr.training.checkpoint import load_trainer_state
@@ -366,3 +367,27 @@ def test_the_rollout_engine_captures_cuda_graphs_only_where_asked(tmp_path, monk
     run(tmp_path / "a", "train.steps=1")
     run(tmp_path / "b", "train.steps=1", "rollout.cuda_graphs=false")
     assert asked == [True, False]
+
+
+def test_a_reward_no_call_can_reach_is_refused_and_one_naming_every_keyword_scores(tmp_path):
+    """A reward file without **kwargs: one that lacks a keyword every call passes fails before
+    a model loads, naming what it lacks; one naming exactly those keywords scores in a run
+    (the arithmetic task has no other columns), so the list is not longer than the call's."""
+    lacking = tmp_path / "lacking.py"
+    lacking.write_text("def score(completion, answer):\n    return 1.0\n")
+    names = ", ".join(PASSED_KEYWORDS)
+    exact = tmp_path / "exact.py"
+    exact.write_text(f"def score({names}):\n    return [1.0] * len(completions)\n")
+    with pytest.raises(ConfigError) as info:
+        check_choices(tiny(tmp_path, f"reward.functions=[{{name: '{lacking}:score'}}]"))
+    assert str(info.value).startswith(
+        f"reward.functions[0].name: reward '{lacking}:score': it takes (completion, answer) and "
+        "no **kwargs"
+    )
+    assert "(no prompts, completions, completion_ids, trainer_state, log_extra, log_metric)" in (
+        str(info.value)
+    )
+    out = tmp_path / "run"
+    run(out, "train.steps=1", f"reward.functions=[{{name: '{exact}:score'}}]")
+    (step,) = read_jsonl(out / "metrics.jsonl")
+    assert step["reward/errors"] == 0 and step["reward/mean"] == 1.0

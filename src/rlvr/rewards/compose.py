@@ -53,13 +53,48 @@ from typing import Any
 
 from rlvr.rewards.registry import RewardFn, get_reward
 from rlvr.rewards.verify import verifier_timeout
-from rlvr.rewards.verl_style import as_trl_reward
+from rlvr.rewards.verl_style import as_trl_reward, is_verl_reward
 from rlvr.tracking.jsonl import to_jsonable
 
 _MAX_ERROR_EXAMPLES = 5
 _SAMPLE_CHARS = 80
 SAMPLE_KEYS = frozenset({"step", "prompt", "completion", "answer", "reward", "reward_error"})
 """The keys of a samples.jsonl line that `log_extra` columns may not take."""
+
+PASSED_KEYWORDS = (
+    "prompts",
+    "completions",
+    "answer",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
+"""The keywords every call of a reward in training passes (with the problem's other columns)."""
+
+
+def signature_mismatch(fn: Callable[..., Any]) -> str | None:
+    """Why every call of reward `fn` would raise a `TypeError`, or None: a function without
+    ``**kwargs`` that does not name each of `PASSED_KEYWORDS` (a verl ``compute_score`` is
+    called its own way, and a callable without a readable signature is given the benefit)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if is_verl_reward(fn) or any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    missing = [name for name in PASSED_KEYWORDS if name not in named]
+    if not missing:
+        return None
+    return (
+        f"it takes ({', '.join(p.name for p in parameters)}) and no **kwargs, but a reward is "
+        f"called by keyword with {', '.join(k + '=' for k in PASSED_KEYWORDS)} and the "
+        f"problem's other columns, so every call would fail (no {', '.join(missing)}); take "
+        "**kwargs, as TRL's rewards do (def f(prompts, completions, answer, **kwargs)), or "
+        "write verl's compute_score(data_source, solution_str, ground_truth, extra_info)"
+    )
+
 
 _abandoned_lock = threading.Lock()
 _abandoned: list[threading.Thread] = []

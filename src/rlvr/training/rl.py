@@ -35,8 +35,9 @@ from rlvr.data.templates import short_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
+from rlvr.rewards.compose import signature_mismatch
 from rlvr.rewards.model_based import MODEL_REWARDS
-from rlvr.rewards.registry import TASK_VERIFIER, get_reward
+from rlvr.rewards.registry import TASK_VERIFIER, RewardFn, get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
 from rlvr.rollout.tools import ToolUse
@@ -105,7 +106,7 @@ def check_choices(cfg: RLConfig) -> None:
         chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
     for i, spec in enumerate(cfg.reward.functions or []):
         if spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER:
-            chosen.append((f"reward.functions[{i}].name", spec.name, get_reward, ""))
+            chosen.append((f"reward.functions[{i}].name", spec.name, _callable_reward, ""))
     for key, name, look_up, alternative in chosen:
         try:
             look_up(name)
@@ -119,6 +120,16 @@ def check_choices(cfg: RLConfig) -> None:
         )
     _check_group_sizes(cfg, outcome)
     _check_engine(cfg)
+
+
+def _callable_reward(name: str) -> RewardFn:
+    """The reward function `name` names, if a call with rlvr's keywords can reach it; a
+    `KeyError` saying why not otherwise."""
+    fn = get_reward(name)
+    mismatch = signature_mismatch(fn)
+    if mismatch:
+        raise KeyError(f"reward {name!r}: {mismatch}")
+    return fn
 
 
 def _check_group_sizes(cfg: RLConfig, outcome: bool) -> None:
