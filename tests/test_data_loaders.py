@@ -133,6 +133,32 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("row", "hint"),
+    [
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "1+1"},
+                    {"role": "assistant", "content": "2"},
+                ]
+            },
+            "these are TRL's conversational rows: data.prompt_column=messages (data.answer_column"
+            "=null if they hold no gold answer)",
+        ),
+        (
+            {"prompt": "1+1", "completion": "2"},
+            "these are TRL's prompt-completion rows: data.solution_column=completion "
+            "(data.answer_column=null if they hold no gold answer)",
+        ),
+    ],
+)
+def test_trl_s_sft_rows_are_answered_with_the_settings_that_read_them(tmp_path, row, hint):
+    with pytest.raises(DatasetError) as info:
+        load_file(write_jsonl(tmp_path / "sft.jsonl", [row]))
+    assert str(info.value).endswith(f"this row has columns {list(row)}; {hint}")
+
+
 def test_missing_column_in_parquet_names_row(tmp_path):
     path = tmp_path / "q.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)

@@ -125,6 +125,29 @@ def test_sft_on_a_data_file_uses_its_solution_column(tmp_path):
         run_sft(cfg, show_progress=False)
 
 
+def test_sft_says_how_many_problems_it_leaves_out_for_want_of_a_solution(tmp_path):
+    """A null solution is allowed (the same file may serve RL), but SFT says what it skips."""
+    path = tmp_path / "data.jsonl"
+    worked = ["1 + 1 = 2\n#### 2", None, "2 + 2 = 4\n#### 4", None, None]
+    rows = [{"prompt": f"q{i}", "answer": "2", "worked": w} for i, w in enumerate(worked)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = SFTConfig.model_validate(
+        {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64}},
+            "data": {
+                "task": "file",
+                "path": str(path),
+                "test_size": 0,
+                "solution_column": "worked",
+            },
+            "sft": {"steps": 1, "batch_size": 2, "output_dir": str(tmp_path / "out")},
+        }
+    )
+    with pytest.warns(UserWarning, match=r"^3 of 5 training problems have no worked solution"):
+        run_sft(cfg, show_progress=False)
+    assert read_jsonl(tmp_path / "out" / "metrics.jsonl")[0]["epoch"] == 1.0  # 2 a step, of 2
+
+
 def sft_config(output_dir, **sft) -> SFTConfig:
     return SFTConfig.model_validate(
         {

@@ -199,6 +199,14 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     hint = f"; set {setting} to the one that holds it" if setting else ""
     if setting == "data.answer_column":
         hint += ", or to null if the rows have no gold answer (SFT data, a reward model)"
+    no_answer = "data.answer_column=null if they hold no gold answer"
+    if setting == "data.prompt_column" and "messages" in row:
+        hint = f"; these are TRL's conversational rows: data.prompt_column=messages ({no_answer})"
+    elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
+        hint = (
+            "; these are TRL's prompt-completion rows: data.solution_column=completion "
+            f"({no_answer})"
+        )
     return DatasetError(f"missing column {column!r}; this row has columns {list(row)}{hint}")
 
 

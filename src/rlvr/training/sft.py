@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -124,6 +125,13 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         hint = f" (name their column with data.solution_column{listed})"
         hint = hint if task.name == "file" else ""
         raise ConfigError(f"task {task.name!r} has no worked solutions to fine-tune on{hint}")
+    if len(examples) < len(task.train):
+        warnings.warn(
+            f"{len(task.train) - len(examples)} of {len(task.train)} training problems have no "
+            "worked solution (a null data.solution_column, or a conversation that ends with the "
+            "user's turn); SFT leaves them out",
+            stacklevel=2,
+        )
     out_dir = Path(s.output_dir)
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(out_dir, resume, "sft.output_dir"))
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
