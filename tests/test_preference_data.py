@@ -19,6 +19,8 @@ ROWS = [
     {"prompt": "What is 2+3?", "chosen": "<answer>5</answer>", "rejected": "6", "id": 1},
     {"prompt": "What is 7+6?", "chosen": "<answer>13</answer>", "rejected": "no idea", "id": 2},
 ]
+ASKED = {"role": "user", "content": "q"}
+SAID_A, SAID_B, SAID_C = ({"role": "assistant", "content": text} for text in "abc")
 
 
 def write_jsonl(path, rows):
@@ -55,6 +57,26 @@ def test_conversational_pairs(tmp_path):
     ]
 
 
+def test_implicit_prompt_pairs_share_their_first_messages(tmp_path):
+    """TRL's implicit prompt: no prompt column, chosen and rejected whole conversations; the
+    messages they begin with in common are the prompt (system and user turns here)."""
+    system = {"role": "system", "content": "Be brief."}
+    user = {"role": "user", "content": "What is 2+3?"}
+    good, bad = ({"role": "assistant", "content": text} for text in ("5", "6"))
+    rows = [{"chosen": [system, user, good], "rejected": [system, user, bad], "id": 7}]
+    assert load_preference_file(write_jsonl(tmp_path / "i.jsonl", rows)) == [
+        PreferencePair((system, user), "5", "6")
+    ]
+    with pytest.raises(DatasetError) as caught:  # nothing shared: no prompt to take
+        load_preference_file(
+            write_jsonl(tmp_path / "n.jsonl", [{"chosen": [good], "rejected": [bad]}])
+        )
+    assert str(caught.value).endswith(
+        "n.jsonl, row 1 (line 1): no 'prompt' column, and the conversations of 'chosen' and "
+        "'rejected' do not begin with the same messages (TRL's implicit prompt)"
+    )
+
+
 def test_custom_column_names(tmp_path):
     rows = [{"q": "x?", "good": "a", "bad": "b"}]
     pairs = load_preference_file(
@@ -86,6 +108,18 @@ def test_custom_column_names(tmp_path):
             "column 'prompt': a conversation must end with a non-empty user turn",
         ),
         ({"prompt": "q", "chosen": "same", "rejected": "same"}, "chosen and rejected are the same"),
+        (  # TRL's implicit prompt: whole conversations, the messages they begin with shared
+            {"chosen": [ASKED, SAID_A], "rejected": [SAID_B, ASKED]},
+            "do not begin with the same messages",
+        ),
+        (
+            {"chosen": [ASKED, SAID_A], "rejected": [ASKED, SAID_A, SAID_B]},
+            "the conversation of 'chosen' is all in the other's start: no response",
+        ),
+        (  # the shared messages end with the assistant's: a prompt must end with the user's
+            {"chosen": [ASKED, SAID_A, SAID_B], "rejected": [ASKED, SAID_A, SAID_C]},
+            "column 'prompt': a conversation must end with a non-empty user turn",
+        ),
     ],
 )
 def test_bad_rows_name_file_and_row(tmp_path, bad_row, message):
