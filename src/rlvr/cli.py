@@ -354,7 +354,10 @@ def curate(
         str(summary.kept),
     )
     console.print(table)
-    console.print(f"wrote {summary.output} (train on it with data.task=file data.path=...)")
+    console.print(
+        f"wrote {summary.output}; train on it with data.task=file data.path={summary.output}",
+        soft_wrap=True,
+    )
 
 
 @app.command("eval", context_settings={"allow_extra_args": True})
