@@ -547,4 +547,11 @@ def test_report_to_a_path_that_cannot_be_written_is_an_error(tmp_path):
     assert result.exit_code == 2, (result.output, result.exception)
     assert "File exists" in result.output or "Not a directory" in result.output
     assert (tmp_path / "a_file").read_text() == "kept\n"
+    metrics = (run / "metrics.jsonl").read_text()
+    result = runner.invoke(app, ["report", str(run), "--output", str(run / "metrics.jsonl")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"the report is a PNG image; '{run / 'metrics.jsonl'}' does not end in .png" in (
+        "".join(result.output.split("\n"))
+    )
+    assert (run / "metrics.jsonl").read_text() == metrics  # not a PNG over the run's log
     assert runner.invoke(app, ["report", str(run)]).exit_code == 0  # the run itself plots

@@ -180,9 +180,14 @@ def plot_runs(
         `out_path` as a Path.
 
     Raises:
-        ValueError: no run directories or no metrics given, or a malformed metrics file.
+        ValueError: no run directories or no metrics given, a malformed metrics file, or an
+            `out_path` that does not end in ``.png``.
         FileNotFoundError: a run directory (named in the message) lacks `metrics.jsonl`.
     """
+    if Path(out_path).suffix.lower() != ".png":  # never a PNG written over metrics.jsonl
+        raise ValueError(
+            f"plot_runs: the report is a PNG image; {str(out_path)!r} does not end in .png"
+        )
     run_paths = run_directories(run_dirs)
     if not run_paths:
         raise ValueError("plot_runs: no run directories given")
