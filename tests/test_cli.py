@@ -536,6 +536,31 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_work(tmp_pa
         assert in_the_way.read_text() == "kept\n"
 
 
+def test_an_output_file_that_is_not_a_new_jsonl_is_refused_and_left_as_it_was(tmp_path):
+    """--output appends and --log-samples overwrites: a path that is not .jsonl (a run's
+    config.yaml), or a run directory's own log, is refused before the work begins."""
+    run = tmp_path / "run"
+    run.mkdir()
+    files = {name: f"{name} of the run\n" for name in ("config.yaml", "metrics.jsonl")}
+    for name, text in files.items():
+        (run / name).write_text(text)
+    for option, name, reason in (
+        ("--output", "config.yaml", "the result is JSON lines; give a path ending in .jsonl"),
+        (
+            "--log-samples",
+            "metrics.jsonl",
+            f"is a log of the run in '{run}'; give a file of its own",
+        ),
+        ("--output", "metrics.jsonl", f"is a log of the run in '{run}'; give a file of its own"),
+    ):
+        result = runner.invoke(app, ["eval", "--model", "/nowhere", option, str(run / name)])
+        assert result.exit_code == 2, (option, result.output, result.exception)
+        said = " ".join(result.output.split())
+        assert said.startswith(f"error: {option} '{run / name}'"), said
+        assert reason in said, said
+    assert {p.name: p.read_text() for p in run.iterdir()} == files
+
+
 def test_report_to_a_path_that_cannot_be_written_is_an_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -26,6 +26,7 @@ from rlvr.config import (
 )
 from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
 from rlvr.foreign_keys import rlvr_key
+from rlvr.run_layout import CONFIG_FILE, RUN_LOGS, evaluated_folder
 from rlvr.tracking.jsonl import JsonlWriter
 
 if TYPE_CHECKING:
@@ -97,9 +98,17 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def _appendable(output: Path | None, option: str = "--output") -> None:
     """Make sure the file of `option` can take the result before the work that makes it
-    begins (its content, if any, is left as it is)."""
+    begins (its content, if any, is left as it is): a ``.jsonl`` file that is not one of a
+    run directory's own logs."""
     if output is None:
         return
+    if output.suffix != ".jsonl":
+        _fail(f"{option} {str(output)!r}: the result is JSON lines; give a path ending in .jsonl")
+    if output.name in RUN_LOGS and (output.parent / CONFIG_FILE).is_file():
+        _fail(
+            f"{option} {str(output)!r} is a log of the run in {str(output.parent)!r}; "
+            "give a file of its own"
+        )
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.open("a").close()
@@ -442,7 +451,6 @@ def eval_cmd(
     from rlvr.data.tasks import eval_settings, load_eval_task
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
-    from rlvr.run_layout import evaluated_folder
 
     _appendable(output)
     _appendable(log_samples, "--log-samples")

@@ -13,6 +13,8 @@ from pathlib import Path
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
+RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "eval.jsonl")
+"""The JSON-lines logs of a run directory, each a line per step."""
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:

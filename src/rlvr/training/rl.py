@@ -46,7 +46,7 @@ from rlvr.rollout.vllm import (
     context_length,
     require_vllm,
 )
-from rlvr.run_layout import CONFIG_FILE, checkpoint_path
+from rlvr.run_layout import CONFIG_FILE, RUN_LOGS, checkpoint_path
 from rlvr.tracking.jsonl import JsonlWriter
 from rlvr.tracking.loggers import run_loggers
 from rlvr.tracking.progress import StepProgress
@@ -310,7 +310,7 @@ def _train(
         if critic is not None:
             critic.load_state_dict(state["critic"])
         start_step, bad_steps = state["step"], state["bad_steps"]
-    for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl"):
+    for name in RUN_LOGS:
         if ranks.main:
             keep_until_step(run_dir / name, start_step)
 
