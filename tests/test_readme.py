@@ -1,6 +1,7 @@
 """The README's Python example runs as written (on the tests' tiny settings) and trains on
 its own reward."""
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -38,3 +39,14 @@ def test_the_python_example_trains_on_its_own_reward(tmp_path, monkeypatch):
         by_hand -= 0.01 * len(sample["completion"].split())
         assert abs(sample["reward"] - by_hand) < 1e-6, sample
     assert len({round(s["reward"], 6) for s in samples}) > 1  # lengths differ, so do rewards
+
+
+def test_the_names_the_example_s_paragraph_places_are_where_it_says():
+    """'`X` and `Y` are in `module`, `Z` in `other`' after the example: each name imports."""
+    after = README.read_text().split("### From Python", 1)[1].split("###", 1)[0]
+    placed = re.findall(r"((?:`\w+`(?: and |, )?)+) (?:are )?in `(rlvr[\w.]*)`", after)
+    assert placed, "the paragraph names no module"
+    for names, module in placed:
+        imported = importlib.import_module(module)
+        for name in re.findall(r"`(\w+)`", names):
+            assert hasattr(imported, name), (name, module)
