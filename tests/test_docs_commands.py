@@ -1,6 +1,7 @@
 """Every `rlvr train/sweep/bench/sft/dpo/curate` command written in the README and docs/
 resolves to a config (its keys exist, its values are in range, its preset is there), except
-those that show a TRL or verl name being answered, which must get rlvr's key for it."""
+those that show a TRL or verl name being answered, which must get rlvr's key for it; and every
+option written after any `rlvr` command is one that command has."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+import typer.main
 
 from rlvr import foreign_keys
+from rlvr.cli import app
 from rlvr.config import PREFERENCE_PRESETS, RL_PRESETS, ConfigError, RLConfig, resolve_config
 from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
 from rlvr.training.sweep import sweep_points
@@ -18,7 +21,7 @@ from rlvr.training.sweep import sweep_points
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"train": RLConfig, "bench": RLConfig, "sft": SFTConfig, "dpo": DPOConfig}
 MODELS["curate"] = CurateConfig
-NAMES = "train|sweep|bench|sft|dpo|curate"
+NAMES = "train|sweep|bench|sft|dpo|curate|eval|demo|report|presets"
 INLINE = re.compile(rf"`rlvr ({NAMES})\b([^`]*)`")
 """A command in a line of prose: `rlvr train ...` in backquotes."""
 IN_BLOCK = re.compile(rf"^\s*(?:\$ )?(?:\S*torchrun\b.*?)?\brlvr ({NAMES})\b(.*)$")
@@ -75,12 +78,36 @@ def resolve(command: str, arguments: list[str]) -> None:
 COMMANDS = written_commands()
 
 
+CONFIGURED = [c for c in COMMANDS if c[1] in {*MODELS, "sweep"}]
+
+
 def test_the_docs_write_commands_of_every_kind():
-    assert len(COMMANDS) > 50
-    assert {command for _, command, _ in COMMANDS} == {*MODELS, "sweep"}
+    assert len(CONFIGURED) > 50
+    assert {command for _, command, _ in COMMANDS} == {
+        *MODELS,
+        "sweep",
+        "eval",
+        "demo",
+        "report",
+        "presets",
+    }
 
 
 @pytest.mark.parametrize(("where", "command", "arguments"), COMMANDS, ids=[w for w, *_ in COMMANDS])
+def test_each_option_in_the_docs_is_one_of_its_command_s(where, command, arguments):
+    options = {
+        name
+        for parameter in typer.main.get_command(app).commands[command].params
+        for name in (*parameter.opts, *parameter.secondary_opts)
+    }
+    for argument in arguments:
+        if argument.startswith("--"):
+            assert argument.split("=")[0] in options, argument
+
+
+@pytest.mark.parametrize(
+    ("where", "command", "arguments"), CONFIGURED, ids=[w for w, *_ in CONFIGURED]
+)
 def test_a_command_in_the_docs_resolves(where, command, arguments):
     foreign = [
         a.split("=")[0]
