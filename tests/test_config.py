@@ -72,6 +72,25 @@ def test_unknown_key_in_file_names_file_and_key(tmp_path):
         resolve_config(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "train:\n  steps: 2\n lr: 1\n",
+            "bad.yaml, line 3, column 2: invalid YAML (while parsing a block mapping: expected "
+            "<block end>, but found '<block mapping start>')",
+        ),
+        ("preset: grpoo\n", "bad.yaml: preset: unknown preset 'grpoo'; did you mean 'grpo'?"),
+    ],
+)
+def test_a_config_file_that_breaks_is_named_with_the_line_or_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        resolve_config(path)
+    assert str(info.value).startswith(f"{tmp_path}/{message}")
+
+
 def test_wrong_type_names_the_key():
     with pytest.raises(ConfigError, match=r"'train\.steps'"):
         resolve_config(overrides=["train.steps=many"])

@@ -350,7 +350,9 @@ def test_trained_on_reads_the_task_of_the_run_that_saved_a_model(tmp_path):
     assert trained_on(tmp_path / "elsewhere") is None and trained_on("tiny") is None
 
     (sft / "config.yaml").write_text("data: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"sft/config\.yaml: invalid YAML"):
+    with pytest.raises(
+        ConfigError, match=r"sft/config\.yaml, line 2, column 1: invalid YAML \(while"
+    ):
         trained_on(sft)
     (sft / "config.yaml").write_text("model: {}\n")
     with pytest.raises(ConfigError, match=r"sft/config\.yaml: no `data` section"):

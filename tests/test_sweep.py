@@ -100,7 +100,9 @@ def test_sweep_runs_summarizes_reports_and_skips_finished_runs(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=other):
         run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
     saved.write_text("train: [lr: 0.001\n")  # damaged: named, not a YAML traceback
-    with pytest.raises(ConfigError, match=r"seed=0/config\.yaml: invalid YAML"):
+    with pytest.raises(
+        ConfigError, match=r"seed=0/config\.yaml, line 2, column 1: invalid YAML \(while"
+    ):
         run_sweep(None, "dr_grpo", overrides, tmp_path, show_progress=False)
     saved.unlink()
     with pytest.raises(ConfigError, match=re.escape("(its config.yaml is missing)")):

@@ -143,6 +143,19 @@ def preset_info(name: str, package: str = RL_PRESETS) -> tuple[str, str]:
     return str(tree.get("description", "")), str(tree.get("paper", ""))
 
 
+def _read_yaml(path: Path) -> Any:
+    """The YAML document of the file at `path`, or a one-line `ConfigError` naming the file
+    and the line and column where the YAML breaks."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+        said = ": ".join(part for part in what if part) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({said})") from None
+
+
 def build_config(
     model: type[BaseModel],
     config_path: str | Path | None = None,
@@ -162,14 +175,14 @@ def build_config(
         if not path.is_file():
             hint = "" if path.suffix in (".yaml", ".yml") else "; a setting is written key=value"
             raise ConfigError(f"config file {str(path)!r} does not exist{hint}")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        loaded = _read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config sections")
         if "preset" in loaded and isinstance(loaded["preset"], str) and not preset:
-            tree = deep_merge(tree, load_preset(loaded["preset"], preset_package))
+            try:
+                tree = deep_merge(tree, load_preset(loaded["preset"], preset_package))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: preset: {exc}") from None
         tree = deep_merge(tree, loaded)
         source = str(path)
     for text in overrides:
@@ -201,10 +214,7 @@ def load_saved_config(path: Path) -> dict | None:
     be read, or whose top level is not a mapping, is a `ConfigError` naming the file."""
     if not path.is_file():
         return None
-    try:
-        saved = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    saved = _read_yaml(path)
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: not a saved config (its top level is not a mapping)")
     return saved
