@@ -2,6 +2,7 @@
 
 import itertools
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from rlvr.models.loading import save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training.estimation import batch_advantages
 from rlvr.training.rl import train
+from rlvr.training.teacher import check_same_vocabulary
 from tiny_run import TINY_RUN
 
 
@@ -186,6 +188,28 @@ def test_opd_settings_are_refused_with_the_key_named(tmp_path, teacher_dir):
     with pytest.raises(ConfigError, match=r"its tokenizer differs from the policy's \("):
         train(_opd_config(tmp_path / "b", other), show_progress=False)
     assert not (tmp_path / "b").exists()  # refused before the run directory is made
+
+
+def test_a_vocabulary_difference_names_the_first_id_and_both_tokens_there():
+    """The lowest id whose token differs, with the teacher's token and the policy's at it:
+    the same message whatever the string hashes (it once named either side's at random)."""
+
+    def vocab(tokens: dict[str, int]) -> SimpleNamespace:
+        return SimpleNamespace(get_vocab=lambda: tokens)
+
+    policy = vocab({"a": 0, "b": 1, "y": 2, "c": 3, "d": 4})
+    renamed = vocab({"a": 0, "b": 1, "x": 2, "c": 3})
+    with pytest.raises(ConfigError) as error:
+        check_same_vocabulary(renamed, policy, "t")
+    assert str(error.value) == (
+        "algorithm.distill.teacher 't': its tokenizer differs from the policy's (4 vs 5 tokens; "
+        "first difference at id 2: 'x' in the teacher's, 'y' in the policy's); the teacher "
+        "scores the student's token ids, so both need the same vocabulary"
+    )
+    shorter = vocab({"a": 0, "b": 1, "y": 2, "c": 3})
+    with pytest.raises(ConfigError, match=r"at id 4: no token in the teacher's, 'd' in the po"):
+        check_same_vocabulary(shorter, policy, "t")
+    check_same_vocabulary(vocab({"b": 1, "a": 0}), vocab({"a": 0, "b": 1}), "t")
 
 
 def test_distillation_alone_needs_no_second_sample(tmp_path, teacher_dir):

@@ -21,12 +21,16 @@ def check_same_vocabulary(teacher_tokenizer, tokenizer, name: str) -> None:
     theirs, ours = teacher_tokenizer.get_vocab(), tokenizer.get_vocab()
     if theirs == ours:
         return
-    differ = sorted(set(theirs.items()) ^ set(ours.items()), key=lambda item: item[1])
-    token, index = differ[0]
+    index = min(i for _, i in set(theirs.items()) ^ set(ours.items()))
+
+    def token_at(vocab: dict[str, int]) -> str:
+        return next((repr(token) for token, i in vocab.items() if i == index), "no token")
+
     raise ConfigError(
         f"{KEY} {name!r}: its tokenizer differs from the policy's ({len(theirs)} vs "
-        f"{len(ours)} tokens; first difference: {token!r} at id {index}); the teacher scores "
-        "the student's token ids, so both need the same vocabulary"
+        f"{len(ours)} tokens; first difference at id {index}: {token_at(theirs)} in the "
+        f"teacher's, {token_at(ours)} in the policy's); the teacher scores the student's token "
+        "ids, so both need the same vocabulary"
     )
 
 
