@@ -8,10 +8,11 @@ from fractions import Fraction
 import pytest
 
 from rlvr.config import ConfigError, DataConfig, resolve_config
+from rlvr.data.problem import Problem
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.synthetic import arithmetic_problem, countdown_problem, synthetic_splits
 from rlvr.data.tasks import load_task
-from rlvr.data.templates import apply_template
+from rlvr.data.templates import apply_template, longest_prompt, short_prompts
 from rlvr.models.tiny import build_tiny_tokenizer
 
 
@@ -80,6 +81,19 @@ def test_templates():
     assert apply_template("none", "Q?", tok) == "Q?"
     with pytest.raises(KeyError, match=r"unknown data\.template"):
         apply_template("alpaca", "Q?", tok)
+
+
+def test_prompt_lengths_count_the_templated_tokens():
+    """One token per character and one per chat tag: a `chat` prompt is its question's
+    length + 3 (user, end-of-turn and assistant tags); a prompt of exactly the limit is kept."""
+    tok = build_tiny_tokenizer()
+    problems = [Problem(q, "0") for q in ("1+2=?", "10+20=?", "3+4=?")]  # 5, 7 and 5 chars
+    assert longest_prompt("chat", problems, tok) == 10
+    assert longest_prompt("none", problems, tok) == 7
+    assert longest_prompt("chat", [], tok) == 0
+    assert short_prompts("chat", problems, tok, 8) == [problems[0], problems[2]]
+    assert short_prompts("chat", problems, tok, 7) == []
+    assert short_prompts("none", problems, tok, 7) == problems
 
 
 def test_sampler_covers_each_epoch_and_resumes_exactly():
