@@ -16,7 +16,7 @@ from rlvr.config import (
     resolve_config,
     save_config,
 )
-from rlvr.config_files import parse_override
+from rlvr.config_files import PREFERENCE_PRESETS, RL_PRESETS, parse_override
 from rlvr.config_offline import CurateConfig, DPOConfig, SFTConfig
 
 
@@ -104,6 +104,19 @@ def test_bad_enum_names_the_key():
 def test_unknown_preset_suggests_one():
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         resolve_config(preset="grp")
+
+
+@pytest.mark.parametrize(
+    ("model", "package", "preset", "command"),
+    [(RLConfig, RL_PRESETS, "simpo", "dpo"), (DPOConfig, PREFERENCE_PRESETS, "grpo", "train")],
+)
+def test_the_other_command_s_preset_is_answered_with_that_command(model, package, preset, command):
+    with pytest.raises(ConfigError) as info:
+        resolve_config(preset=preset, model=model, preset_package=package)
+    assert str(info.value) == (
+        f"preset {preset!r} is not one of this command's; it is `rlvr {command}`'s: "
+        f"rlvr {command} --preset {preset}"
+    )
 
 
 def test_override_without_equals_is_an_error():

@@ -125,6 +125,13 @@ def load_preset(name: str, package: str = RL_PRESETS) -> dict:
     """The raw dict of a shipped preset (its `paper` and `description` keys removed)."""
     names = preset_names(package)
     if name not in names:
+        elsewhere = {RL_PRESETS: PREFERENCE_PRESETS, PREFERENCE_PRESETS: RL_PRESETS}.get(package)
+        if elsewhere and name in preset_names(elsewhere):
+            command = "dpo" if elsewhere == PREFERENCE_PRESETS else "train"
+            raise ConfigError(
+                f"preset {name!r} is not one of this command's; it is `rlvr {command}`'s: "
+                f"rlvr {command} --preset {name}"
+            )
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown preset {name!r}{hint} (available: {', '.join(names)})")
