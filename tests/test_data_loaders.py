@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -270,9 +271,35 @@ def test_bad_gsm8k_row_in_local_file_names_file_and_row(tmp_path):
 
 
 def test_load_task_gsm8k_from_a_local_path(tmp_path):
-    path = write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS * 3)
+    rows = [{**row, "question": f"{row['question']} ({i})"} for i in range(3) for row in GSM8K_ROWS]
+    path = write_jsonl(tmp_path / "g.jsonl", rows)
     task = load_task(DataConfig(task="gsm8k", path=str(path), test_size=2))
     assert (len(task.train), len(task.test), task.reward) == (4, 2, "math")
+
+
+def test_held_out_problems_that_are_also_training_problems_are_warned_of(tmp_path):
+    """Duplicate rows split across the hold-out, or a test file overlapping the training
+    file: held out in name only. Distinct problems pass without a word."""
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in (0, 1, 2, 0, 1)]
+    path = write_jsonl(tmp_path / "dup.jsonl", rows)
+    with pytest.warns(UserWarning) as caught:
+        load_task(DataConfig(task="file", path=str(path), test_size=3))
+    assert str(caught[0].message) == (
+        f"{path}: 2 of the 3 held-out problems have the prompt of a training problem, so "
+        "held-out accuracy partly measures recall; drop the duplicates (rlvr curate does) or "
+        "give data.test_path"
+    )
+    test = write_jsonl(
+        tmp_path / "test.jsonl", [*rows[:1], {"prompt": "What is 9+1?", "answer": "10"}]
+    )
+    with pytest.warns(
+        UserWarning, match=r"test\.jsonl: 1 of the 2 held-out .*; drop them from one of the files$"
+    ):
+        load_task(DataConfig(task="file", path=str(path), test_path=str(test)))
+    distinct = write_jsonl(tmp_path / "distinct.jsonl", rows[:3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_task(DataConfig(task="file", path=str(distinct), test_size=1))
 
 
 @pytest.mark.parametrize(("test_size", "split"), [(0, (6, 0)), (1, (5, 1)), (5, (1, 5))])
@@ -493,8 +520,10 @@ def test_blank_lines_count_for_the_line_but_not_the_row(tmp_path):
 
 
 def test_a_hub_test_split_is_cut_to_test_size(monkeypatch):
-    problems = [Problem(f"q{i}", "1") for i in range(10)]
-    monkeypatch.setattr(loaders, "load_gsm8k", lambda split, path: problems)
+    split_problems = {
+        split: [Problem(f"{split} q{i}", "1") for i in range(10)] for split in ("train", "test")
+    }
+    monkeypatch.setattr(loaders, "load_gsm8k", lambda split, path: split_problems[split])
     assert len(load_task(DataConfig(task="gsm8k", test_size=3)).test) == 3
 
 

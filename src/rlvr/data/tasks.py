@@ -7,6 +7,7 @@ synthetic tasks are generated offline; `gsm8k` and `math` come from the hub (or 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,27 @@ def _hold_out(problems: list[Problem], test_size: int, source: str) -> tuple[lis
     return problems[:split], problems[split:]
 
 
+def _warn_if_seen(
+    train: list[Problem], test: list[Problem], source: str, test_file: bool
+) -> list[Problem]:
+    """`test`, with a warning when some of its prompts are also training prompts (a file with
+    duplicate rows, or a test file, `test_file`, that overlaps the training data)."""
+    seen = {repr(p.prompt) for p in train}
+    repeated = sum(repr(p.prompt) in seen for p in test)
+    if repeated:
+        remedy = (
+            "drop them from one of the files"
+            if test_file
+            else "drop the duplicates (rlvr curate does) or give data.test_path"
+        )
+        warnings.warn(
+            f"{source}: {repeated} of the {len(test)} held-out problems have the prompt of a "
+            f"training problem, so held-out accuracy partly measures recall; {remedy}",
+            stacklevel=3,
+        )
+    return test
+
+
 def load_task(cfg: DataConfig) -> Task:
     """Build the task named by `cfg.task` (the config allows only the five below)."""
     if cfg.task == "arithmetic":
@@ -63,16 +85,21 @@ def load_task(cfg: DataConfig) -> Task:
         load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
         train = load(split="train", path=cfg.path)
         test = load(split="test", path=cfg.test_path) if cfg.test_path or not cfg.path else None
+        source = loaders.path_label(cfg.test_path or cfg.path or cfg.task)
         if test is None:
-            train, test = _hold_out(train, cfg.test_size, loaders.path_label(cfg.path or cfg.task))
-        return Task(cfg.task, train, test[: cfg.test_size], "math")
+            train, test = _hold_out(train, cfg.test_size, source)
+        test = _warn_if_seen(train, test[: cfg.test_size], source, bool(cfg.test_path))
+        return Task(cfg.task, train, test, "math")
     if not cfg.path:
         raise ConfigError("data.task=file needs data.path (a local JSONL, Parquet or JSON file)")
     problems = loaders.load_file(cfg.path, **_columns(cfg))
     if cfg.test_path:
-        return Task("file", problems, loaders.load_file(cfg.test_path, **_columns(cfg)), "math")
-    train, test = _hold_out(problems, cfg.test_size, loaders.path_label(cfg.path))
-    return Task("file", train, test, "math")
+        test = loaders.load_file(cfg.test_path, **_columns(cfg))
+        train, source = problems, loaders.path_label(cfg.test_path)
+    else:
+        source = loaders.path_label(cfg.path)
+        train, test = _hold_out(problems, cfg.test_size, source)
+    return Task("file", train, _warn_if_seen(train, test, source, bool(cfg.test_path)), "math")
 
 
 def _columns(cfg: DataConfig) -> dict[str, str | None]:
