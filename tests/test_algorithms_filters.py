@@ -1,9 +1,21 @@
-"""Dynamic-sampling and overlong filters against hand-worked masks."""
+"""Dynamic-sampling and overlong filters against hand-worked masks, and `collect_step`'s
+sampling rounds and ranks against scripted completions."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
+from rlvr.config import RLConfig, resolve_config
+from rlvr.data.sampler import EpochSampler
+from rlvr.data.tasks import Task, load_task
+from rlvr.data.templates import encode_prompts
+from rlvr.models.tiny import build_tiny_model
+from rlvr.training import sampling
+from rlvr.training.distributed import Ranks
+from rlvr.training.rewarding import RewardScorer
+from scripted_engine import TOK, Scripted
 
 T, F = True, False
 
@@ -124,3 +136,81 @@ def test_dynamic_sampling_orders_groups_by_first_not_last_sample():
     keep = ds.add(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([5, 3, 3, 5]))
     assert keep.tolist() == [T, F, F, T]
     assert ds.accepted == 1
+
+
+class RecordingSampler(EpochSampler):
+    """The task's own order, recording each `observe(indices, pass_rates)`."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size, seed=0, shuffle=False)
+        self.observed: list[tuple[list[int], list[float]]] = []
+
+    def observe(self, indices: list[int], pass_rates: list[float]) -> None:
+        self.observed.append((indices, pass_rates))
+
+
+def _step_setup(*overrides: str) -> tuple[RLConfig, Task, RecordingSampler, RewardScorer]:
+    """Four prompts a step, two samples each, on eight arithmetic problems."""
+    settings = ["data.train_size=8", "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2"]
+    cfg = resolve_config(overrides=[*settings, *overrides])
+    task = load_task(cfg.data)
+    return cfg, task, RecordingSampler(len(task.train)), RewardScorer(cfg, task)
+
+
+def _scripted(task: Task, *rounds: dict[int, str]) -> Scripted:
+    """An engine answering one round per `generate`: for each problem index, a sign per
+    sample, "+" its gold answer and "-" a wrong one (``{0: "+-"}``: right, then wrong)."""
+    turns = [
+        [
+            f"<answer>{task.train[i].answer if sign == '+' else 'x'}</answer>?"
+            for i, signs in answers.items()
+            for sign in signs
+        ]
+        for answers in rounds
+    ]
+    engine = Scripted(*turns)
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    return engine
+
+
+def test_collect_step_samples_rounds_until_enough_groups_are_informative(monkeypatch):
+    """Dynamic sampling, 2 informative groups wanted (`prompts_per_step=2`): round 1 draws
+    prompts 0 and 1 (only 1's rewards differ), round 2 prompts 2 and 3 (only 2's): 2 rounds,
+    groups numbered across the step, the sampler told each round's pass rates, and the
+    rollout and reward times summed over the rounds from the clock."""
+    cfg, task, sampler, rewarder = _step_setup(
+        "rollout.prompts_per_step=2", "algorithm.dynamic_sampling=true"
+    )
+    engine = _scripted(task, {0: "++", 1: "+-"}, {2: "-+", 3: "--"})
+    ticks = iter([0.0, 1.0, 3.0, 10.0, 14.0, 20.0])  # round 1: t0, t1, end; round 2: the same
+    monkeypatch.setattr(sampling, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    step = sampling.collect_step(engine, TOK, task, sampler, cfg, rewarder)
+    assert step.rounds == 2
+    assert step.sampled.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert step.sampled.rewards.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert step.kept.group_ids.tolist() == [1, 1, 2, 2]
+    assert step.kept.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert sampler.observed == [([0, 1], [1.0, 0.5]), ([2, 3], [0.5, 0.0])]
+    assert (step.rollout_seconds, step.reward_seconds) == (1.0 + 4.0, 2.0 + 6.0)
+
+
+def test_collect_step_on_rank_1_of_2_samples_its_chunk_and_returns_the_gathered_step():
+    """Of 4 drawn prompts rank 1 samples 2 and 3, numbers their groups 2 and 3, and returns
+    rank 0's part then its own; the sampler sees the pass rates of all 4."""
+    cfg, task, sampler, rewarder = _step_setup()
+    batch = sampling.rollout_batch(_scripted(task, {0: "+-", 1: "++"}), TOK, task, [0, 1], cfg)
+    rank0 = (batch, rewarder(batch))  # what rank 0 samples and scores: prompts 0 and 1
+
+    class RankOne(Ranks):
+        def gather(self, obj):
+            return [rank0, obj]
+
+    rank1 = _scripted(task, {2: "+-", 3: "--"})
+    step = sampling.collect_step(rank1, TOK, task, sampler, cfg, rewarder, RankOne(1, 2))
+    ((prompts, _),) = rank1.asked
+    problems = [task.train[2].prompt, task.train[3].prompt]
+    assert prompts == encode_prompts(cfg.data.template, problems, TOK)[1]
+    assert step.sampled.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert step.sampled.rewards.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert step.rewards.total == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert sampler.observed == [([0, 1, 2, 3], [0.5, 1.0, 0.5, 0.0])]

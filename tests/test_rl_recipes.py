@@ -73,6 +73,10 @@ def test_schedule_changes_budget_and_temperature_from_their_steps():
         (50, 0.7),
     ]
     assert config_for_step(cfg, 1) is cfg
+    # a scaled budget under one token is one token: 0.04 × 10 rounds to 0
+    stage = {"from_step": 2, "budget_scale": 0.04}
+    scaled = RLConfig.model_validate({"rollout": {"max_new_tokens": 10, "schedule": [stage]}})
+    assert config_for_step(scaled, 2).rollout.max_new_tokens == 1
 
 
 def test_scheduled_budget_reaches_the_rollout(tmp_path):
