@@ -143,7 +143,8 @@ class DataConfig(Section):
     train_size: int = Field(default=20000, ge=1)
     """Number of training problems generated for synthetic tasks."""
     test_size: int = Field(default=500, ge=0)
-    """Number of held-out problems (generated, or held back from the file)."""
+    """Number of held-out problems (generated, or the last rows of the file; any whose prompt is
+    also a training prompt is warned of)."""
     seed: int = 1234
     """Seed of the synthetic task generator (independent of train.seed)."""
     max_digits: int = Field(default=3, ge=1)
