@@ -3,6 +3,7 @@ operations compute, are used exactly where they may be, and a failed build falls
 message that names the compiler or the source."""
 
 import logging
+import platform
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +50,9 @@ def test_rms_norm_rotary_and_silu_mul_equal_the_torch_operations(rows):
     expected = fused.rotate(q, cos, sin)
     rotated = kernels.rotate(q.clone(), cos, sin)
     assert torch.allclose(rotated, expected, atol=1e-6)
+    # x [tokens, heads, dim] as well: the heads and head size are the last two axes
+    flat = kernels.rotate(q[:, 0].clone(), cos[:, 0], sin[:, 0])
+    assert torch.allclose(flat, expected[:, 0], atol=1e-6)
     # a rotation keeps each half-pair's norm
     pair_norm = q[..., :8].pow(2) + q[..., 8:].pow(2)
     assert torch.allclose(rotated[..., :8].pow(2) + rotated[..., 8:].pow(2), pair_norm, atol=1e-5)
@@ -147,6 +151,9 @@ def test_a_shared_prompt_that_does_not_fit_is_refused():
     with pytest.raises(ValueError, match="mask does not match the keys"):
         kernels.attention(q, k[:, :, :2], k[:, :, :2], prompts, prompts, rows, scale=1.0)
     assert kernels.attention(q, k, k, prompts, prompts, rows, scale=1.0).shape == q.shape
+    finished = cpu_kernels.DecodeOps(torch.ones(0, 5, dtype=torch.bool))  # no row left
+    out = finished.attention(q[:0], k[:0], k[:0], prompts, prompts, rows[:0], scale=1.0)
+    assert out.shape == (0, 2, 1, 8)
 
 
 def test_a_shared_prompt_cache_refuses_rows_it_cannot_hold():
@@ -203,6 +210,20 @@ def test_bad_layouts_are_refused_with_the_operation_named(ops):
         kernels.attention(torch.randn(3, 2, 1, 8), k, k, scale=1.0)
     k = torch.randn(3, 2, 5, 8)
     with pytest.raises(ValueError, match="mask does not match the keys"):
+        kernels.attention(torch.randn(3, 2, 1, 8), k, k, scale=1.0)
+    # each input checked alone, the others fitting: a kernel reading it flat would misread it
+    cos = torch.ones(2, 1, 1, 16)[..., :8]
+    with pytest.raises(ValueError, match="rotate needs contiguous input"):
+        kernels.rotate(torch.randn(2, 1, 2, 8), cos, torch.ones(2, 1, 1, 8))
+    with pytest.raises(ValueError, match="silu_mul needs contiguous input"):
+        kernels.silu_mul(torch.randn(4, 3), torch.randn(3, 4).t())
+    k = torch.randn(3, 2, 7, 8)
+    with pytest.raises(ValueError, match="one contiguous query per row"):
+        kernels.attention(torch.randn(3, 2, 1, 16)[..., :8], k, k, scale=1.0)
+    with pytest.raises(ValueError, match="one contiguous query per row"):
+        kernels.attention(torch.randn(3, 2, 2, 8), k, k, scale=1.0)
+    k = torch.randn(3, 2, 7, 16)[..., :8]  # each key's first half: positions 16 floats apart
+    with pytest.raises(ValueError, match="cache positions not dense"):
         kernels.attention(torch.randn(3, 2, 1, 8), k, k, scale=1.0)
 
 
@@ -306,6 +327,24 @@ def test_a_source_that_does_not_compile_is_reported_with_the_compiler_message(
     assert list((tmp_path / "cache").iterdir()) == []  # no partial library left behind
 
 
+def test_a_failed_build_quotes_the_end_of_each_attempts_compiler_message(tmp_path: Path) -> None:
+    """A compiler that fails with a long message: each attempt (with glibc's vector math
+    library, then without) is quoted by its command and the last 500 characters of what the
+    compiler wrote, where its error is."""
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\nprintf 'early %0600d late error\\n' 0 >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    written = "early " + "0" * 600 + " late error"
+    with pytest.raises(cpu_kernels.KernelBuildError) as error:
+        cpu_kernels.build(str(compiler), tmp_path / "cache")
+    first, *attempts = str(error.value).splitlines()
+    assert first == f"building {cpu_kernels.SOURCE} failed:"
+    assert len(attempts) == len(cpu_kernels.LIBRARIES) == 2
+    for attempt, libraries in zip(attempts, cpu_kernels.LIBRARIES, strict=True):
+        command = [str(compiler), *cpu_kernels.FLAGS, str(cpu_kernels.SOURCE), *libraries]
+        assert attempt == f"{' '.join(command)}: {written[-500:]}"
+
+
 @needs_compiler
 def test_a_build_is_kept_and_reused_by_any_checkout_of_the_same_source(monkeypatch, tmp_path):
     first = cpu_kernels.build("cc", tmp_path / "cache")
@@ -319,6 +358,25 @@ def test_a_build_is_kept_and_reused_by_any_checkout_of_the_same_source(monkeypat
     assert first.stat().st_mtime_ns == stamp
     copy.write_text(copy.read_text() + "\n/* changed */\n")
     assert cpu_kernels.build("cc", tmp_path / "cache") != first  # a new source, a new build
+
+
+def test_the_cpu_is_named_by_the_platform_where_proc_cpuinfo_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The build's key then holds the processor's name, or the machine's where it has none."""
+
+    def unreadable(path: str) -> SimpleNamespace:
+        def read_text() -> str:
+            raise OSError(f"{path}: no such file")
+
+        return SimpleNamespace(read_text=read_text)
+
+    monkeypatch.setattr(cpu_kernels, "Path", unreadable)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert cpu_kernels._cpu_signature() == "x86_64"
+    monkeypatch.setattr(platform, "processor", lambda: "AMD EPYC")
+    assert cpu_kernels._cpu_signature() == "AMD EPYC"
 
 
 @needs_compiler
@@ -346,6 +404,22 @@ def test_compact_rows_moves_the_kept_rows_filled_positions_into_place():
         assert torch.equal(buffer[i, :, :4], before[r, :, :4])
         assert torch.equal(buffer[i, :, 4:], before[i, :, 4:])
     assert torch.equal(buffer[5:], before[5:])  # rows past the kept ones are not written
+
+
+@needs_compiler
+def test_compact_rows_takes_any_length_from_none_to_the_whole_capacity() -> None:
+    """Length 0 (nothing filled yet) moves nothing and is no error; the whole capacity moves
+    every position; past it, or below 0, is refused."""
+    buffer = torch.arange(4 * 1 * 3 * 2, dtype=torch.float32).view(4, 1, 3, 2)
+    before = buffer.clone()
+    with torch.inference_mode():
+        assert cpu_kernels.compact_rows(buffer, torch.tensor([1, 3]), 0)
+        assert torch.equal(buffer, before)
+        assert cpu_kernels.compact_rows(buffer, torch.tensor([1, 3]), 3)
+        assert torch.equal(buffer[:2], before[[1, 3]]) and torch.equal(buffer[2:], before[2:])
+        for length in (4, -1):
+            with pytest.raises(ValueError, match="compact_rows: length outside the buffer"):
+                cpu_kernels.compact_rows(buffer, torch.tensor([1]), length)
 
 
 @needs_compiler
@@ -554,14 +628,42 @@ def test_kernel_attention_refuses_bad_inputs_with_what_is_wrong():
         cpu_kernels.attention(q, k, v, pk, pv.contiguous(), layout, 1.0)
     with pytest.raises(ValueError, match="prefix_mask is not"):
         cpu_kernels.attention(q, k, v, pk[:1], pv[:1], layout, 1.0)
+    with pytest.raises(ValueError, match="prefix shape"):  # one key fewer, the same strides
+        cpu_kernels.attention(q, k, v, pk, pv[:, :, :-1], layout, 1.0)
+    with pytest.raises(ValueError, match="prefix shape"):  # half of each key and value
+        cpu_kernels.attention(q, k, v, pk[..., :4], pv[..., :4], layout, 1.0)
     with pytest.raises(ValueError, match="starts must run from 0 to batch"):
         cpu_kernels.AttentionLayout(
             layout.rows, layout.own_mask, torch.ones(2, 3), torch.tensor([0, 3, 5])
+        )
+    with pytest.raises(ValueError, match="starts must run from 0 to batch"):  # decreasing
+        cpu_kernels.AttentionLayout(
+            layout.rows, layout.own_mask, torch.ones(3, 3), torch.tensor([0, 4, 2, 6])
         )
     with pytest.raises(ValueError, match="own_mask is not"):
         cpu_kernels.AttentionLayout(
             layout.rows, layout.own_mask[:, 1:], torch.ones(6, 0), torch.arange(7)
         )
+
+
+def test_attention_layout_derives_each_rows_prefix_and_computed_length_by_hand() -> None:
+    """Rows 0-1 share prefix 0, prefix 1 has no row (allowed: starts may repeat), rows 2-4
+    share prefix 2. `count` is one past a row's last computed position (rows[b, i] >= 0, row 0
+    of the per-token tensors included), 0 for a row with none; `queries` one past the largest
+    row. With no positions at all, both are 0."""
+    rows = torch.tensor(
+        [[1, -1, 2, -1], [-1, -1, -1, -1], [0, -1, -1, -1], [3, 4, 5, 6], [-1, 7, -1, -1]]
+    )
+    starts = torch.tensor([0, 2, 2, 5])
+    layout = cpu_kernels.AttentionLayout(rows, torch.ones(5, 4), torch.ones(3, 2), starts)
+    assert layout.row_prefix.tolist() == [0, 0, 2, 2, 2]
+    assert layout.count.tolist() == [3, 0, 1, 4, 2]
+    assert layout.queries == 8
+    empty = cpu_kernels.AttentionLayout(
+        torch.zeros(2, 0), torch.ones(2, 0), torch.ones(1, 2), torch.tensor([0, 2])
+    )
+    assert empty.count.tolist() == [0, 0] and empty.queries == 0
+    assert empty.row_prefix.tolist() == [0, 0]
 
 
 @needs_compiler
@@ -681,6 +783,66 @@ def test_panel_products_refuse_bad_inputs_with_what_is_wrong():
         store.products(torch.randn(3, 8, dtype=torch.float64), (layer,))
 
 
+@needs_compiler
+def test_decode_steps_add_the_residual_and_run_the_mlp_as_the_formulas_say() -> None:
+    """`add_rms_norm` returns h + delta and its RMSNorm, `mlp_inner` silu(x W_gateᵀ + b) ·
+    x W_upᵀ, with and without the panel products (`TorchOps` shares these composites, so
+    comparing the two kinds of operations cannot see them)."""
+    g = torch.Generator().manual_seed(8)
+    h, delta = torch.randn(4, 1, 16, generator=g), torch.randn(4, 1, 16, generator=g)
+    weight = torch.rand(16, generator=g) + 0.5
+    gate, up = torch.nn.Linear(16, 24), torch.nn.Linear(16, 24, bias=False)
+    summed = h + delta
+    normed = summed / (summed.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * weight
+    with torch.no_grad():
+        inner = torch.nn.functional.silu(normed @ gate.weight.T + gate.bias) * (
+            normed @ up.weight.T
+        )
+        for panels in (None, cpu_kernels.PanelStore()):
+            ops = cpu_kernels.DecodeOps(torch.ones(4, 1, dtype=torch.bool), panels)
+            got_summed, got_normed = ops.add_rms_norm(h, delta, weight, 1e-6)
+            assert torch.equal(got_summed, summed)
+            torch.testing.assert_close(got_normed, normed, rtol=1e-5, atol=1e-6)
+            got = ops.mlp_inner(got_normed, gate, up)
+            torch.testing.assert_close(got, inner, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_decode_projections_put_a_lora_layers_base_into_the_panels_and_add_its_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With panels, plain layers and a LoRA layer's base go through one panel product and the
+    adapter's low-rank term is added; without panels each runs by its own forward, LoRA or
+    not; both compute what the modules compute."""
+    from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
+
+    class Pair(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.adapted, self.plain = torch.nn.Linear(24, 20), torch.nn.Linear(24, 12)
+
+    pair = inject_adapter_in_model(PeftLoraConfig(r=2, target_modules=["adapted"]), Pair())
+    with torch.no_grad():
+        pair.adapted.lora_B["default"].weight.normal_(generator=torch.Generator().manual_seed(9))
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(10))
+    products = count_panel_products(monkeypatch)
+    monkeypatch.setattr(cpu_kernels, "panels_pay", lambda: True)
+    with torch.no_grad():
+        expected = (pair.adapted(x), pair.plain(x))
+        assert not torch.allclose(expected[0], pair.adapted.base_layer(x), atol=1e-3)
+        for panels, calls in ((cpu_kernels.PanelStore(), 1), (None, 0)):
+            ops = cpu_kernels.DecodeOps(torch.ones(5, 1, dtype=torch.bool), panels)
+            products.clear()
+            got = ops.projections(x, pair.adapted, pair.plain)
+            assert len(products) == calls
+            for a, b in zip(got, expected, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            products.clear()
+            (plain,) = ops.projections(x, pair.plain)
+            assert len(products) == calls
+            torch.testing.assert_close(plain, expected[1], rtol=1e-5, atol=1e-5)
+
+
 def cpuinfo(vendor: str, family: int, flags: str) -> str:
     """/proc/cpuinfo of a two-core CPU (the fields read, and a few others)."""
     core = f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 17\nflags\t\t: {flags}\n"
@@ -717,6 +879,27 @@ def test_decode_steps_take_the_panel_products_where_measured_to_pay():
         torch.set_num_threads(1)
         assert not cpu_kernels.panels_pay()
         assert cpu_kernels.DecodeOps(torch.ones(1, 1, dtype=torch.bool), store).panels is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_panels_pay_with_two_threads_where_the_library_or_the_cpu_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever this CPU is: the library's verdict (AVX2 and FMA, no AVX-512) or an AMD Zen 4
+    suffices with two threads; neither, one thread, or no library, and they do not pay."""
+    threads = torch.get_num_threads()
+    cases = [(1, False, 2, True), (0, True, 2, True), (0, False, 2, False), (1, True, 1, False)]
+    try:
+        for library_says, zen_4, n, pays in cases:
+            library = SimpleNamespace(panels_pay=lambda says=library_says: says)
+            monkeypatch.setattr(cpu_kernels, "load", lambda library=library: library)
+            monkeypatch.setattr(cpu_kernels, "splits_512_bit_vectors", lambda zen_4=zen_4: zen_4)
+            torch.set_num_threads(n)
+            assert cpu_kernels.panels_pay() is pays
+        monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+        torch.set_num_threads(2)
+        assert cpu_kernels.panels_pay() is False
     finally:
         torch.set_num_threads(threads)
 
