@@ -23,7 +23,7 @@ from rlvr.data.loaders import (
     math_problem,
 )
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import eval_settings, load_task, trained_on
+from rlvr.data.tasks import eval_settings, load_eval_task, load_task, trained_on
 
 ROWS = [
     {"q": "What is 2+3?", "gold": "5", "source": "toy", "difficulty": 1},
@@ -284,6 +284,7 @@ def test_held_out_problems_that_are_also_training_problems_are_warned_of(tmp_pat
     path = write_jsonl(tmp_path / "dup.jsonl", rows)
     with pytest.warns(UserWarning) as caught:
         load_task(DataConfig(task="file", path=str(path), test_size=3))
+    assert caught[0].filename == __file__  # the line that called load_task
     assert str(caught[0].message) == (
         f"{path}: 2 of the 3 held-out problems have the prompt of a training problem, so "
         "held-out accuracy partly measures recall; drop the duplicates (rlvr curate does) or "
@@ -524,7 +525,43 @@ def test_a_hub_test_split_is_cut_to_test_size(monkeypatch):
         split: [Problem(f"{split} q{i}", "1") for i in range(10)] for split in ("train", "test")
     }
     monkeypatch.setattr(loaders, "load_gsm8k", lambda split, path: split_problems[split])
-    assert len(load_task(DataConfig(task="gsm8k", test_size=3)).test) == 3
+    task = load_task(DataConfig(task="gsm8k", test_size=3))
+    assert [p.question for p in task.test] == ["test q0", "test q1", "test q2"]
+    assert len(task.train) == 10
+
+
+def test_a_hub_task_holds_out_from_its_own_file_unless_given_a_test_file(monkeypatch):
+    """data.path alone: the last test_size rows of the file; with data.test_path, that file's
+    test split; a file too short to hold out is named in the error."""
+
+    def load(split: str, path: str | None) -> list[Problem]:
+        return [Problem(f"{split} of {path}: q{i}", "1") for i in range(4)]
+
+    monkeypatch.setattr(loaders, "load_gsm8k", load)
+    own = load_task(DataConfig(task="gsm8k", path="a.jsonl", test_size=1))
+    assert [p.question for p in own.test] == ["train of a.jsonl: q3"]
+    assert len(own.train) == 3
+    given = load_task(DataConfig(task="gsm8k", path="a.jsonl", test_path="b.jsonl", test_size=1))
+    assert [p.question for p in given.test] == ["test of b.jsonl: q0"]
+    assert len(given.train) == 4
+    with pytest.raises(ConfigError, match=r"^a\.jsonl has 4 rows, not more than data\.test_size=4"):
+        load_task(DataConfig(task="gsm8k", path="a.jsonl", test_size=4))
+
+
+def test_eval_reads_every_row_of_a_test_file_with_the_task_s_reader(tmp_path):
+    """`load_eval_task` with data.test_path: all its rows, read as a `file`, GSM8K or MATH
+    row, and no training problems."""
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(3)]
+    plain = write_jsonl(tmp_path / "f.jsonl", rows)
+    task = load_eval_task(DataConfig(task="file", test_path=str(plain)))
+    assert ([p.answer for p in task.test], task.train, task.reward) == (["1", "2", "3"], [], "math")
+    gsm8k = write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS)
+    task = load_eval_task(DataConfig(task="gsm8k", test_path=str(gsm8k)))
+    assert [p.answer for p in task.test] == ["72", "1000"]
+    math_path = tmp_path / "m.parquet"
+    pq.write_table(pa.Table.from_pylist([MATH_ROW]), math_path)
+    (problem,) = load_eval_task(DataConfig(task="math", test_path=str(math_path))).test
+    assert problem.answer == "\\frac{1}{2}"
 
 
 def test_errors_quote_a_bounded_excerpt_of_a_long_bad_value(tmp_path):
