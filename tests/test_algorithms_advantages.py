@@ -544,6 +544,8 @@ def test_best_of_group_moves_only_the_sole_best_sample():
     rewards = torch.tensor([0.2, 0.9, 0.5, 1.0, 1.0, 0.0, 0.7], dtype=torch.float64)
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2])
     _close(best_of_group_advantages(rewards, groups), [0, 0.4, 0, 0, 0, 0, 0])
+    pair = torch.tensor([0.8, 0.3], dtype=torch.float64)  # a group of two: 0.8 − 0.3 for 0.8
+    _close(best_of_group_advantages(pair, torch.tensor([4, 4])), [0.5, 0])
     verdicts = best_of_group_advantages(REWARDS, GROUPS)  # one pass in group 0, two in 1
     _close(verdicts, [1, 0, 0, 0, 0, 0, 0, 0])
     normalised = best_of_group_advantages(rewards, groups, std_normalization="group")
