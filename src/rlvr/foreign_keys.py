@@ -200,6 +200,8 @@ def _leaves(key: str, value: Any) -> list[str]:
 
 
 class ForeignName(NamedTuple):
+    """A TRL or verl setting and rlvr's key for it."""
+
     framework: str
     name: str
     """The framework's whole name: the one given, or the verl path whose tail was given."""
