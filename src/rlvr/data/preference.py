@@ -5,8 +5,8 @@ before the prompt template, or a conversation), a `chosen` and a `rejected` resp
 one assistant message each; or, with no prompt, two whole conversations that begin alike). Or,
 for KTO, one labelled response per row in TRL's unpaired preference format: a `prompt`, a
 `completion` and a boolean `label` (True: desirable), read as a one-sided pair (the other side
-None). The first row sets the file's format; a row of the other
-format, or of neither, is refused with the row named; nothing is skipped silently.
+None). The first row sets the file's format; a row of the other format, or of neither, is
+refused with the row named; nothing is skipped silently.
 
 From a verifiable task (Pang et al. 2024, Iterative Reasoning Preference Optimization): sample
 several completions per problem, score them with the task's verifier, and from each problem
