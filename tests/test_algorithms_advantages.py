@@ -505,6 +505,19 @@ def test_pass_at_k_hand_values_and_k1_is_rloo():
         pass_at_k_advantages(torch.tensor([1.0]), torch.tensor([0]), k=1)
 
 
+def test_pass_at_k_estimate_of_hundreds_of_samples_matches_exact_fractions():
+    """ρ(n, c, k) = 1 − C(n − c, k) / C(n, k) for n = 300 samples and k = 150, against exact
+    integer binomials: C(300, 150) ≈ 9e88 is far inside float64, while 300! (3e614) is not,
+    so the estimate must not pass through a factorial that large on its way to the ratio."""
+    from fractions import Fraction
+
+    n = torch.tensor([300.0, 300.0, 300.0], dtype=torch.float64)
+    c = torch.tensor([1.0, 5.0, 150.0], dtype=torch.float64)
+    exact = [1 - Fraction(math.comb(300 - int(p), 150), math.comb(300, 150)) for p in (1, 5, 150)]
+    _close(pass_at_k_estimate(n, c, 150), [float(e) for e in exact], atol=1e-9)
+    assert float(exact[0]) == 0.5  # one pass among 300: half of all 150-subsets hold it
+
+
 def test_weighted_reinforce_gives_passes_lambda_and_fails_minus_one():
     """W-REINFORCE: +λ for a pass and −1 for a fail, whatever the group (an all-pass group
     keeps its signal); λ = 0 is negative samples alone; batch normalisation divides by the
