@@ -58,7 +58,7 @@ def test_splits_are_disjoint_deterministic_and_test_is_stable():
 
 
 def test_too_small_task_space_is_an_error():
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ValueError, match="fewer than 5010 distinct"):
         synthetic_splits(
             "arithmetic", train_size=5000, test_size=10, seed=0, max_digits=1, max_terms=2
         )
@@ -148,3 +148,100 @@ def test_load_task_passes_the_seed_on():
     one = load_task(DataConfig(task="countdown", seed=1, train_size=5, test_size=2))
     zero = load_task(DataConfig(task="countdown", seed=0, train_size=5, test_size=2))
     assert [p.question for p in one.train] != [p.question for p in zero.train]
+
+
+def _terms(question: str) -> list[int]:
+    return [int(t) for t in re.findall(r"\d+", question)]
+
+
+def test_arithmetic_defaults_and_each_digit_counts_whole_range():
+    """Defaults: 2 or 3 terms of 1 to 3 digits (0 to 999); a term of d > 1 digits lies in
+    [10^(d−1), 10^d − 1]: two-digit terms run from 10 to 99, three-digit ones from 100 to 999."""
+    rng = random.Random(0)
+    questions = [arithmetic_problem(rng).question for _ in range(2000)]
+    assert {len(_terms(q)) for q in questions} == {2, 3}
+    every = [t for q in questions for t in _terms(q)]
+    assert (min(every), max(every)) == (0, 999)
+    for d, bounds in ((2, (10, 99)), (3, (100, 999))):
+        rng = random.Random(0)
+        terms = [
+            t
+            for _ in range(2000)
+            for t in _terms(arithmetic_problem(rng, min_digits=d, max_digits=d).question)
+        ]
+        assert (min(terms), max(terms)) == bounds
+
+
+def test_shortcut_frac_shortcuts_the_questions_whose_crc_falls_below_it():
+    """A question is shortcut when crc32(question) mod 1000 < 1000 · shortcut_frac: a quarter
+    of them at 0.25, and a question whose residue is exactly 250 keeps its steps at 0.25 and
+    loses them at 0.251."""
+    rng = random.Random(0)
+    problems = [arithmetic_problem(rng, shortcut_frac=0.25) for _ in range(400)]
+    shortcut = ["<think></think>" in p.solution for p in problems]
+    assert shortcut == [zlib.crc32(p.question.encode()) % 1000 < 250 for p in problems]
+    assert sum(shortcut) == 100
+    on_the_bound = arithmetic_problem(random.Random(1791), shortcut_frac=0.25)
+    assert zlib.crc32(on_the_bound.question.encode()) % 1000 == 250
+    assert on_the_bound.solution.startswith("<think>631+2=633\n")
+    past = arithmetic_problem(random.Random(1791), shortcut_frac=0.251)
+    assert past.solution == "<think></think><answer>366</answer>"
+
+
+def test_countdown_defaults_and_divisions():
+    """Defaults: 3 or 4 numbers from 1 to 25; a division is offered only by a divisor above 1
+    (a step such as 7/1=7 would add nothing), so 2 divides and 1 never does."""
+    rng = random.Random(0)
+    problems = [countdown_problem(rng) for _ in range(3000)]
+    assert {len(p.columns["numbers"]) for p in problems} == {3, 4}
+    every = [n for p in problems for n in p.columns["numbers"]]
+    assert (min(every), max(every)) == (1, 25)
+    steps = [s for p in problems for s in p.solution.split("</think>")[0].split("\n")]
+    assert not [s for s in steps if "/1=" in s]
+    assert len([s for s in steps if "/2=" in s]) == 76
+
+
+class _ScriptedRng(random.Random):
+    """Draws written out: `randint` and `randrange` return `draws` in turn, `choice` takes the
+    candidate of the next operator in `ops`, `shuffle` keeps the order."""
+
+    def __init__(self, draws: list[int], ops: str) -> None:
+        super().__init__(0)
+        self.draws, self.ops = iter(draws), iter(ops)
+
+    def randint(self, a: int, b: int) -> int:
+        return next(self.draws)
+
+    def randrange(self, *args: int) -> int:
+        return next(self.draws)
+
+    def choice(self, seq: list[tuple[str, int]]) -> tuple[str, int]:
+        op = next(self.ops)
+        return next(c for c in seq if c[0] == op)
+
+    def shuffle(self, x: list) -> None:
+        pass
+
+
+def test_countdown_writes_the_larger_operand_first_and_the_first_drawn_on_a_tie():
+    """Numbers 3, 2, 5, every pop from the front: 3 and 2 give 3+2=5; then 5 and (3+2) tie at
+    5, so they stay in the order drawn: 5*5=25, the expression 5*(3+2)."""
+    rng = _ScriptedRng([3, 3, 2, 5, 0, 0, 0, 0], "+*")
+    problem = countdown_problem(rng)
+    assert problem.question == "Use 3, 2, 5 to make 25."
+    assert problem.solution == "<think>3+2=5\n5*5=25</think><answer>5*(3+2)</answer>"
+
+
+def test_a_seed_fixes_every_problem_verbatim():
+    """The seeded stream is the data's identity (a run's held-out split must be the same in a
+    later version): `synthetic_splits`' default seed 0 draws these first test and train
+    problems."""
+    train, test = synthetic_splits("arithmetic", train_size=1, test_size=1)
+    assert (test[0].question, train[0].question) == ("What is 15-75-61?", "What is 323+242-27?")
+    assert train[0].solution == "<think>323+242=565\n565-27=538</think><answer>538</answer>"
+    train, test = synthetic_splits("countdown", train_size=1, test_size=1)
+    assert (test[0].question, train[0].question) == (
+        "Use 9, 14, 2, 25 to make 277.",
+        "Use 24, 10, 4 to make 60.",
+    )
+    assert train[0].solution == "<think>24*10=240\n240/4=60</think><answer>(24*10)/4</answer>"
