@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -120,3 +121,62 @@ def test_cli_sweep(tmp_path):
     assert (tmp_path / "grpo" / "metrics.jsonl").is_file() and (tmp_path / "rloo").is_dir()
     bad = CliRunner().invoke(app, ["sweep", "--preset", "grpo", "algorithm.nope=1,2"])
     assert bad.exit_code == 2 and "algorithm.nope" in bad.output
+
+
+def test_a_sweep_of_faked_runs_averages_the_last_ten_steps_and_announces_each_run(
+    tmp_path, monkeypatch, capsys
+):
+    """Runs faked by hand (no model): twelve steps of accuracy step/16, reward step and
+    time/step 0.5, held-out pass@1 0.25, 0.5, 0.75 at steps 0, 6, 12. The summary averages
+    steps 3 to 12: accuracy 7.5/16 = 0.46875, reward 7.5; the last pass@1, 0.75; 6 seconds
+    in all. The first point holds a checkpoint of step 5 under its own config, so it is
+    resumed and announced so; both are numbered from 1."""
+    overrides = [*SMALL, "train.steps=12", "train.seed=0,1"]
+    first, _ = sweep_points(None, "grpo", overrides, tmp_path)
+    first_dir = tmp_path / first.name
+    (first_dir / "checkpoints" / "step-5").mkdir(parents=True)
+    (first_dir / "checkpoints" / "step-5" / "trainer_state.pt").touch()
+    (first_dir / "config.yaml").write_text(yaml.safe_dump(first.config.model_dump(mode="json")))
+    resumed = []
+
+    def fake_train(cfg, resume, **kwargs):
+        resumed.append(resume)
+        run_dir = Path(cfg.train.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        steps = range(1, 13)
+        records = [
+            {"step": s, "accuracy": s / 16, "reward/mean": s, "time/step": 0.5} for s in steps
+        ]
+        evals = [{"step": s, "pass@1": (s / 6 + 1) / 4} for s in (0, 6, 12)]
+        for name, rows in (("metrics.jsonl", records), ("eval.jsonl", evals)):
+            (run_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr(sweep, "train", fake_train)
+    rows = run_sweep(None, "grpo", overrides, tmp_path, show_progress=True)
+    assert resumed == [True, False]
+    assert capsys.readouterr().out.splitlines() == [
+        "sweep run 1/2: grpo-train.seed=0 (resumed after step 5)",
+        "sweep run 2/2: grpo-train.seed=1",
+    ]
+    for row in rows:
+        assert (row["steps"], row["accuracy"], row["reward/mean"]) == (12, 0.46875, 7.5)
+        assert (row["eval/pass@1"], row["seconds"]) == (0.75, 6.0)
+
+
+def test_a_refused_run_directory_names_at_most_three_differences(tmp_path):
+    """Three settings differ: all three named; four: the first three and '; ...'."""
+    (point,) = sweep_points(None, "grpo", SMALL, tmp_path)
+    run_dir = tmp_path / point.name
+    (run_dir / "checkpoints" / "step-1").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-1" / "trainer_state.pt").touch()
+    saved = point.config.model_dump(mode="json")
+    three = "train.lr: 0.5 -> 0.001; train.weight_decay: 0.5 -> 0.0; train.warmup_steps: 7 -> 0"
+    for changes, shown in (
+        ({"lr": 0.5, "weight_decay": 0.5, "warmup_steps": 7}, f"({three})"),
+        ({"lr": 0.5, "weight_decay": 0.5, "warmup_steps": 7, "seed": 9}, f"({three}; ...)"),
+    ):
+        (run_dir / "config.yaml").write_text(
+            yaml.safe_dump({**saved, "train": {**saved["train"], **changes}})
+        )
+        with pytest.raises(ConfigError, match=re.escape(shown)):
+            sweep.saved_step(point)
