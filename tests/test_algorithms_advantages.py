@@ -505,7 +505,7 @@ def test_pass_at_k_hand_values_and_k1_is_rloo():
         pass_at_k_advantages(torch.tensor([1.0]), torch.tensor([0]), k=1)
 
 
-def test_pass_at_k_estimate_of_hundreds_of_samples_matches_exact_fractions():
+def test_pass_at_k_estimate_of_hundreds_and_thousands_of_samples_matches_exact_fractions():
     """ρ(n, c, k) = 1 − C(n − c, k) / C(n, k) for n = 300 samples and k = 150, against exact
     integer binomials: C(300, 150) ≈ 9e88 is far inside float64, while 300! (3e614) is not,
     so the estimate must not pass through a factorial that large on its way to the ratio."""
@@ -516,6 +516,15 @@ def test_pass_at_k_estimate_of_hundreds_of_samples_matches_exact_fractions():
     exact = [1 - Fraction(math.comb(300 - int(p), 150), math.comb(300, 150)) for p in (1, 5, 150)]
     _close(pass_at_k_estimate(n, c, 150), [float(e) for e in exact], atol=1e-9)
     assert float(exact[0]) == 0.5  # one pass among 300: half of all 150-subsets hold it
+    # C(3000, 1500) ≈ 1e901 overflows float64 itself: the ratio is taken in log space; float32
+    # counts are read in float64; k = 0 is 0 and k > n undefined
+    big = 1 - Fraction(math.comb(2997, 1500), math.comb(3000, 1500))
+    estimate = pass_at_k_estimate(torch.tensor([3000.0]), torch.tensor([3.0]), 1500)
+    _close(estimate, [float(big)], atol=1e-9)
+    as_float32 = pass_at_k_estimate(n.float(), c.float(), 150)
+    _close(as_float32, [float(e) for e in exact], atol=1e-9)
+    assert pass_at_k_estimate(n, c, 0).tolist() == [0.0, 0.0, 0.0]
+    assert torch.isnan(pass_at_k_estimate(torch.tensor([3.0]), torch.tensor([1.0]), 4)).all()
 
 
 def test_weighted_reinforce_gives_passes_lambda_and_fails_minus_one():

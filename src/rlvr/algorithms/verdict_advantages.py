@@ -32,19 +32,23 @@ def _check_verdicts(rewards: Tensor, name: str) -> None:
         raise ValueError(f"{name} needs rewards of 0 or 1 (a verifier's verdict); got {bad}")
 
 
-def _comb(a: Tensor, b: Tensor | int) -> Tensor:
-    """C(a, b) elementwise in float64 (0 where b > a or b < 0)."""
+def _log_comb(a: Tensor, b: Tensor | int) -> tuple[Tensor, Tensor]:
+    """(log C(a, b), whether 0 <= b <= a) elementwise in float64."""
+    a = a.to(torch.float64)
     b = torch.as_tensor(b, dtype=torch.float64, device=a.device).expand_as(a)
     valid = (b >= 0) & (b <= a)
     a, b = a.clamp(min=0), b.clamp(min=0)
-    log = torch.lgamma(a + 1) - torch.lgamma(b + 1) - torch.lgamma((a - b).clamp(min=0) + 1)
-    return torch.where(valid, log.exp(), torch.zeros_like(a))
+    return torch.lgamma(a + 1) - torch.lgamma(b + 1) - torch.lgamma((a - b).clamp(min=0) + 1), valid
 
 
 def pass_at_k_estimate(n: Tensor, c: Tensor, k: Tensor | int) -> Tensor:
     """ρ(n, c, k) = 1 − C(n − c, k) / C(n, k): the unbiased pass@k of n samples of which c
-    pass (Chen et al. 2021), elementwise, float64; 0 for k = 0."""
-    return 1.0 - _comb(n - c, k) / _comb(n, k)
+    pass (Chen et al. 2021), elementwise, float64; 0 for k = 0, NaN for k > n. The ratio is
+    taken in log space, so hundreds of samples do not overflow the binomials."""
+    log_fail, some_fail = _log_comb(n - c, k)
+    log_all, defined = _log_comb(n, k)
+    ratio = torch.where(some_fail, (log_fail - log_all).exp(), torch.zeros_like(log_all))
+    return torch.where(defined, 1.0 - ratio, torch.full_like(log_all, float("nan")))
 
 
 @ADVANTAGES.register("pass_at_k")
