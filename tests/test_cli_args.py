@@ -140,6 +140,19 @@ def test_eval_engine_choice(evaluated, tmp_path, monkeypatch):
     assert result.exit_code == 2 and result.stderr == "error: --engine sglang: choose hf or vllm\n"
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--task", "gsm", "did you mean gsm8k? choose arithmetic, countdown, gsm8k, math or file"),
+        ("--template", "r2", "choose chat, r1, qwen_math or none"),
+    ],
+)
+def test_eval_task_and_template_are_refused_naming_the_option(option, value, said):
+    """Not `config key 'data.template'`, the key the option becomes, which the user never wrote."""
+    result = runner.invoke(app, ["eval", "--model", "/nowhere", option, value])
+    assert result.exit_code == 2 and result.stderr == f"error: {option} {value}: {said}\n"
+
+
 def test_eval_tools_and_their_format(evaluated, tmp_path):
     base = ["--model", "tiny", "--samples", "2"]
     record = eval_record([*base, "--tools", " calculator, ,python"], tmp_path)

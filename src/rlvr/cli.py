@@ -7,7 +7,7 @@ import os
 import shutil
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ from rlvr.config import (
     PREFERENCE_PRESETS,
     RL_PRESETS,
     ConfigError,
+    DataConfig,
     RLConfig,
     describe_fields,
     preset_info,
@@ -114,6 +115,16 @@ def _appendable(output: Path | None, option: str = "--output") -> None:
         output.open("a").close()
     except OSError as error:
         _fail(f"{option} {str(output)!r}: {error}")
+
+
+def _one_of(option: str, value: str | None, field: str) -> None:
+    """Refuse an option value that `DataConfig.<field>` does not take, naming the option (not
+    the data key it becomes) and the values it takes."""
+    choices = get_args(DataConfig.model_fields[field].annotation)
+    if value is not None and value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        _fail(f"{option} {value}: {hint}choose {', '.join(choices[:-1])} or {choices[-1]}")
 
 
 def _fail(message: str) -> None:
@@ -454,6 +465,8 @@ def eval_cmd(
 
     _appendable(output)
     _appendable(log_samples, "--log-samples")
+    _one_of("--task", task, "task")
+    _one_of("--template", template, "template")
     checkpoint = evaluated_folder(Path(model))
     if model != "tiny" and checkpoint != Path(model):
         diagnostics.print(f"{model} is a run directory: evaluating its latest, {checkpoint}")
