@@ -115,6 +115,12 @@ def test_read_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"step": 1}\n[1, 2]\n')
     with pytest.raises(ValueError, match="line 2: expected a JSON object"):
         read_jsonl(path)
+    path.write_bytes('{"note": "é"}\n'.encode() + b"\x89PNG\r\n")  # a PNG written over it
+    with pytest.raises(JsonlFormatError) as err:
+        read_jsonl(path)
+    assert str(err.value) == f"{path}, line 2: not UTF-8 text, so not JSON lines"
+    path.write_bytes('{"note": "é"}\n'.encode())
+    assert read_jsonl(path) == [{"note": "é"}]
     with pytest.raises(FileNotFoundError, match=r"missing\.jsonl"):
         read_jsonl(tmp_path / "missing.jsonl")
 

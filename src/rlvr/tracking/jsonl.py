@@ -103,15 +103,19 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: if `path` does not exist (the message names it).
-        JsonlFormatError: (a ValueError) if a line is not valid JSON or not a JSON object;
-            the message names the file and the 1-based line number.
+        JsonlFormatError: (a ValueError) if a line is not UTF-8, not valid JSON or not a JSON
+            object; the message names the file and the 1-based line number.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such JSONL file")
     records: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise JsonlFormatError(path, number, "not UTF-8 text, so not JSON lines") from None
             if not line.strip():
                 continue
             try:
