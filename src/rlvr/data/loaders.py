@@ -196,17 +196,18 @@ def _describe(value: Any) -> str:
 def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     """The error for a row without `column`: it lists the row's columns and, when a config
     key chose the name (`data.prompt_column`), says to point that key at one of them."""
-    hint = f"; set {setting} to the one that holds it" if setting else ""
-    if setting == "data.answer_column":
-        hint += ", or to null if the rows have no gold answer (SFT data, a reward model)"
     no_answer = "data.answer_column=null if they hold no gold answer"
     if setting == "data.prompt_column" and "messages" in row:
         hint = f"; these are TRL's conversational rows: data.prompt_column=messages ({no_answer})"
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
-        hint = (
-            "; these are TRL's prompt-completion rows: data.solution_column=completion "
-            f"({no_answer})"
-        )
+        hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
+        hint += f"({no_answer})"
+    elif setting:
+        hint = f"; set {setting} to the one that holds it"
+        if setting == "data.answer_column":
+            hint += ", or to null if the rows have no gold answer (SFT data, a reward model)"
+    else:
+        hint = ""
     return DatasetError(f"missing column {column!r}; this row has columns {list(row)}{hint}")
 
 
