@@ -152,9 +152,22 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
             "these are TRL's prompt-completion rows: data.solution_column=completion "
             "(data.answer_column=null if they hold no gold answer)",
         ),
+        (
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": "1+1"}],
+                "reward_model": {"style": "rule", "ground_truth": "2"},
+            },
+            "these are verl's rows: data.answer_column=reward_model.ground_truth",
+        ),
+        (
+            {"prompt": "1+1", "reward_model": 3},
+            "set data.answer_column to the one that holds it, or to null if the rows have no "
+            "gold answer (SFT data, a reward model)",
+        ),
     ],
 )
-def test_trl_s_sft_rows_are_answered_with_the_settings_that_read_them(tmp_path, row, hint):
+def test_trl_and_verl_rows_are_answered_with_the_settings_that_read_them(tmp_path, row, hint):
     with pytest.raises(DatasetError) as info:
         load_file(write_jsonl(tmp_path / "sft.jsonl", [row]))
     assert str(info.value).endswith(f"this row has columns {list(row)}; {hint}")

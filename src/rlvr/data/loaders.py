@@ -193,6 +193,10 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__} ({str(value)[:40]!r})"
 
 
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     """The error for a row without `column`: it lists the row's columns and, when a config
     key chose the name (`data.prompt_column`), says to point that key at one of them."""
@@ -202,6 +206,8 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
         hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
         hint += f"({no_answer})"
+    elif setting == "data.answer_column" and "ground_truth" in _as_dict(row.get("reward_model")):
+        hint = "; these are verl's rows: data.answer_column=reward_model.ground_truth"
     elif setting:
         hint = f"; set {setting} to the one that holds it"
         if setting == "data.answer_column":
