@@ -300,6 +300,25 @@ def test_a_trl_or_verl_name_is_answered_with_rlvrs_key(model, override, message)
         assert "name for" not in str(info.value)  # dpo has no group size to point at
 
 
+def test_a_whole_verl_section_names_rlvrs_key_for_each_of_its_settings(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text(
+        "actor_rollout_ref:\n  actor:\n    optim: {lr: 1.0e-6}\n    ppo_mini_batch_size: 8\n"
+        "  rollout: {n: 8, gpu_memory_utilization: 0.5}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_config(path)
+    assert str(info.value) == (
+        f"{path}: unknown config key 'actor_rollout_ref': "
+        "'actor_rollout_ref.actor.optim.lr' is verl's name for rlvr's 'train.lr'; "
+        "'actor_rollout_ref.actor.ppo_mini_batch_size' is verl's name for rlvr's "
+        "'train.mini_batches'; "
+        "'actor_rollout_ref.rollout.n' is verl's name for rlvr's 'rollout.samples_per_prompt'; "
+        "'actor_rollout_ref.rollout.gpu_memory_utilization' is verl's name for rlvr's "
+        "'rollout.vllm_memory'"
+    )
+
+
 def test_a_verl_tail_with_two_meanings_gets_no_hint():
     with pytest.raises(ConfigError) as info:  # verl's rollout.n and rollout.val_kwargs.n
         resolve_config(overrides=["n=8"])

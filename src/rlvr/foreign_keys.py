@@ -229,12 +229,15 @@ def rlvr_key(name: str, valid: list[str]) -> ForeignName | None:
 
 def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
     """For an unknown `key` (with its `value`, a nested mapping when a whole unknown section
-    was given): which framework's name it is and the key among `valid` that rlvr gives it."""
+    was given): which framework's name it is and the key among `valid` that rlvr gives it;
+    for a section, that of every setting in it that has one, so one error names them all."""
+    hints = []
     for leaf in _leaves(key, value):
         found = rlvr_key(leaf, valid)
         if found:
             named = "" if leaf == key else f"{leaf!r} is "
             if found.name != leaf:
-                return f"{named}the end of verl's {found.name!r}, rlvr's {found.ours!r}"
-            return f"{named}{found.framework}'s name for rlvr's {found.ours!r}"
-    return None
+                hints.append(f"{named}the end of verl's {found.name!r}, rlvr's {found.ours!r}")
+            else:
+                hints.append(f"{named}{found.framework}'s name for rlvr's {found.ours!r}")
+    return "; ".join(hints) or None
