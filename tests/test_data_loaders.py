@@ -85,6 +85,34 @@ def test_json_list_and_json_lines_saved_as_json(tmp_path):
     check_toy_problems(load_file(path, prompt_column="q", answer_column="gold"))
 
 
+def test_a_json_file_of_one_object_is_one_row_whatever_its_layout(tmp_path):
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(ROWS[0], indent=2), encoding="utf-8")  # not JSON Lines
+    problems = load_file(path, prompt_column="q", answer_column="gold")
+    assert [(p.prompt, p.answer) for p in problems] == [(ROWS[0]["q"], str(ROWS[0]["gold"]))]
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_rows_nested_in_one_json_object_are_named_with_the_remedy(tmp_path, indent):
+    path = tmp_path / "squad.json"
+    nested = {"version": 1, "data": [{"question": "1+1", "answer": "2"}] * 3}
+    path.write_text(json.dumps(nested, indent=indent), encoding="utf-8")
+    with pytest.raises(DatasetError) as info:
+        load_file(path)
+    assert str(info.value) == (
+        f"{path}, row 1: missing column 'prompt'; this row has columns ['version', 'data']; "
+        "its 'data' is a list of 3 objects: rows nested in one JSON object are not read, "
+        "write them as the file (a JSON list, or JSON Lines)"
+    )
+
+
+def test_a_conversation_is_not_taken_for_nested_rows(tmp_path):
+    messages = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
+    path = write_jsonl(tmp_path / "c.jsonl", [{"messages": messages}])
+    with pytest.raises(DatasetError, match="TRL's conversational rows"):
+        load_file(path)
+
+
 def test_solution_column_is_taken_out_of_columns(tmp_path):
     rows = [
         {"prompt": "1+1?", "answer": "2", "worked": "1+1=2", "id": 0},

@@ -77,8 +77,11 @@ def _jsonl_values(path: Path, text: str) -> list[tuple[str, Any]]:
 
 
 def _json_values(path: Path, text: str) -> list[tuple[str, Any]]:
-    if text.lstrip().startswith("{"):  # JSON Lines saved as .json (as `datasets` accepts)
-        return _jsonl_values(path, text)
+    if text.lstrip().startswith("{"):  # one object (one row), else JSON Lines saved as .json
+        try:
+            return [("row 1", json.loads(text))]
+        except json.JSONDecodeError:
+            return _jsonl_values(path, text)
     value = _parse_json(path, text)
     if not isinstance(value, list):
         raise DatasetError(
@@ -197,11 +200,30 @@ def _as_dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+MESSAGE_KEYS = {"role", "content"}
+
+
+def _nested_rows(row: Row) -> str | None:
+    """The column of `row` that holds a list of several objects, none of them a message: the
+    rows of a JSON file that nests them in one object (``{"version": 1, "data": [...]}``)."""
+    for name, value in row.items():
+        several = isinstance(value, list) and len(value) > 1
+        if several and all(isinstance(v, dict) and not set(v) >= MESSAGE_KEYS for v in value):
+            return name
+    return None
+
+
 def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     """The error for a row without `column`: it lists the row's columns and, when a config
     key chose the name (`data.prompt_column`), says to point that key at one of them."""
     no_answer = "data.answer_column=null if they hold no gold answer"
-    if setting == "data.prompt_column" and "messages" in row:
+    nested = _nested_rows(row)
+    if nested is not None:
+        hint = (
+            f"; its {nested!r} is a list of {len(row[nested])} objects: rows nested in one "
+            "JSON object are not read, write them as the file (a JSON list, or JSON Lines)"
+        )
+    elif setting == "data.prompt_column" and "messages" in row:
         hint = f"; these are TRL's conversational rows: data.prompt_column=messages ({no_answer})"
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
         hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
@@ -253,7 +275,7 @@ def parse_messages(value: list, column: str) -> tuple[dict[str, str], ...]:
     contents, the last one the user's (see `split_reply` for one that ends with the reply)."""
     messages = []
     for i, message in enumerate(value):
-        if not (isinstance(message, dict) and set(message) >= {"role", "content"}):
+        if not (isinstance(message, dict) and set(message) >= MESSAGE_KEYS):
             raise DatasetError(
                 f"column {column!r}, message {i + 1}: expected an object with 'role' and "
                 f"'content', got {str(message)[:60]!r}"
