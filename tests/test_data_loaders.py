@@ -201,6 +201,15 @@ def test_trl_and_verl_rows_are_answered_with_the_settings_that_read_them(tmp_pat
     assert str(info.value).endswith(f"this row has columns {list(row)}; {hint}")
 
 
+def test_verl_rows_given_as_a_built_in_task_are_answered_with_data_task_file():
+    row = {"prompt": [{"role": "user", "content": "1+1"}], "reward_model": {"ground_truth": "2"}}
+    with pytest.raises(DatasetError) as info:
+        gsm8k_problem(row)  # verl's preprocessed GSM8K under data.task=gsm8k
+    assert str(info.value).endswith(
+        "these are verl's rows: data.task=file data.answer_column=reward_model.ground_truth"
+    )
+
+
 def test_missing_column_in_parquet_names_row(tmp_path):
     path = tmp_path / "q.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)

@@ -228,8 +228,11 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
         hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
         hint += f"({no_answer})"
-    elif setting == "data.answer_column" and "ground_truth" in _as_dict(row.get("reward_model")):
-        hint = "; these are verl's rows: data.answer_column=reward_model.ground_truth"
+    elif setting in ("data.answer_column", None) and "ground_truth" in _as_dict(
+        row.get("reward_model")
+    ):
+        task = "" if setting else "data.task=file "  # a built-in task's own columns
+        hint = f"; these are verl's rows: {task}data.answer_column=reward_model.ground_truth"
     elif setting:
         hint = f"; set {setting} to the one that holds it"
         if setting == "data.answer_column":
