@@ -189,6 +189,12 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
             "these are verl's rows: data.answer_column=reward_model.ground_truth",
         ),
         (
+            {"text": "1+1=2"},
+            "'text' rows (TRL's language-modelling format) hold no prompt to answer: rlvr "
+            "trains on prompts, with their worked solutions for SFT (TRL's prompt-completion "
+            "or messages rows)",
+        ),
+        (
             {"prompt": "1+1", "reward_model": 3},
             "set data.answer_column to the one that holds it, or to null if the rows have no "
             "gold answer (SFT data, a reward model)",

@@ -225,6 +225,12 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
         )
     elif setting == "data.prompt_column" and "messages" in row:
         hint = f"; these are TRL's conversational rows: data.prompt_column=messages ({no_answer})"
+    elif setting == "data.prompt_column" and "text" in row:
+        hint = (
+            "; 'text' rows (TRL's language-modelling format) hold no prompt to answer: rlvr "
+            "trains on prompts, with their worked solutions for SFT (TRL's prompt-completion "
+            "or messages rows)"
+        )
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
         hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
         hint += f"({no_answer})"
