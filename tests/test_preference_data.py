@@ -73,8 +73,21 @@ def test_implicit_prompt_pairs_share_their_first_messages(tmp_path):
         )
     assert str(caught.value).endswith(
         "n.jsonl, row 1 (line 1): no 'prompt' column, and the conversations of 'chosen' and "
-        "'rejected' do not begin with the same messages (TRL's implicit prompt)"
+        "'rejected' do not begin alike (TRL's implicit prompt)"
     )
+
+
+def test_implicit_prompt_texts_share_their_first_characters(tmp_path):
+    """TRL's standard implicit prompt: the common start of two texts, less a space just before
+    they part, which begins each response (TRL's own example)."""
+    rows = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},
+        {"chosen": "Human: 2+3?\nAssistant: 5", "rejected": "Human: 2+3?\nAssistant: 6"},
+    ]
+    assert load_preference_file(write_jsonl(tmp_path / "t.jsonl", rows)) == [
+        PreferencePair("The sky is", " blue.", " green."),
+        PreferencePair("Human: 2+3?\nAssistant:", " 5", " 6"),
+    ]
 
 
 def test_custom_column_names(tmp_path):
@@ -110,11 +123,21 @@ def test_custom_column_names(tmp_path):
         ({"prompt": "q", "chosen": "same", "rejected": "same"}, "chosen and rejected are the same"),
         (  # TRL's implicit prompt: whole conversations, the messages they begin with shared
             {"chosen": [ASKED, SAID_A], "rejected": [SAID_B, ASKED]},
-            "do not begin with the same messages",
+            "do not begin alike",
         ),
         (
             {"chosen": [ASKED, SAID_A], "rejected": [ASKED, SAID_A, SAID_B]},
-            "the conversation of 'chosen' is all in the other's start: no response",
+            "'chosen' is all in the other's start: no response",
+        ),
+        ({"chosen": "Yes", "rejected": "No"}, "the texts of 'chosen' and 'rejected' do not begin"),
+        (  # the space before the parting begins the responses: no prompt is left
+            {"chosen": " yes", "rejected": " no"},
+            "the texts of 'chosen' and 'rejected' do not begin alike",
+        ),
+        ({"chosen": "It is", "rejected": "It is not"}, "'chosen' is all in the other's start"),
+        (  # a text and a conversation: no implicit prompt, each side read as a response
+            {"chosen": "It is", "rejected": [ASKED, SAID_A]},
+            "column 'rejected': a conversational response must be one assistant message",
         ),
         (  # the shared messages end with the assistant's: a prompt must end with the user's
             {"chosen": [ASKED, SAID_A, SAID_B], "rejected": [ASKED, SAID_A, SAID_C]},

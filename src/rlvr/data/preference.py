@@ -2,11 +2,11 @@
 
 A file holds one pair per row in TRL's standard preference format: a `prompt` (the question,
 before the prompt template, or a conversation), a `chosen` and a `rejected` response (texts, or
-one assistant message each; or, with no prompt, two whole conversations that begin alike). Or,
-for KTO, one labelled response per row in TRL's unpaired preference format: a `prompt`, a
-`completion` and a boolean `label` (True: desirable), read as a one-sided pair (the other side
-None). The first row sets the file's format; a row of the other format, or of neither, is
-refused with the row named; nothing is skipped silently.
+one assistant message each; or, with no prompt, two whole conversations or texts that begin
+alike). Or, for KTO, one labelled response per row in TRL's unpaired preference format: a
+`prompt`, a `completion` and a boolean `label` (True: desirable), read as a one-sided pair (the
+other side None). The first row sets the file's format; a row of the other format, or of
+neither, is refused with the row named; nothing is skipped silently.
 
 From a verifiable task (Pang et al. 2024, Iterative Reasoning Preference Optimization): sample
 several completions per problem, score them with the task's verifier, and from each problem
@@ -69,26 +69,39 @@ def _text(row: dict, column: str, setting: str) -> str:
     return value
 
 
-def _implicit_prompt(row: dict, prompt_column: str, chosen: str, rejected: str) -> dict:
-    """`row` with its prompt made explicit, for TRL's implicit-prompt pairs: no prompt column,
-    and `chosen` and `rejected` whole conversations; the messages they begin with in common are
-    the prompt, the rest of each its response. Any other row is returned as it is."""
-    sides = row.get(chosen), row.get(rejected)
-    if prompt_column in row or not all(isinstance(side, list) for side in sides):
-        return row
+def _shared_start(sides: tuple[list, list] | tuple[str, str]) -> int:
+    """How much of its start `chosen` shares with `rejected`: whole messages for two
+    conversations; characters for two texts, less a space just before they part, which
+    begins each response (TRL's `extract_prompt`: "The sky is" + " blue." / " green.")."""
     shared = 0
     while shared < min(map(len, sides)) and sides[0][shared] == sides[1][shared]:
         shared += 1
+    if isinstance(sides[0], str) and shared and sides[0][shared - 1] == " ":
+        shared -= 1
+    return shared
+
+
+def _implicit_prompt(row: dict, prompt_column: str, chosen: str, rejected: str) -> dict:
+    """`row` with its prompt made explicit, for TRL's implicit-prompt pairs: no prompt column,
+    and `chosen` and `rejected` two whole conversations or two texts; what they begin with in
+    common (`_shared_start`) is the prompt, the rest of each its response. Any other row is
+    returned as it is."""
+    sides = row.get(chosen), row.get(rejected)
+    kinds = {type(side) for side in sides}
+    if prompt_column in row or not (kinds == {list} or kinds == {str}):
+        return row
+    what = "conversations" if kinds == {list} else "texts"
+    shared = _shared_start(sides)
     if not shared:
         raise DatasetError(
-            f"no {prompt_column!r} column, and the conversations of {chosen!r} and "
-            f"{rejected!r} do not begin with the same messages (TRL's implicit prompt)"
+            f"no {prompt_column!r} column, and the {what} of {chosen!r} and {rejected!r} do "
+            "not begin alike (TRL's implicit prompt)"
         )
     for column, side in zip((chosen, rejected), sides, strict=True):
         if len(side) == shared:
             raise DatasetError(
-                f"no {prompt_column!r} column, and the conversation of {column!r} is all in "
-                f"the other's start: no response after the shared prompt (TRL's implicit prompt)"
+                f"no {prompt_column!r} column, and {column!r} is all in the other's start: no "
+                "response after the shared prompt (TRL's implicit prompt)"
             )
     responses = {chosen: sides[0][shared:], rejected: sides[1][shared:]}
     return {**row, prompt_column: sides[0][:shared], **responses}
@@ -125,7 +138,8 @@ def load_preference_file(
 
     The prompt may be a conversation and each response one assistant message (TRL's
     conversational preference format); with no prompt column, `chosen` and `rejected` may be
-    whole conversations whose common first messages are the prompt (TRL's implicit prompt).
+    whole conversations whose common first messages are the prompt, or two texts whose common
+    start is (TRL's implicit prompt).
 
     Raises:
         DatasetError: naming the file and row, for a missing or non-text column, a malformed
