@@ -85,6 +85,25 @@ def test_json_list_and_json_lines_saved_as_json(tmp_path):
     check_toy_problems(load_file(path, prompt_column="q", answer_column="gold"))
 
 
+def test_trl_s_conversational_prompt_completion_rows_give_the_reply_as_solution(tmp_path):
+    asked = [{"role": "user", "content": "1+1?"}]
+    rows = [{"prompt": asked, "completion": [{"role": "assistant", "content": "It is 2."}]}]
+    path = write_jsonl(tmp_path / "pc.jsonl", rows)
+    [problem] = load_file(path, answer_column=None, solution_column="completion")
+    assert (problem.question, problem.messages, problem.solution) == (
+        "1+1?",
+        tuple(asked),
+        "It is 2.",
+    )
+    for reply, error in [
+        ([{"role": "user", "content": "2"}], "a conversational response must be one assistant"),
+        ([{"role": "assistant", "content": " "}], "the assistant message is empty"),
+    ]:
+        write_jsonl(path, [{"prompt": asked, "completion": reply}])
+        with pytest.raises(DatasetError, match=f"pc.jsonl, row 1 .*'completion': {error}"):
+            load_file(path, answer_column=None, solution_column="completion")
+
+
 def test_a_json_file_of_one_object_is_one_row_whatever_its_layout(tmp_path):
     path = tmp_path / "one.json"
     path.write_text(json.dumps(ROWS[0], indent=2), encoding="utf-8")  # not JSON Lines

@@ -314,6 +314,24 @@ def split_reply(value: list, column: str) -> tuple[list, str | None]:
     return value, None
 
 
+def assistant_reply(value: list, column: str) -> str:
+    """The text of TRL's conversational response: a list of one assistant message,
+    ``[{"role": "assistant", "content": "..."}]`` (a completion, or DPO's chosen/rejected)."""
+    if not (
+        len(value) == 1
+        and isinstance(value[0], dict)
+        and value[0].get("role") == "assistant"
+        and isinstance(value[0].get("content"), str)
+    ):
+        raise DatasetError(
+            f"column {column!r}: a conversational response must be one assistant message, "
+            f"got {str(value)[:60]!r}"
+        )
+    if not value[0]["content"].strip():
+        raise DatasetError(f"column {column!r}: the assistant message is empty")
+    return value[0]["content"]
+
+
 def path_label(path: DataPath) -> str:
     """`path` for a message: the file or folder, or a list's entries joined by `` + ``."""
     return " + ".join(map(str, path)) if isinstance(path, list) else str(path)
@@ -353,8 +371,9 @@ def load_file(
     conversation, a list of ``{"role", "content"}`` messages ending with the user's turn
     (TRL's conversational format), which `data.template=chat` renders; one that ends with
     the assistant's turn (TRL's conversational SFT rows) gives that turn as the solution.
-    `solution_column`, when given, must be present in every row; its value may be null. All
-    other columns go to `Problem.columns`.
+    `solution_column`, when given, must be present in every row; its value may be null, or
+    one assistant message (TRL's conversational prompt-completion rows). All other columns go
+    to `Problem.columns`.
     """
     named = (prompt_column, answer_column, solution_column)
     used = {column for column in named if column is not None}
@@ -372,7 +391,10 @@ def load_file(
         if answer_column is not None:
             answer = _required_text(row, answer_column, "data.answer_column").strip()
         solution = reply
-        if solution_column is not None and _field(row, solution_column) != (True, None):
+        found, value = _field(row, solution_column) if solution_column else (False, None)
+        if isinstance(value, list):  # TRL's conversational prompt-completion rows
+            solution = assistant_reply(value, solution_column)
+        elif solution_column is not None and (found, value) != (True, None):
             # raises when missing or empty
             solution = _required_text(row, solution_column, "data.solution_column")
         columns = {key: value for key, value in row.items() if key not in used}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from rlvr.data.loaders import (
     DataPath,
     DatasetError,
+    assistant_reply,
     located,
     missing_column,
     parse_messages,
@@ -52,17 +53,7 @@ def _text(row: dict, column: str, setting: str) -> str:
         raise missing_column(row, column, setting)
     value = row[column]
     if isinstance(value, list):  # TRL's conversational response: one assistant message
-        if not (
-            len(value) == 1
-            and isinstance(value[0], dict)
-            and value[0].get("role") == "assistant"
-            and isinstance(value[0].get("content"), str)
-        ):
-            raise DatasetError(
-                f"column {column!r}: a conversational response must be one assistant message, "
-                f"got {str(value)[:60]!r}"
-            )
-        value = value[0]["content"]
+        value = assistant_reply(value, column)
     if not isinstance(value, str) or not value.strip():
         shown = "null" if value is None else repr(value)[:40]
         raise DatasetError(f"column {column!r} is {shown}, expected a non-empty string")
