@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr.config import ModelConfig
-from rlvr.models import fused
+from rlvr.models import fused, loading
 from rlvr.models.loading import (
     ModelLoadError,
     decode_completions,
@@ -130,6 +130,23 @@ def test_a_folder_without_weights_and_relative_paths_are_clear_errors(tiny, tmp_
     model.config.save_pretrained(tmp_path)  # config.json, but no weights
     with pytest.raises(ModelLoadError, match=r"could not be loaded \(.*model\.safetensors"):
         load_pretrained(str(tmp_path))
+    with pytest.raises(ModelLoadError) as info:  # a local folder: not a hub problem
+        load_pretrained(str(tmp_path))
+    assert str(info.value).endswith(".)") and "hub" not in str(info.value)
+
+
+def test_a_hub_name_that_cannot_be_fetched_suggests_a_local_folder(monkeypatch):
+    def offline(name, **_):
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {name}")
+
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(ModelLoadError) as info:
+        load_pretrained("org/model")
+    assert str(info.value) == (
+        "model.name_or_path 'org/model' could not be loaded (We couldn't connect to "
+        "'https://huggingface.co' to load org/model); give a local model directory, or `tiny` "
+        "for the built-in model, when the hub is unreachable"
+    )
     # ./ and ~ name local folders even where there is none: never looked up on the hub
     for name in ("./no/such/model", "~/no/such/model"):
         with pytest.raises(ModelLoadError, match="path does not exist"):

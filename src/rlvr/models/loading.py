@@ -109,9 +109,10 @@ def load_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except OSError as exc:
+        hub = "; give a local model directory, or `tiny` for the built-in model, when the hub "
+        hub += "is unreachable"
         raise ModelLoadError(
-            f"{key} {name_or_path!r} could not be loaded ({exc}); give a local "
-            "model directory, or `tiny` for the built-in model, when the hub is unreachable"
+            f"{key} {name_or_path!r} could not be loaded ({exc}){'' if looks_local else hub}"
         ) from exc
     except SafetensorError as exc:
         raise ModelLoadError(
