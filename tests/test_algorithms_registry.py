@@ -1,5 +1,7 @@
 """Registries: duplicate names refused, unknown names explained."""
 
+import functools
+
 import pytest
 
 from rlvr.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Registry
@@ -29,6 +31,25 @@ def test_duplicate_name_is_refused():
     with pytest.raises(ValueError, match="widget 'same' is already registered"):
         reg.register("same")(lambda: 2)
     assert reg.get("same")() == 1  # the first registration survives
+
+
+def test_a_definition_run_again_replaces_itself_and_no_other():
+    reg = Registry("tool")
+
+    def lookup():
+        return 1
+
+    reg.register("lookup")(lookup)
+    first = lookup
+
+    def lookup():  # the same cell run again, edited
+        return 2
+
+    reg.register("lookup")(lookup)
+    assert reg.get("lookup")() == 2
+    with pytest.raises(ValueError, match="tool 'lookup' is already registered"):
+        reg.register("lookup")(functools.partial(first))  # a callable with no name
+    assert reg.get("lookup")() == 2
 
 
 def test_unknown_name_lists_choices_and_closest():

@@ -68,6 +68,22 @@ def test_duplicate_name_is_refused(scratch_registry: None) -> None:
         register_reward("math")(first)
 
 
+def test_the_same_definition_run_again_replaces_itself(scratch_registry: None) -> None:
+    """A notebook cell that registers a reward, edited and run again: the new one counts."""
+    cell = (
+        "@register_reward('test_cell')\n"
+        "def right(prompts, completions, **_):\n"
+        "    return [{value}] * len(completions)\n"
+    )
+    scope = {"register_reward": register_reward, "__name__": "__main__"}
+    exec(cell.format(value=0.0), scope)
+    exec(cell.format(value=1.0), scope)
+    assert get_reward("test_cell")([""], ["a", "b"]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="'test_cell' is already registered"):
+        exec(cell.replace("def right", "def other").format(value=2.0), scope)
+    assert get_reward("test_cell")([""], ["a"]) == [1.0]
+
+
 def test_unknown_name_suggests_the_closest() -> None:
     with pytest.raises(UnknownRewardError) as info:
         get_reward("maht")

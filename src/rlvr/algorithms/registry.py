@@ -15,6 +15,17 @@ from typing import Generic, TypeVar
 F = TypeVar("F", bound=Callable)
 
 
+def same_definition(old: Callable, new: Callable) -> bool:
+    """Whether `new` is `old`'s definition run again: a notebook cell run twice, or a module
+    reloaded (the same module and qualified name, not a lambda's, which any two lambdas of a
+    scope share); a registry lets it replace `old`."""
+    name = getattr(new, "__qualname__", None)
+    if not isinstance(name, str) or name.endswith("<lambda>"):
+        return False
+    where = [(getattr(f, "__module__", None), getattr(f, "__qualname__", None)) for f in (old, new)]
+    return where[0] == where[1]
+
+
 class Registry(Generic[F]):
     """A named collection of functions of one kind (``"advantage estimator"``, ...)."""
 
@@ -23,16 +34,17 @@ class Registry(Generic[F]):
         self._entries: dict[str, F] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
-        """Decorator: register the function under ``name``; a name already taken is refused.
+        """Decorator: register the function under ``name``; a name already taken is refused,
+        unless by the same definition run again (`same_definition`), which replaces it.
 
         Raises:
-            ValueError: if ``name`` is already registered in this registry.
+            ValueError: if ``name`` is already registered in this registry by another function.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
 
         def decorator(fn: F) -> F:
-            if name in self._entries:
+            if name in self._entries and not same_definition(self._entries[name], fn):
                 existing = self._entries[name]
                 raise ValueError(
                     f"{self.kind} {name!r} is already registered "

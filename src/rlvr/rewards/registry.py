@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from rlvr.algorithms.registry import same_definition
+
 RewardFn = Callable[..., list[Any]]
 """``f(prompts, completions, **columns) -> list[float]`` (TRL's reward-function signature)."""
 
@@ -41,10 +43,11 @@ class UnknownRewardError(KeyError):
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering a reward function under `name`; a taken name is a ValueError."""
+    """Decorator registering a reward function under `name`; a name taken by another function
+    is a ValueError, and the same definition run again (`same_definition`) replaces it."""
 
     def decorator(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY:
+        if name in _REGISTRY and not same_definition(_REGISTRY[name], fn):
             raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]!r})")
         if ":" in name:
             raise ValueError(f"reward name {name!r} may not contain ':' (used for import paths)")
