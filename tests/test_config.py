@@ -332,6 +332,38 @@ def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():
         for name, ours in table.items():
             assert ours and set(ours) <= valid, name
             assert f"| `{name}` | {', '.join(f'`{k}`' for k in ours)} |" in docs, name
+    for name, answer in foreign_keys.ANSWERS.items():
+        assert f"| `{name}` | {answer} |" in docs, name
+
+
+@pytest.mark.parametrize(
+    ("model", "override", "message"),
+    [
+        (
+            RLConfig,
+            "bf16=true",
+            "unknown config key 'bf16': TRL's setting, not rlvr's: rlvr's model.dtype=bfloat16 "
+            "(the weights themselves in bf16, no fp32 copy)",
+        ),
+        (  # a key in rlvr sft, none in rlvr train
+            RLConfig,
+            "per_device_train_batch_size=8",
+            "TRL's setting, not rlvr's: TRL's GRPO counts completions, rlvr counts prompts: "
+            "rollout.prompts_per_step, each sampled rollout.samples_per_prompt times",
+        ),
+        (SFTConfig, "per_device_train_batch_size=8", "TRL's name for rlvr's 'sft.batch_size'"),
+        (
+            RLConfig,
+            "trainer.n_gpus_per_node=8",
+            "unknown config key 'trainer': 'trainer.n_gpus_per_node' is verl's setting, not "
+            "rlvr's: torchrun sets the ranks: torchrun --nproc_per_node=N -m rlvr train",
+        ),
+    ],
+)
+def test_a_setting_rlvr_has_no_key_for_is_answered_with_what_rlvr_does(model, override, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_config(overrides=[override], model=model)
+    assert message in str(info.value) and "did you mean" not in str(info.value)
 
 
 def test_an_override_keeps_later_equals_signs_and_an_empty_value_is_an_empty_string():

@@ -192,6 +192,39 @@ function `{name: 'path/to/file.py:compute_score'}`). verl's KL loss is on
 when `use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
 
 
+_PACKED = (
+    "rlvr batches by tokens (micro_batch_tokens), and its RL and SFT updates of Llama-family "
+    "models run on the real tokens only, with no padding"
+)
+
+ANSWERS: dict[str, str] = {
+    "bf16": "rlvr's model.dtype=bfloat16 (the weights themselves in bf16, no fp32 copy)",
+    "fp16": "rlvr's model.dtype=float16 (the weights themselves in fp16, no fp32 copy)",
+    "logging_steps": "rlvr logs every step, one line of metrics.jsonl each",
+    "packing": _PACKED,
+    "padding_free": _PACKED,
+    "completion_only_loss": "rlvr's SFT loss is on the completion tokens only, always",
+    "assistant_only_loss": "rlvr's SFT loss is on the closing assistant turn only, always",
+    "dataset_text_field": "rlvr trains on prompts (with worked solutions for SFT), not on text",
+    "warmup_ratio": "rlvr counts the warm-up in steps: warmup_steps = ratio × steps",
+    "per_device_train_batch_size": "TRL's GRPO counts completions, rlvr counts prompts: "
+    "rollout.prompts_per_step, each sampled rollout.samples_per_prompt times",
+    "vllm_mode": "rlvr's vLLM runs in the trainer's process (rollout.engine=vllm, TRL's "
+    "colocate mode), never as a server",
+    "use_liger_loss": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
+    "use_liger_kernel": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
+    "deepspeed": "rlvr shards with FSDP2: train.fsdp=true (as ZeRO-3), or the optimizer state "
+    "alone with train.shard_optimizer=true (ZeRO-1)",
+    "trainer.n_gpus_per_node": "torchrun sets the ranks: torchrun --nproc_per_node=N -m rlvr train",
+    "trainer.nnodes": "torchrun sets the ranks: torchrun --nnodes=N ... -m rlvr train",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rlvr has no tensor parallelism: "
+    "each rank samples with the whole model",
+}
+"""TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
+a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
+the key)."""
+
+
 def _leaves(key: str, value: Any) -> list[str]:
     """Every dotted key under `key` of a nested mapping (the key itself for a scalar)."""
     if not isinstance(value, dict) or not value:
@@ -234,7 +267,11 @@ def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
     hints = []
     for leaf in _leaves(key, value):
         found = rlvr_key(leaf, valid)
-        if found:
+        if not found and leaf in ANSWERS:
+            framework = "verl" if "." in leaf else "TRL"
+            named = "" if leaf == key else f"{leaf!r} is "
+            hints.append(f"{named}{framework}'s setting, not rlvr's: {ANSWERS[leaf]}")
+        elif found:
             named = "" if leaf == key else f"{leaf!r} is "
             if found.name != leaf:
                 hints.append(f"{named}the end of verl's {found.name!r}, rlvr's {found.ours!r}")
