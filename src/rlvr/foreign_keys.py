@@ -30,6 +30,8 @@ TRL: dict[str, tuple[str, ...]] = {
     "warmup_steps": _each_command("warmup_steps"),
     "weight_decay": _each_command("weight_decay"),
     "max_grad_norm": _each_command("max_grad_norm"),
+    "adam_beta1": ("train.betas",),
+    "adam_beta2": ("train.betas",),
     "max_steps": _each_command("steps"),
     "num_train_epochs": ("sft.epochs", "dpo.epochs"),
     "seed": _each_command("seed"),
