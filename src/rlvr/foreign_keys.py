@@ -161,6 +161,11 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.lora_alpha": ("model.lora.alpha",),
     "actor_rollout_ref.model.target_modules": ("model.lora.target_modules",),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": ("train.warmup_steps",),
+    "actor_rollout_ref.rollout.name": ("rollout.engine",),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("train.micro_batch_tokens",),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("train.micro_batch_tokens",),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("train.micro_batch_tokens",),
+    "trainer.critic_warmup": ("algorithm.critic.warmup_steps",),
     "actor_rollout_ref.actor.optim.warmup_style": ("train.schedule",),
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("train.schedule",),
     "actor_rollout_ref.actor.optim.min_lr_ratio": ("train.min_lr_ratio",),
@@ -199,6 +204,11 @@ _PACKED = (
     "models run on the real tokens only, with no padding"
 )
 
+_NO_OFFLOAD = (
+    "rlvr never offloads to the CPU: train.fsdp=true shards the weights, gradients and AdamW "
+    "state over the ranks instead"
+)
+
 ANSWERS: dict[str, str] = {
     "bf16": "rlvr's model.dtype=bfloat16 (the weights themselves in bf16, no fp32 copy)",
     "fp16": "rlvr's model.dtype=float16 (the weights themselves in fp16, no fp32 copy)",
@@ -221,6 +231,15 @@ ANSWERS: dict[str, str] = {
     "trainer.nnodes": "torchrun sets the ranks: torchrun --nnodes=N ... -m rlvr train",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "rlvr has no tensor parallelism: "
     "each rank samples with the whole model",
+    "actor_rollout_ref.model.use_remove_padding": _PACKED,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": _NO_OFFLOAD,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": _NO_OFFLOAD,
+    "trainer.experiment_name": "rlvr names a run after its directory, train.output_dir (in W&B "
+    "too)",
+    "trainer.val_before_train": "with eval.every_steps=N rlvr evaluates before the first step "
+    "too, always",
+    "trainer.total_epochs": "rlvr counts steps: train.steps = epochs × problems / "
+    "rollout.prompts_per_step",
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
