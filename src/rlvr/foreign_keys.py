@@ -166,6 +166,7 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("train.micro_batch_tokens",),
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("train.micro_batch_tokens",),
     "trainer.critic_warmup": ("algorithm.critic.warmup_steps",),
+    "trainer.device": ("model.device",),
     "actor_rollout_ref.actor.optim.warmup_style": ("train.schedule",),
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("train.schedule",),
     "actor_rollout_ref.actor.optim.min_lr_ratio": ("train.min_lr_ratio",),
@@ -240,6 +241,19 @@ ANSWERS: dict[str, str] = {
     "too, always",
     "trainer.total_epochs": "rlvr counts steps: train.steps = epochs × problems / "
     "rollout.prompts_per_step",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "rlvr counts the warm-up in steps: "
+    "train.warmup_steps = ratio × train.steps",
+    "actor_rollout_ref.ref.fsdp_config.param_offload": "rlvr never offloads to the CPU: the KL "
+    "reference is held whole on each rank (a LoRA policy's is its base, no copy)",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "rlvr has no sequence "
+    "parallelism: each rank trains whole sequences, packed by train.micro_batch_tokens",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": "rlvr's evaluation is greedy at "
+    "eval.temperature=0 and samples above it",
+    "data.truncation": "rlvr never cuts a prompt: rollout.max_prompt_tokens leaves the longer "
+    "ones out of training",
+    "trainer.resume_mode": "rlvr train --resume continues from train.output_dir's latest "
+    "checkpoint",
+    "trainer.val_only": "rlvr eval --model RUN_DIR evaluates a run's latest checkpoint",
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
