@@ -82,6 +82,9 @@ TRL: dict[str, tuple[str, ...]] = {
     "vllm_importance_sampling_cap": ("algorithm.rollout_is.max_ratio",),
     "off_policy_mask_threshold": ("algorithm.off_policy_mask",),
     "vllm_importance_sampling_mode": ("algorithm.rollout_is.mode",),
+    "vllm_importance_sampling_correction": ("algorithm.rollout_is.mode",),
+    "max_tool_calling_iterations": ("rollout.max_tool_calls",),
+    "eval_steps": ("eval.every_steps",),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_is.max_ratio",),
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_is.min_ratio",),
     "entropy_coef": ("algorithm.entropy.coef",),
@@ -205,6 +208,19 @@ _PACKED = (
     "models run on the real tokens only, with no padding"
 )
 
+_EPOCHS = "rlvr counts steps: train.steps = epochs × problems / rollout.prompts_per_step"
+_RESUME = "rlvr train --resume continues from train.output_dir's latest checkpoint"
+_RUN_NAME = "rlvr names a run after its directory, train.output_dir (in W&B too)"
+_SERVER = (
+    "rlvr's vLLM runs in the trainer's process (rollout.engine=vllm, TRL's colocate mode), "
+    "never as a server"
+)
+_NO_TP = "rlvr has no tensor parallelism: each rank samples with the whole model"
+_EVALUATES = (
+    "rlvr evaluates when eval.every_steps=N is set: before the first step, every N steps and "
+    "after the last"
+)
+
 _NO_OFFLOAD = (
     "rlvr never offloads to the CPU: train.fsdp=true shards the weights, gradients and AdamW "
     "state over the ranks instead"
@@ -222,25 +238,37 @@ ANSWERS: dict[str, str] = {
     "warmup_ratio": "rlvr counts the warm-up in steps: warmup_steps = ratio × steps",
     "per_device_train_batch_size": "TRL's GRPO counts completions, rlvr counts prompts: "
     "rollout.prompts_per_step, each sampled rollout.samples_per_prompt times",
-    "vllm_mode": "rlvr's vLLM runs in the trainer's process (rollout.engine=vllm, TRL's "
-    "colocate mode), never as a server",
+    "vllm_mode": _SERVER,
+    "vllm_server_base_url": _SERVER,
+    "vllm_server_host": _SERVER,
+    "vllm_tensor_parallel_size": _NO_TP,
+    "num_train_epochs": _EPOCHS,
+    "resume_from_checkpoint": _RESUME,
+    "run_name": _RUN_NAME,
+    "eval_strategy": _EVALUATES,
+    "do_eval": _EVALUATES,
+    "save_strategy": "rlvr saves every train.save_every steps (0: only at the end) and when "
+    "SIGINT/SIGTERM stops the run",
+    "optim": "rlvr trains with AdamW (train.shard_optimizer=true partitions its state)",
+    "remove_unused_columns": "rlvr passes every column of the data to the rewards, always",
+    "ds3_gather_for_generation": "under train.fsdp=true rlvr gathers the whole weights once a "
+    "step for the rollout, always",
+    "push_to_hub": "rlvr saves Hugging Face folders (checkpoints/step-N): huggingface-cli "
+    "upload sends one to the hub",
     "use_liger_loss": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
     "use_liger_kernel": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
     "deepspeed": "rlvr shards with FSDP2: train.fsdp=true (as ZeRO-3), or the optimizer state "
     "alone with train.shard_optimizer=true (ZeRO-1)",
     "trainer.n_gpus_per_node": "torchrun sets the ranks: torchrun --nproc_per_node=N -m rlvr train",
     "trainer.nnodes": "torchrun sets the ranks: torchrun --nnodes=N ... -m rlvr train",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "rlvr has no tensor parallelism: "
-    "each rank samples with the whole model",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": _NO_TP,
     "actor_rollout_ref.model.use_remove_padding": _PACKED,
     "actor_rollout_ref.actor.fsdp_config.param_offload": _NO_OFFLOAD,
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": _NO_OFFLOAD,
-    "trainer.experiment_name": "rlvr names a run after its directory, train.output_dir (in W&B "
-    "too)",
+    "trainer.experiment_name": _RUN_NAME,
     "trainer.val_before_train": "with eval.every_steps=N rlvr evaluates before the first step "
     "too, always",
-    "trainer.total_epochs": "rlvr counts steps: train.steps = epochs × problems / "
-    "rollout.prompts_per_step",
+    "trainer.total_epochs": _EPOCHS,
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "rlvr counts the warm-up in steps: "
     "train.warmup_steps = ratio × train.steps",
     "actor_rollout_ref.ref.fsdp_config.param_offload": "rlvr never offloads to the CPU: the KL "
@@ -251,8 +279,7 @@ ANSWERS: dict[str, str] = {
     "eval.temperature=0 and samples above it",
     "data.truncation": "rlvr never cuts a prompt: rollout.max_prompt_tokens leaves the longer "
     "ones out of training",
-    "trainer.resume_mode": "rlvr train --resume continues from train.output_dir's latest "
-    "checkpoint",
+    "trainer.resume_mode": _RESUME,
     "trainer.val_only": "rlvr eval --model RUN_DIR evaluates a run's latest checkpoint",
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
