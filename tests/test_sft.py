@@ -202,6 +202,24 @@ def test_sft_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
         run_sft(sft_config(tmp_path / "d"), show_progress=False, resume=True)
 
 
+def test_sft_gradient_checkpointing_follows_the_same_trajectory(tmp_path, recomputed_regions):
+    plain = run_sft(sft_config(tmp_path / "plain"), show_progress=False)
+    assert not recomputed_regions
+    checkpointed = run_sft(
+        sft_config(tmp_path / "ck", gradient_checkpointing=True), show_progress=False
+    )
+    assert recomputed_regions  # the layers really were recomputed
+    same_run(plain, checkpointed)
+
+
+def test_sft_gradient_checkpointing_without_the_fused_forward_is_a_config_error(tmp_path):
+    cfg = sft_config(tmp_path / "hf", gradient_checkpointing=True)
+    cfg.model.fused_forward = False
+    with pytest.raises(ConfigError, match=r"sft\.gradient_checkpointing: .*fused forward"):
+        run_sft(cfg, show_progress=False)
+    assert not (tmp_path / "hf").exists()  # nothing written
+
+
 SFT_LENGTHS = [len(p) + len(t) for p, t in zip(PROMPTS, TARGETS, strict=True)]  # [7, 3, 5, 4]
 
 

@@ -70,6 +70,9 @@ class SFTTrainConfig(OfflineSharding, ToolSettings):
     micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
+    gradient_checkpointing: bool = False
+    """As `train.gradient_checkpointing`: each decoder layer recomputed in backward, for
+    micro-batches larger than memory allows otherwise (rlvr's fused forward only)."""
     seed: int = 0
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"

@@ -40,7 +40,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "num_iterations": ("train.epochs",),
     "steps_per_generation": ("train.mini_batches",),
     "gradient_accumulation_steps": _each_command("micro_batch_tokens"),
-    "gradient_checkpointing": ("train.gradient_checkpointing",),
+    "gradient_checkpointing": ("train.gradient_checkpointing", "sft.gradient_checkpointing"),
     "disable_dropout": ("model.disable_dropout",),
     "save_steps": _each_command("save_every"),
     "save_total_limit": _each_command("keep_checkpoints"),

@@ -22,6 +22,7 @@ from rlvr.config import ConfigError, make_output_dir, save_config
 from rlvr.config_offline import SFTConfig
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
+from rlvr.models import fused
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.rollout.call_formats import call_format
 from rlvr.rollout.tools import ToolUse, result_tokens
@@ -136,6 +137,11 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(out_dir, resume, "sft.output_dir"))
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     ranks.copy_from_main(model)
+    if s.gradient_checkpointing:
+        try:
+            fused.enable_activation_checkpointing(model)
+        except ValueError as error:
+            raise ConfigError(f"sft.gradient_checkpointing: {error}") from None
 
     def start() -> None:  # written only once the model and the task have loaded
         make_output_dir(out_dir, "sft.output_dir")
