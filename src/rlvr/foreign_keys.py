@@ -84,7 +84,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "vllm_importance_sampling_mode": ("algorithm.rollout_is.mode",),
     "vllm_importance_sampling_correction": ("algorithm.rollout_is.mode",),
     "max_tool_calling_iterations": ("rollout.max_tool_calls",),
-    "eval_steps": ("eval.every_steps",),
+    "eval_steps": ("eval.every_steps", "dpo.eval_every_steps"),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_is.max_ratio",),
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_is.min_ratio",),
     "entropy_coef": ("algorithm.entropy.coef",),
@@ -221,6 +221,11 @@ _EVALUATES = (
     "after the last"
 )
 
+_FIXED_REFERENCE = (
+    "rlvr dpo's reference stays the starting model (a moving reference is rlvr train's "
+    "algorithm.kl.reference_reset_every)"
+)
+
 _NO_OFFLOAD = (
     "rlvr never offloads to the CPU: train.fsdp=true shards the weights, gradients and AdamW "
     "state over the ranks instead"
@@ -253,6 +258,20 @@ ANSWERS: dict[str, str] = {
     "remove_unused_columns": "rlvr passes every column of the data to the rewards, always",
     "ds3_gather_for_generation": "under train.fsdp=true rlvr gathers the whole weights once a "
     "step for the rollout, always",
+    "max_prompt_length": "rlvr dpo cuts no prompt: dpo.max_length cuts the responses, and "
+    "leaves out a pair whose prompt alone is as long",
+    "truncation_mode": "rlvr dpo keeps each sequence's start (TRL's keep_start), cutting the "
+    "responses to dpo.max_length",
+    "precompute_ref_log_probs": "rlvr dpo scores every pair with the reference once, before "
+    "the first step, always",
+    "reference_free": "rlvr's reference-free losses are dpo.loss=simpo, cpo and orpo (the "
+    "presets of those names)",
+    "sync_ref_model": _FIXED_REFERENCE,
+    "ref_model_sync_steps": _FIXED_REFERENCE,
+    "ref_model_mixup_alpha": _FIXED_REFERENCE,
+    "packing_strategy": _PACKED,
+    "activation_offloading": "rlvr never offloads to the CPU: sft.gradient_checkpointing=true "
+    "trades compute for activation memory instead",
     "push_to_hub": "rlvr saves Hugging Face folders (checkpoints/step-N): huggingface-cli "
     "upload sends one to the hub",
     "use_liger_loss": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
