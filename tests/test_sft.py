@@ -22,6 +22,7 @@ from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import sft as sft_module
 from rlvr.training.sft import run_sft, sft_backward, summed_nll
 from rlvr.training.stopping import RunStopped, StopOnSignal
+from rlvr.training.supervised import NonFiniteError
 
 PROMPTS = [[20, 21, 22], [23, 24], [20, 21, 22], [25]]
 TARGETS = [[30, 31, 32, 33], [34], [35, 36], [37, 38, 39]]
@@ -218,6 +219,46 @@ def test_sft_gradient_checkpointing_without_the_fused_forward_is_a_config_error(
     with pytest.raises(ConfigError, match=r"sft\.gradient_checkpointing: .*fused forward"):
         run_sft(cfg, show_progress=False)
     assert not (tmp_path / "hf").exists()  # nothing written
+
+
+def poison_steps(monkeypatch, poisoned: set[int]) -> None:
+    """Make the loss (and so the gradient) of the SFT steps in `poisoned` NaN."""
+    calls = []
+    nll, backward = sft_module.summed_nll, sft_module.sft_backward
+
+    def counted(*args, **kwargs):
+        calls.append(None)
+        return backward(*args, **kwargs)
+
+    def poisoned_nll(*args, **kwargs):
+        loss = nll(*args, **kwargs)
+        return loss * float("nan") if len(calls) in poisoned else loss
+
+    monkeypatch.setattr(sft_module, "sft_backward", counted)
+    monkeypatch.setattr(sft_module, "summed_nll", poisoned_nll)
+
+
+def test_a_non_finite_sft_step_is_skipped_and_the_run_goes_on(tmp_path, monkeypatch):
+    poison_steps(monkeypatch, {2})
+    with pytest.warns(UserWarning, match="sft step 2: non-finite loss or gradient, skipped"):
+        out = run_sft(sft_config(tmp_path / "run"), show_progress=False)
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["skipped_updates"] for r in rows] == [0, 1, 0, 0, 0, 0]
+    assert rows[1]["lr"] == rows[0]["lr"]  # the skipped step did not advance the schedule
+    weights = load_pretrained(str(out))[0].state_dict().values()
+    assert all(torch.isfinite(w).all() for w in weights)
+
+
+def test_three_non_finite_sft_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    poison_steps(monkeypatch, {1, 2, 3, 4, 5, 6})
+    with (
+        pytest.warns(UserWarning, match="non-finite"),
+        pytest.raises(NonFiniteError, match=r"3 consecutive steps .* \(lower sft\.lr"),
+    ):
+        run_sft(sft_config(tmp_path / "run"), show_progress=False)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["step"], r["skipped_updates"]) for r in rows] == [(1, 1), (2, 1), (3, 1)]
+    assert not (tmp_path / "run" / "model.safetensors").exists()
 
 
 SFT_LENGTHS = [len(p) + len(t) for p, t in zip(PROMPTS, TARGETS, strict=True)]  # [7, 3, 5, 4]

@@ -82,14 +82,11 @@ from rlvr.training.sampling import (
     longest_sequence,
 )
 from rlvr.training.stopping import RunStopped, StopOnSignal
+from rlvr.training.supervised import NonFiniteError
 from rlvr.training.teacher import load_teacher
 from rlvr.training.update import LossSettings, minibatch_backward
 
 BatchFilter = Callable[[RolloutBatch], RolloutBatch]
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive steps with a non-finite loss or gradient."""
 
 
 def check_choices(cfg: RLConfig) -> None:

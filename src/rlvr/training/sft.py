@@ -212,21 +212,22 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
                 ranks,
                 trained,
             )
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), s.max_grad_norm or float("inf")
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or float("inf"))
             )
-            optimizer.step()
-            scheduler.step()
+            stepped = loop.update(total, grad_norm, f"sft step {step}")
             record = {
                 "step": step,
                 "epoch": step * s.batch_size / len(examples),
                 "loss": total,
-                "grad_norm": float(grad_norm),
+                "grad_norm": grad_norm,
+                "skipped_updates": int(not stepped),
                 "lr": scheduler.get_last_lr()[0],
                 "time": time.perf_counter() - start,
             }
             log.write(record)
             loggers.log(record, step)
+            loop.stop_if_failing("lower sft.lr or check the solutions")
             if show_progress and ranks.main and (step % 50 == 0 or step == steps):
                 print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
             loop.after_step(step, steps, out_dir, s.save_every, s.keep_checkpoints, stop, ranks)

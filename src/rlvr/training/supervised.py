@@ -10,6 +10,7 @@ trajectory: the same examples, the same updates.
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections.abc import Sequence
@@ -90,6 +91,14 @@ class ExampleOrder:
         return rows
 
 
+MAX_NONFINITE_STEPS = 3
+"""Updates in a row skipped for a non-finite loss or gradient that stop `rlvr sft`/`dpo`."""
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
 @dataclass
 class LoopState:
     """A supervised loop's model, optimizer and schedule, with its example order."""
@@ -100,8 +109,29 @@ class LoopState:
     scheduler: Any
     examples: ExampleOrder
     bad_steps: int = 0
-    """Consecutive steps skipped for a non-finite loss or gradient, up to the last step (DPO's
-    guard), saved with the checkpoints so that a resumed run counts on."""
+    """Consecutive steps skipped for a non-finite loss or gradient, up to the last step
+    (`update`), saved with the checkpoints so that a resumed run counts on."""
+
+    def update(self, loss: float, grad_norm: float, where: str) -> bool:
+        """Step the optimizer and the schedule when `loss` and `grad_norm` are finite; else
+        skip the update with a warning naming `where` (a step), and count it. Whether it
+        stepped."""
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        self.bad_steps = 0 if finite else self.bad_steps + 1
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            warnings.warn(f"{where}: non-finite loss or gradient, skipped", stacklevel=2)
+        return finite
+
+    def stop_if_failing(self, remedy: str) -> None:
+        """Raise `NonFiniteError` once `MAX_NONFINITE_STEPS` updates in a row were skipped."""
+        if self.bad_steps >= MAX_NONFINITE_STEPS:
+            raise NonFiniteError(
+                f"{self.bad_steps} consecutive steps had a non-finite loss or gradient; "
+                f"stopping ({remedy})"
+            )
 
     def resume(self, checkpoint: Path) -> int:
         """Load `checkpoint` into every part (on every rank); return its step."""
