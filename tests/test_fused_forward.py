@@ -670,3 +670,18 @@ def test_a_layout_made_on_the_host_is_the_devices_and_is_sent_without_a_read(ord
             layout_tensors(sent)[name].is_meta and layout_tensors(sent)[name].shape == tensor.shape
         )
     assert all(x.is_meta for x in sent.varlen if torch.is_tensor(x))
+
+
+def test_a_one_token_prompt_is_scored_without_gradient_as_with_the_model_s_own_forward():
+    """The prompt's forward is one position long with nothing cached: not a decode step (the
+    decode kernels refused its keys, which a `ConcatKV` hands back in the projection's
+    strides)."""
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    sb = collate_shared_prefix([[25], [23]], [[37, 38, 39], [34, 35]], [0, 1], tok.pad_token_id)
+    with torch.no_grad():
+        lean, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
+        for row, ids in enumerate(([25, 37, 38, 39], [23, 34, 35])):
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+            own = logits.log_softmax(-1)[0:-1].gather(-1, torch.tensor(ids[1:])[:, None])
+            torch.testing.assert_close(lean[row, : len(ids) - 1], own[:, 0], atol=1e-5, rtol=1e-5)

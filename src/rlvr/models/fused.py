@@ -443,16 +443,21 @@ def layer_ops(
     flat: torch.Tensor | None = None,
     panels: cpu_kernels.PanelStore | None = None,
     host: HostIndex | None = None,
+    after_cache: bool = True,
 ) -> TorchOps | cpu_kernels.DecodeOps:
-    """The C kernels for a decode step (one position per row, no padding-free layout) where
-    `cpu_kernels.usable`; else the PyTorch operations, with RMSNorm, the rotary embedding,
-    SiLU·up and the attention by kernels where `cpu_kernels.trainable` (`KernelOps`), and the
+    """The C kernels for a decode step (one position per row after cached ones, no
+    padding-free layout) where `cpu_kernels.usable`; else the PyTorch operations, with
+    RMSNorm, the rotary embedding, SiLU·up and the attention by kernels where
+    `cpu_kernels.trainable` (`KernelOps`), and the
     attention, the rotary embedding and SiLU·up of a padding-free forward by Triton kernels
     where `gpu_kernels.usable` (on a GPU: `PackedOps`). `flat`: the positions computed in the
     [b·t] layout (`real_positions`), None for all; `panels`: the decode step's packed weights
     (`cpu_kernels.PanelStore`), None for PyTorch's products; `host`: the index tensors on
-    the CPU, from which the kernels' attention is laid out there (`HostIndex`)."""
-    if t == 1 and flat is None and cpu_kernels.usable(h):
+    the CPU, from which the kernels' attention is laid out there (`HostIndex`);
+    `after_cache`: whether positions are cached before these (a one-token prompt's forward
+    has none, and a `ConcatKV` then hands its keys back in the projection's strided layout,
+    which the decode kernels do not read)."""
+    if t == 1 and after_cache and flat is None and cpu_kernels.usable(h):
         return cpu_kernels.DecodeOps(visible_keys(key_mask, 1).squeeze(1), panels)
     if cpu_kernels.trainable(h):
         return KernelOps(key_mask, t, flat, host)
@@ -542,7 +547,7 @@ class FusedForward:
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         if flat is not None:
             cos, sin = cos.reshape(b * t, 1, d)[flat], sin.reshape(b * t, 1, d)[flat]
-        ops = ops or layer_ops(h, key_mask, t, flat, self.panels, host)
+        ops = ops or layer_ops(h, key_mask, t, flat, self.panels, host, cache.length > 0)
 
         def qkv(
             layer: nn.Module, h: torch.Tensor, x: torch.Tensor | None
