@@ -15,12 +15,13 @@ from rlvr.config import ConfigError, DataConfig
 from rlvr.config_offline import SFTConfig
 from rlvr.data.synthetic import synthetic_splits
 from rlvr.data.tasks import load_task
+from rlvr.data.templates import encode_prompts
 from rlvr.models import fused
 from rlvr.models.loading import load_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.tracking.jsonl import read_jsonl
 from rlvr.training import sft as sft_module
-from rlvr.training.sft import run_sft, sft_backward, summed_nll
+from rlvr.training.sft import Encoded, held_out_nll, run_sft, sft_backward, summed_nll
 from rlvr.training.stopping import RunStopped, StopOnSignal
 from rlvr.training.supervised import NonFiniteError
 
@@ -56,6 +57,47 @@ def test_summed_nll_equals_each_pair_scored_alone(lean_forward):
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert max(g.abs().max() for g in expected) > 1e-3
+
+
+def test_held_out_nll_is_the_mean_nll_per_target_token_of_each_pair_scored_alone():
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, intermediate_size=64, seed=4)
+    every = [0, 1, 2, 3]
+    alone = nll_one_pair_at_a_time(model, every).item() / sum(map(len, TARGETS))  # 13 tokens
+    held_out = Encoded(PROMPTS, TARGETS, None)
+    for budget in (4, 7, 100):  # one example a micro-batch (over budget), some, all at once
+        assert held_out_nll(model, held_out, budget, tok.pad_token_id) == pytest.approx(alone)
+    # with marks only the marked tokens count: the mean over those 3 tokens of example 0
+    marks = [[True, False, True, True], [False], [False, False], [False, False, False]]
+    ids = torch.tensor([PROMPTS[0] + TARGETS[0]])
+    logp = model(input_ids=ids).logits[0].log_softmax(-1)[len(PROMPTS[0]) - 1 : -1]
+    token_nll = -logp.gather(-1, torch.tensor(TARGETS[0])[:, None])[:, 0]
+    marked = float(token_nll[[0, 2, 3]].mean())
+    assert held_out_nll(model, Encoded(PROMPTS, TARGETS, marks), 100, 0) == pytest.approx(marked)
+
+
+def test_sft_reports_the_held_out_nll_which_falls_as_it_learns(tmp_path):
+    out = run_sft(sft_config(tmp_path / "run", eval_every_steps=2), show_progress=False)
+    rows = read_jsonl(out / "eval.jsonl")
+    assert [r["step"] for r in rows] == [0, 2, 4, 6]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5  # nats per token: it learned the format
+    # the last line is the saved model's NLL on the first 2 held-out solutions, recomputed
+    cfg = sft_config(tmp_path / "run")
+    model, tok = load_pretrained(str(out))
+    problems = load_task(cfg.data).test[: cfg.sft.eval_examples]
+    _, prompts = encode_prompts(cfg.data.template, [p.prompt for p in problems], tok)
+    targets = [tok(p.solution, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+               for p in problems]  # fmt: skip
+    nll = 0.0
+    with torch.no_grad():
+        for p, t in zip(prompts, targets, strict=True):
+            logits = model(input_ids=torch.tensor([p + t])).logits[0]
+            logp = logits.log_softmax(-1)[len(p) - 1 : -1]
+            nll -= float(logp.gather(-1, torch.tensor(t)[:, None]).sum())
+    assert rows[-1]["tokens"] == sum(map(len, targets))
+    assert rows[-1]["loss"] == pytest.approx(nll / rows[-1]["tokens"], rel=1e-5)
+    quiet = run_sft(sft_config(tmp_path / "none", eval_examples=0), show_progress=False)
+    assert not (quiet / "eval.jsonl").exists()
 
 
 def test_a_second_run_into_the_same_directory_replaces_its_log(tmp_path):
@@ -168,6 +210,7 @@ def same_run(a, b) -> None:
         assert {k: v for k, v in x.items() if k != "time"} == {
             k: v for k, v in y.items() if k != "time"
         }
+    assert read_jsonl(a / "eval.jsonl") == read_jsonl(b / "eval.jsonl")
     saved = [load_pretrained(str(folder))[0].state_dict() for folder in (a, b)]
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
 

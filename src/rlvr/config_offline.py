@@ -73,6 +73,12 @@ class SFTTrainConfig(OfflineSharding, ToolSettings):
     gradient_checkpointing: bool = False
     """As `train.gradient_checkpointing`: each decoder layer recomputed in backward, for
     micro-batches larger than memory allows otherwise (rlvr's fused forward only)."""
+    eval_examples: int = Field(default=256, ge=0)
+    """Held-out problems with a worked solution (the first N of the task's held-out split)
+    whose mean NLL per solution token, TRL's eval_loss, eval.jsonl reports (0: none)."""
+    eval_every_steps: int = Field(default=0, ge=0)
+    """Score the held-out solutions every N steps into eval.jsonl (0: only before the first
+    and after the last step)."""
     seed: int = 0
     """Seed of initialisation and example order."""
     output_dir: str = "runs/sft"

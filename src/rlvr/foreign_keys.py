@@ -84,7 +84,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "vllm_importance_sampling_mode": ("algorithm.rollout_is.mode",),
     "vllm_importance_sampling_correction": ("algorithm.rollout_is.mode",),
     "max_tool_calling_iterations": ("rollout.max_tool_calls",),
-    "eval_steps": ("eval.every_steps", "dpo.eval_every_steps"),
+    "eval_steps": ("eval.every_steps", "sft.eval_every_steps", "dpo.eval_every_steps"),
     "vllm_importance_sampling_clip_max": ("algorithm.rollout_is.max_ratio",),
     "vllm_importance_sampling_clip_min": ("algorithm.rollout_is.min_ratio",),
     "entropy_coef": ("algorithm.entropy.coef",),

@@ -14,17 +14,20 @@ import os
 import random
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlvr.config import ConfigError, make_output_dir, save_config
 from rlvr.config_offline import SFTConfig
+from rlvr.data.problem import Problem
 from rlvr.data.tasks import load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models import fused
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
-from rlvr.rollout.call_formats import call_format
+from rlvr.rollout.call_formats import CallFormat, call_format
 from rlvr.rollout.tools import ToolUse, result_tokens
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
@@ -102,6 +105,71 @@ def sft_backward(
     return float(ranks.sum_(total))
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """Examples as token ids: each prompt, its target (solution + EOS) and, where tool results
+    are left out of the loss, which target tokens count (all when None)."""
+
+    prompts: list[list[int]]
+    targets: list[list[int]]
+    trained: list[list[bool]] | None
+
+    @staticmethod
+    def of(
+        prompts: list[list[int]],
+        solutions: list[str],
+        tokenizer: Any,
+        masked: CallFormat | None,
+        max_length: int | None,
+        key: str,
+    ) -> Encoded:
+        """`solutions` tokenized after their `prompts` (the tool results in the call format
+        `masked` marked out of the loss), each example cut to `max_length` (`cut_to_length`,
+        its warning naming `key`)."""
+        eos, trained = tokenizer.eos_token_id, None
+        if masked is not None:
+            encoded = [result_tokens(tokenizer, text, masked) for text in solutions]
+            targets = [[*ids, eos] for ids, _ in encoded]
+            trained = [[not mark for mark in marks] + [True] for _, marks in encoded]
+        else:
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in solutions]
+            targets = [[*i, eos] for i in ids]
+        kept, cut = cut_to_length(prompts, [[t] for t in targets], max_length, key)
+        targets = [t for (t,) in cut]
+        if trained is not None:
+            trained = [trained[i][: len(t)] for i, t in zip(kept, targets)]
+        return Encoded([prompts[i] for i in kept], targets, trained)
+
+    @property
+    def ids(self) -> tuple[list[list[int]], list[list[int]]]:
+        return self.prompts, self.targets
+
+    @property
+    def seq_lengths(self) -> list[int]:
+        return [len(p) + len(t) for p, t in zip(self.prompts, self.targets)]
+
+    @property
+    def target_tokens(self) -> int:
+        """The target tokens that count in the loss."""
+        if self.trained is None:
+            return sum(map(len, self.targets))
+        return sum(map(sum, self.trained))
+
+
+def held_out_nll(model: torch.nn.Module, held_out: Encoded, budget: int, pad_id: int) -> float:
+    """Mean negative log-likelihood per counted target token of `held_out` (TRL's SFT
+    eval_loss), without gradient, in micro-batches of at most `budget` tokens."""
+    rows = list(range(len(held_out.prompts)))
+    total = 0.0
+    with torch.no_grad():
+        for mb in token_budget_micro_batches(rows, held_out.seq_lengths, budget):
+            nll = summed_nll(
+                model, held_out.prompts, held_out.targets, mb, pad_id, held_out.trained
+            )
+            total += float(nll)
+    return total / max(held_out.target_tokens, 1)
+
+
 def run_sft(cfg: SFTConfig, show_progress: bool = True, resume: bool = False) -> Path:
     """Fine-tune on the task's worked solutions; save the model to `cfg.sft.output_dir`.
     `resume`: continue from its latest checkpoint (`sft.save_every`), as the run went on.
@@ -137,6 +205,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(out_dir, resume, "sft.output_dir"))
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=s.seed)
     ranks.copy_from_main(model)
+    pad_id = tokenizer.pad_token_id
     if s.gradient_checkpointing:
         try:
             fused.enable_activation_checkpointing(model)
@@ -149,37 +218,32 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
 
     ranks.on_main(start)
     chat_kwargs = ToolUse.of(s).chat_kwargs(cfg.data.chat_template_kwargs)  # hermes schemas
-    _, prompts = encode_prompts(
-        cfg.data.template, [p.prompt for p in examples], tokenizer, chat_kwargs
-    )
-    trained = None
     form = call_format(s.tool_format, tokenizer, chat_kwargs)
-    if s.mask_tool_results and any(form.result_spans(p.solution) for p in examples):
-        if not tokenizer.is_fast:
-            raise ConfigError(
-                f"sft.mask_tool_results: the solutions have tool results "
-                f"(sft.tool_format={s.tool_format}), which only a fast tokenizer (its offsets) "
-                "can leave out of the loss; set it to false to train on them"
-            )
-        encoded = [result_tokens(tokenizer, p.solution, form) for p in examples]
-        targets = [[*ids, tokenizer.eos_token_id] for ids, _ in encoded]
-        trained = [[not mark for mark in marks] + [True] for _, marks in encoded]
-    else:
-        targets = [
-            tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            for p in examples
-        ]
-    kept, cut = cut_to_length(prompts, [[t] for t in targets], s.max_length, "sft.max_length")
-    if not kept:
+    masked = s.mask_tool_results and any(form.result_spans(p.solution) for p in examples)
+    if masked and not tokenizer.is_fast:
+        raise ConfigError(
+            f"sft.mask_tool_results: the solutions have tool results "
+            f"(sft.tool_format={s.tool_format}), which only a fast tokenizer (its offsets) "
+            "can leave out of the loss; set it to false to train on them"
+        )
+
+    def encode(problems: list[Problem], key: str) -> Encoded:
+        _, prompts = encode_prompts(
+            cfg.data.template, [p.prompt for p in problems], tokenizer, chat_kwargs
+        )
+        solutions = [p.solution for p in problems]
+        return Encoded.of(
+            prompts, solutions, tokenizer, form if masked else None, s.max_length, key
+        )
+
+    train = encode(examples, "sft.max_length")
+    if not train.prompts:
         raise ConfigError(f"sft.max_length={s.max_length} leaves no room for any solution")
-    examples = [examples[i] for i in kept]
-    prompts, targets = [prompts[i] for i in kept], [t for (t,) in cut]
-    if trained is not None:
-        trained = [trained[i][: len(t)] for i, t in zip(kept, targets)]
-    seq_lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]
+    held_out = [p for p in task.test if p.solution][: s.eval_examples]
+    evaluation = encode(held_out, "sft.max_length (held-out)") if held_out else None
     if s.fsdp:
         sharding.shard(model, ranks, s.fsdp_reshard_after_forward, announce=show_progress)
-    steps = optimizer_steps(s.steps, s.epochs, len(examples), s.batch_size)
+    steps = optimizer_steps(s.steps, s.epochs, len(train.prompts), s.batch_size)
     optimizer = build_optimizer(model, s.lr, s.weight_decay, shard=s.shard_optimizer)
     scheduler = build_scheduler(
         optimizer,
@@ -191,26 +255,40 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     loop = LoopState(model, tokenizer, optimizer, scheduler, ExampleOrder(random.Random(s.seed)))
     start_step = loop.resume(checkpoint) if checkpoint is not None else 0
     if ranks.main:
-        keep_until_step(out_dir / "metrics.jsonl", start_step)
-    model.train()
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            keep_until_step(out_dir / name, start_step)
     start = time.perf_counter()
     loggers = run_loggers(cfg, "sft", out_dir, ranks.main)
     stop = StopOnSignal(announce=ranks.main)  # SIGINT/SIGTERM: end this step with a checkpoint
     metrics_log = JsonlWriter(out_dir / "metrics.jsonl" if ranks.main else os.devnull)
-    with metrics_log as log, loggers, stop:
+    eval_log = JsonlWriter(out_dir / "eval.jsonl" if ranks.main and evaluation else os.devnull)
+    with metrics_log as log, eval_log as ev, loggers, stop:
+
+        def score_held_out(step: int) -> None:
+            if evaluation is not None:
+                model.eval()
+                with sharding.full_weights(model):
+                    loss = held_out_nll(model, evaluation, s.micro_batch_tokens, pad_id)
+                ev.write({"step": step, "loss": loss, "tokens": evaluation.target_tokens})
+                loggers.log({"eval/loss": loss}, step)
+                model.train()
+
+        if start_step == 0:
+            score_held_out(0)
+        model.train()
         for step in range(start_step + 1, steps + 1):
-            rows = loop.examples.next_rows(s.batch_size, len(examples))
+            rows = loop.examples.next_rows(s.batch_size, len(train.prompts))
             optimizer.zero_grad(set_to_none=True)
             total = sft_backward(
                 model,
-                prompts,
-                targets,
-                seq_lengths,
+                train.prompts,
+                train.targets,
+                train.seq_lengths,
                 rows,
                 s.micro_batch_tokens,
-                tokenizer.pad_token_id,
+                pad_id,
                 ranks,
-                trained,
+                train.trained,
             )
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm or float("inf"))
@@ -218,7 +296,7 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             stepped = loop.update(total, grad_norm, f"sft step {step}")
             record = {
                 "step": step,
-                "epoch": step * s.batch_size / len(examples),
+                "epoch": step * s.batch_size / len(train.prompts),
                 "loss": total,
                 "grad_norm": grad_norm,
                 "skipped_updates": int(not stepped),
@@ -228,9 +306,12 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             log.write(record)
             loggers.log(record, step)
             loop.stop_if_failing("lower sft.lr or check the solutions")
+            if s.eval_every_steps and step % s.eval_every_steps == 0 and step < steps:
+                score_held_out(step)
             if show_progress and ranks.main and (step % 50 == 0 or step == steps):
                 print(f"sft step {step}/{steps}  loss {total:.4f}", flush=True)
             loop.after_step(step, steps, out_dir, s.save_every, s.keep_checkpoints, stop, ranks)
+        score_held_out(steps)
     sharding.check_in_sync(model, ranks, f"sft step {steps}")
     weights = sharding.whole_state(model)
     if ranks.main:
