@@ -16,6 +16,8 @@ from rlvr.tracking.progress import StepProgress
 from rlvr.tracking.report import (
     DEFAULT_METRICS,
     HELD_OUT_METRIC,
+    PREFERENCE_METRICS,
+    SFT_METRICS,
     _labels,
     default_metrics,
     ema_smooth,
@@ -216,6 +218,25 @@ def test_a_run_s_held_out_evaluations_join_its_curves(tmp_path):
     both = (*DEFAULT_METRICS, HELD_OUT_METRIC, "distill/reverse_kl")
     assert default_metrics([distilled, records]) == both
     _assert_png(plot_runs([run], tmp_path / "with_eval.png"))
+
+
+def test_sft_and_dpo_folders_are_plotted_with_their_own_curves(tmp_path):
+    sft = [{"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-4}]
+    assert default_metrics([sft]) == ("loss", "grad_norm", "lr")  # no held-out solutions
+    assert default_metrics([[*sft, {"step": 0, "eval/loss": 2.5}]]) == SFT_METRICS
+    dpo = [{**sft[0], "rewards/margins": 0.1, "rewards/accuracies": 0.5, "logps/chosen": -9.0,
+            "logps/rejected": -9.5, "eval/loss": 0.69}]  # fmt: skip
+    assert default_metrics([dpo]) == PREFERENCE_METRICS
+    assert default_metrics([dpo, [{"step": 1, "reward/mean": 0.5}]])[:1] == DEFAULT_METRICS[:1]
+    folder = tmp_path / "sft"
+    folder.mkdir()
+    with JsonlWriter(folder / "metrics.jsonl") as log:
+        for step in (1, 2):
+            log.write({"step": step, "loss": 3.0 - step, "grad_norm": 1.0, "lr": 1e-4})
+    with JsonlWriter(folder / "eval.jsonl") as log:
+        log.write({"step": 0, "loss": 3.1, "tokens": 40})
+    assert default_metrics([load_run_metrics(folder)]) == SFT_METRICS
+    _assert_png(plot_runs([folder], tmp_path / "sft.png"))
 
 
 def test_an_eval_record_without_a_step_is_an_error_naming_eval_jsonl(tmp_path):

@@ -35,6 +35,22 @@ WHEN_LOGGED: tuple[str, ...] = (HELD_OUT_METRIC, "distill/reverse_kl")
 """Panels drawn after `DEFAULT_METRICS` wherever one of the runs logs them: the held-out
 pass@1, and the reverse KL to a distillation teacher (`algorithm.distill.teacher`)."""
 
+SFT_METRICS: tuple[str, ...] = ("loss", "eval/loss", "grad_norm", "lr")
+"""The curves of an `rlvr sft` output folder: the NLL per solution token, also on the
+held-out solutions, the gradient norm and the learning rate."""
+
+PREFERENCE_METRICS: tuple[str, ...] = (
+    "loss",
+    "eval/loss",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+"""The curves of an `rlvr dpo` output folder (TRL's names): the loss, also on the held-out
+pairs, how often and by how much the chosen response's implicit reward wins, and both
+responses' log-probabilities (whether the chosen one's rises or only the rejected one's falls)."""
+
 _COLUMNS = 3
 
 
@@ -74,8 +90,13 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
 
 
 def default_metrics(runs: Sequence[Sequence[dict]]) -> tuple[str, ...]:
-    """`DEFAULT_METRICS`, then each of `WHEN_LOGGED` that one of the runs' records logs."""
+    """`DEFAULT_METRICS`, then each of `WHEN_LOGGED` that one of the runs' records logs; where
+    no run logs a reward but one logs a loss (`rlvr dpo` and `rlvr sft` output folders), those
+    of `PREFERENCE_METRICS` or `SFT_METRICS` that a run logs."""
     logged = {key for records in runs for record in records for key in record}
+    if "reward/mean" not in logged and "loss" in logged:
+        offline = PREFERENCE_METRICS if "rewards/margins" in logged else SFT_METRICS
+        return tuple(metric for metric in offline if metric in logged)
     return DEFAULT_METRICS + tuple(metric for metric in WHEN_LOGGED if metric in logged)
 
 
@@ -169,8 +190,8 @@ def plot_runs(
         out_path: the PNG to write (parent directories are created).
         metrics: one subplot each, in a grid of up to three columns; any logged key works,
             e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
-            that says "not logged". None: `DEFAULT_METRICS`, then those of `WHEN_LOGGED`
-            that a run logs (`eval.jsonl`'s pass@1, the distillation reverse KL).
+            that says "not logged". None: `default_metrics` (`DEFAULT_METRICS`, then those
+            of `WHEN_LOGGED` that a run logs; an SFT or DPO folder's own curves).
         smoothing: EMA weight in [0, 1) (TensorBoard-style); 0, the default, plots raw values.
             When smoothing, the raw curve is drawn faintly behind the smoothed one.
         title: figure title (default: none).
