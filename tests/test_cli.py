@@ -356,6 +356,21 @@ def test_a_verl_reward_file_trains_as_in_verl(tmp_path):
     assert {line["source"] for line in samples} == {None}  # the task has no data_source column
 
 
+def test_sft_and_dpo_plot_their_curves_as_train_does(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1", "chosen": "2", "rejected": "3"}\n' * 3)
+    model = SMALL[:4]
+    for args in (
+        ["sft", *model, "sft.steps=2", f"sft.output_dir={tmp_path / 'sft'}"],
+        ["dpo", *model, "data.task=file", f"data.path={pairs}", "dpo.eval_pairs=1",
+         "dpo.steps=2", f"dpo.output_dir={tmp_path / 'dpo'}"],
+    ):  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        assert "(curves in report.png)" in result.output
+        assert (tmp_path / args[0] / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_report_on_a_directory_without_metrics_is_an_error(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2

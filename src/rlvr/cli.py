@@ -307,6 +307,7 @@ def sft(
         _print_fields(SFTConfig)
         return
     cfg = _config("sft", args, SFTConfig)
+    from rlvr.tracking.report import plot_runs
     from rlvr.training.sft import run_sft
     from rlvr.training.stopping import RunStopped
 
@@ -317,7 +318,8 @@ def sft(
     except _user_errors() as exc:
         _fail(str(exc))
     if _main_process():
-        console.print(f"model saved to {out_dir}")
+        plot_runs([out_dir], out_dir / "report.png")
+        console.print(f"model saved to {out_dir} (curves in report.png)")
 
 
 @app.command(context_settings=SETTINGS_COMMAND)
@@ -337,6 +339,7 @@ def dpo(
         _print_fields(DPOConfig)
         return
     cfg = _config("dpo", args, DPOConfig, preset, PREFERENCE_PRESETS)
+    from rlvr.tracking.report import plot_runs
     from rlvr.training.preference import run_dpo
     from rlvr.training.stopping import RunStopped
 
@@ -347,7 +350,8 @@ def dpo(
     except _user_errors() as exc:
         _fail(str(exc))
     if _main_process():
-        console.print(f"model and logs saved to {out_dir}")
+        plot_runs([out_dir], out_dir / "report.png")
+        console.print(f"model and logs saved to {out_dir} (curves in report.png)")
 
 
 @app.command(context_settings=SETTINGS_COMMAND)
