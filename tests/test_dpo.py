@@ -40,6 +40,7 @@ from rlvr.training.pairs import (
 )
 from rlvr.training.preference import PairScorer, accumulate_gradients, run_dpo
 from rlvr.training.stopping import RunStopped
+from rlvr.training.supervised import NonFiniteError
 
 SMALL_MODEL = [
     "model.tiny.hidden_size=64",
@@ -558,7 +559,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
     cfg = file_config(tmp_path, "dpo", "dpo.steps=5")
     with (
         pytest.warns(UserWarning, match="non-finite"),
-        pytest.raises(preference.NonFiniteError, match="3 consecutive steps"),
+        pytest.raises(NonFiniteError, match="3 consecutive steps"),
     ):
         run_dpo(cfg, show_progress=False)
     metrics = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
@@ -567,11 +568,11 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
     # resumed from the checkpoint of step 2, the count goes on: step 3 is the third in a row
     (tmp_path / "saved").mkdir()
     cfg = file_config(tmp_path / "saved", "dpo", "dpo.steps=5", "dpo.save_every=2")
-    with pytest.warns(UserWarning), pytest.raises(preference.NonFiniteError):
+    with pytest.warns(UserWarning), pytest.raises(NonFiniteError):
         run_dpo(cfg, show_progress=False)
     with (
         pytest.warns(UserWarning, match="step 3: non-finite"),
-        pytest.raises(preference.NonFiniteError, match="3 consecutive steps"),
+        pytest.raises(NonFiniteError, match="3 consecutive steps"),
     ):
         run_dpo(cfg, show_progress=False, resume=True)
     metrics = list(read_jsonl(tmp_path / "saved" / "run" / "metrics.jsonl"))
@@ -799,3 +800,27 @@ def test_pair_micro_batches_count_both_responses_against_the_budget():
     pairs = PairTokens([[1, 2]] * 3, [[3, 4, 5], [6], [7, 8, 9]], [[3], [6, 7, 8], [9, 9]])
     assert pairs.longest == [5, 5, 5]
     assert pairs.micro_batches([0, 1, 2], 20) == [[0, 1], [2]]
+
+
+def test_dpo_gradient_checkpointing_follows_the_same_trajectory(tmp_path, recomputed_regions):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = run_dpo(file_config(tmp_path / "a", "dpo", "dpo.steps=3"), show_progress=False)
+    assert not recomputed_regions
+    cfg = file_config(tmp_path / "b", "dpo", "dpo.steps=3", "dpo.gradient_checkpointing=true")
+    checkpointed = run_dpo(cfg, show_progress=False)
+    assert recomputed_regions  # the layers really were recomputed
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        left, right = read_jsonl(plain / name), read_jsonl(checkpointed / name)
+        assert len(left) == len(right) > 1
+        for x, y in zip(left, right, strict=True):
+            assert {k: v for k, v in x.items() if k != "time/step"} == {
+                k: v for k, v in y.items() if k != "time/step"
+            }
+
+
+def test_dpo_gradient_checkpointing_without_the_fused_forward_is_a_config_error(tmp_path):
+    extra = ("dpo.gradient_checkpointing=true", "model.fused_forward=false")
+    with pytest.raises(ConfigError, match=r"dpo\.gradient_checkpointing: .*fused forward"):
+        run_dpo(file_config(tmp_path, "dpo", *extra), show_progress=False)
+    assert not (tmp_path / "run").exists()  # nothing written

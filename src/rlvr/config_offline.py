@@ -21,7 +21,12 @@ from rlvr.config import (
 
 
 class OfflineSharding(Section):
-    """The data-parallel settings `rlvr sft` and `rlvr dpo` take from `rlvr train`'s."""
+    """The memory and data-parallel settings `rlvr sft` and `rlvr dpo` take from `rlvr
+    train`'s."""
+
+    gradient_checkpointing: bool = False
+    """As `train.gradient_checkpointing`: each decoder layer recomputed in backward, for
+    micro-batches larger than memory allows otherwise (rlvr's fused forward only)."""
 
     shard_optimizer: bool = False
     """As `train.shard_optimizer`: under torchrun, AdamW's state partitioned over the ranks."""
@@ -70,9 +75,6 @@ class SFTTrainConfig(OfflineSharding, ToolSettings):
     micro_batch_tokens: int = Field(default=4096, ge=1)
     """Token budget of one forward/backward micro-batch: rows × longest sequence, padding
     included (why 4096: `train.micro_batch_tokens`)."""
-    gradient_checkpointing: bool = False
-    """As `train.gradient_checkpointing`: each decoder layer recomputed in backward, for
-    micro-batches larger than memory allows otherwise (rlvr's fused forward only)."""
     eval_examples: int = Field(default=256, ge=0)
     """Held-out problems with a worked solution (the first N of the task's held-out split)
     whose mean NLL per solution token, TRL's eval_loss, eval.jsonl reports (0: none)."""

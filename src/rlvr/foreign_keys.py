@@ -40,7 +40,7 @@ TRL: dict[str, tuple[str, ...]] = {
     "num_iterations": ("train.epochs",),
     "steps_per_generation": ("train.mini_batches",),
     "gradient_accumulation_steps": _each_command("micro_batch_tokens"),
-    "gradient_checkpointing": ("train.gradient_checkpointing", "sft.gradient_checkpointing"),
+    "gradient_checkpointing": _each_command("gradient_checkpointing"),
     "disable_dropout": ("model.disable_dropout",),
     "save_steps": _each_command("save_every"),
     "save_total_limit": _each_command("keep_checkpoints"),
@@ -270,8 +270,8 @@ ANSWERS: dict[str, str] = {
     "ref_model_sync_steps": _FIXED_REFERENCE,
     "ref_model_mixup_alpha": _FIXED_REFERENCE,
     "packing_strategy": _PACKED,
-    "activation_offloading": "rlvr never offloads to the CPU: sft.gradient_checkpointing=true "
-    "trades compute for activation memory instead",
+    "activation_offloading": "rlvr never offloads to the CPU: gradient_checkpointing=true (of "
+    "train, sft or dpo) trades compute for activation memory instead",
     "push_to_hub": "rlvr saves Hugging Face folders (checkpoints/step-N): huggingface-cli "
     "upload sends one to the hub",
     "use_liger_loss": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",

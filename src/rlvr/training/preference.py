@@ -25,7 +25,6 @@ the whole weights.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
@@ -52,6 +51,7 @@ from rlvr.data.loaders import DataPath, path_label
 from rlvr.data.preference import PreferencePair, load_preference_file
 from rlvr.data.tasks import Task, load_task
 from rlvr.evaluation.engines import sampling_engine
+from rlvr.models import fused
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
 from rlvr.run_layout import CONFIG_FILE
 from rlvr.tracking.jsonl import JsonlWriter
@@ -71,12 +71,8 @@ from rlvr.training.pairs import (
     pair_logps,
     sample_pairs,
 )
-from rlvr.training.rl import NonFiniteError
 from rlvr.training.stopping import StopOnSignal
 from rlvr.training.supervised import ExampleOrder, LoopState
-
-MAX_NONFINITE_STEPS = 3
-"""Consecutive steps with a non-finite loss or gradient (each skipped) before the run stops."""
 
 
 class PairScorer:
@@ -536,6 +532,11 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=d.seed)
     ranks.copy_from_main(model)
     pad_id = tokenizer.pad_token_id
+    if d.gradient_checkpointing:
+        try:
+            fused.enable_activation_checkpointing(model)
+        except ValueError as error:
+            raise ConfigError(f"dpo.gradient_checkpointing: {error}") from None
     train_pairs, eval_pairs, records = ranks.on_main(
         lambda: _training_pairs(cfg, source, model, tokenizer)
     )
@@ -611,29 +612,17 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
             )
             record = {"step": step, "epoch": step * batch_size / len(train_pairs)}
             record.update({**_means(parts, ranks), "grad_norm": grad_norm})
-            finite = math.isfinite(record["loss"]) and math.isfinite(grad_norm)
-            loop.bad_steps = 0 if finite else loop.bad_steps + 1
-            if finite:
-                optimizer.step()
-                scheduler.step()
-            else:
-                warnings.warn(
-                    f"{d.loss_name} step {step}: non-finite loss or gradient, skipped", stacklevel=1
-                )
+            stepped = loop.update(record["loss"], grad_norm, f"{d.loss_name} step {step}")
             record.update(
                 {
-                    "skipped_updates": int(not finite),
+                    "skipped_updates": int(not stepped),
                     "lr": scheduler.get_last_lr()[0],
                     "time/step": time.perf_counter() - start,
                 }
             )
             log.write(record)
             loggers.log(record, step)
-            if loop.bad_steps >= MAX_NONFINITE_STEPS:
-                raise NonFiniteError(
-                    f"{loop.bad_steps} consecutive steps had a non-finite loss or gradient; "
-                    "stopping (lower dpo.lr or check the pairs)"
-                )
+            loop.stop_if_failing("lower dpo.lr or check the pairs")
             if d.eval_every_steps and step % d.eval_every_steps == 0 and step < steps:
                 held_out(step)
             if show_progress and ranks.main and (step % 10 == 0 or step == steps):
