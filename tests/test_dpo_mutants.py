@@ -1,6 +1,10 @@
 """`rlvr dpo`'s loop where the eighth mutation round found no test: each pair statistic by
 hand, WPO's weight of a missing side, the ranks' collectives, the gradient-sync flag and
-the zero-weighted pass, the non-finite count, the progress line and the KTO balance bounds."""
+the zero-weighted pass, the non-finite count, the progress line and the KTO balance bounds.
+
+Two survivors are equivalent: `_means`'s `ranks.world >= 1` for `> 1` (one process gathers
+its own statistics, only moved to the CPU first) and the zero-weighted pass's `rows[:2]` for
+`rows[:1]` (0 times either loss is a zero gradient; the pass is there to gather weights)."""
 
 from __future__ import annotations
 
