@@ -141,10 +141,6 @@ class Encoded:
         return Encoded([prompts[i] for i in kept], targets, trained)
 
     @property
-    def ids(self) -> tuple[list[list[int]], list[list[int]]]:
-        return self.prompts, self.targets
-
-    @property
     def seq_lengths(self) -> list[int]:
         return [len(p) + len(t) for p, t in zip(self.prompts, self.targets)]
 
