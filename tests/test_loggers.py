@@ -165,8 +165,8 @@ TINY_MODEL = [
 
 
 def test_sft_and_dpo_send_their_metrics_to_the_loggers_too(tmp_path, wandb_runs, writers):
-    """sft.log_to / dpo.log_to: every metrics.jsonl line (and DPO's evaluations, as eval/...)
-    reaches both loggers, which are closed at the end."""
+    """sft.log_to / dpo.log_to: every metrics.jsonl line (and the held-out evaluations, as
+    eval/...) reaches both loggers, which are closed at the end."""
     sft_dir = tmp_path / "sft"
     sft = resolve_config(
         overrides=[*TINY_MODEL, "data.max_digits=1", "data.train_size=40", "data.test_size=4",
@@ -176,8 +176,11 @@ def test_sft_and_dpo_send_their_metrics_to_the_loggers_too(tmp_path, wandb_runs,
         model=SFTConfig,
     )  # fmt: skip
     run_sft(sft, show_progress=False)
+    held_out = {r["step"]: r for r in read_jsonl(sft_dir / "eval.jsonl")}
     lines = [(r["step"], numbers(r)) for r in read_jsonl(sft_dir / "metrics.jsonl")]
     assert [step for step, _ in lines] == [1, 2, 3] and "loss" in lines[0][1]
+    lines = [(0, numbers(held_out[0], "eval/")), *lines, (3, numbers(held_out[3], "eval/"))]
+    assert set(lines[0][1]) == {"eval/loss", "eval/tokens"}
     (run,) = wandb_runs
     assert run.settings["project"] == "rlvr-sft" and run.logged == lines and run.finished
     (writer,) = writers

@@ -417,7 +417,7 @@ def test_sft_on_hermes_solutions_prompts_with_the_schemas_and_eval_calls_its_too
         }
     )  # fmt: skip
     model_dir = run_sft(cfg, show_progress=False)
-    assert rendered == [{"tools": [tool_schema("calculator")]}]
+    assert rendered == [{"tools": [tool_schema("calculator")]}] * 2  # training, held-out
     assert trained_on(model_dir).tools == {
         "tools": ["calculator"],
         "max_tool_calls": 4,

@@ -265,8 +265,9 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
                 model.eval()
                 with sharding.full_weights(model):
                     loss = held_out_nll(model, evaluation, s.micro_batch_tokens, pad_id)
-                ev.write({"step": step, "loss": loss, "tokens": evaluation.target_tokens})
-                loggers.log({"eval/loss": loss}, step)
+                scores = {"loss": loss, "tokens": evaluation.target_tokens}
+                ev.write({"step": step, **scores})
+                loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
                 model.train()
 
         if start_step == 0:
