@@ -30,6 +30,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -590,12 +591,8 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
 
         def held_out(step: int) -> None:
             if eval_scorer is not None:
-                model.eval()
-                with sharding.full_weights(model):
-                    scores = eval_scorer.evaluate(model, pad_id, ranks)
-                ev.write({"step": step, **scores})
-                loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
-                model.train()
+                score = partial(eval_scorer.evaluate, model, pad_id, ranks)
+                loop.score_held_out(step, score, ev, loggers)
 
         if start_step == 0:
             held_out(0)

@@ -262,13 +262,15 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
 
         def score_held_out(step: int) -> None:
             if evaluation is not None:
-                model.eval()
-                with sharding.full_weights(model):
-                    loss = held_out_nll(model, evaluation, s.micro_batch_tokens, pad_id)
-                scores = {"loss": loss, "tokens": evaluation.target_tokens}
-                ev.write({"step": step, **scores})
-                loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
-                model.train()
+                loop.score_held_out(
+                    step,
+                    lambda: {
+                        "loss": held_out_nll(model, evaluation, s.micro_batch_tokens, pad_id),
+                        "tokens": evaluation.target_tokens,
+                    },
+                    ev,
+                    loggers,
+                )
 
         if start_step == 0:
             score_held_out(0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from rlvr.run_layout import checkpoint_path
+from rlvr.tracking.jsonl import JsonlWriter
+from rlvr.tracking.loggers import MetricLoggers
 from rlvr.training import sharding
 from rlvr.training.checkpoint import (
     load_model_weights,
@@ -132,6 +134,23 @@ class LoopState:
                 f"{self.bad_steps} consecutive steps had a non-finite loss or gradient; "
                 f"stopping ({remedy})"
             )
+
+    def score_held_out(
+        self,
+        step: int,
+        score: Callable[[], dict[str, float]],
+        ev: JsonlWriter,
+        loggers: MetricLoggers,
+    ) -> None:
+        """Score the held-out set at `step`: `score()` in eval mode with the whole weights
+        (gathered under FSDP), written to eval.jsonl (`ev`) as `{step, **scores}` and to the
+        loggers as `eval/<name>`; then back to training mode. Every rank calls this."""
+        self.model.eval()
+        with sharding.full_weights(self.model):
+            scores = score()
+        ev.write({"step": step, **scores})
+        loggers.log({f"eval/{key}": value for key, value in scores.items()}, step)
+        self.model.train()
 
     def resume(self, checkpoint: Path) -> int:
         """Load `checkpoint` into every part (on every rank); return its step."""
