@@ -1,13 +1,20 @@
-"""Dynamic-sampling and overlong filters against hand-worked masks, and `collect_step`'s
-sampling rounds and ranks against scripted completions."""
+"""Dynamic-sampling, GPG's β_th and overlong filters against hand-worked masks, and
+`collect_step`'s sampling rounds and ranks against scripted completions."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rlvr.algorithms.filters import DynamicSampling, informative_groups, overlong_mask
-from rlvr.config import RLConfig, resolve_config
+from rlvr.algorithms.advantages import gpg_advantages
+from rlvr.algorithms.filters import (
+    DynamicSampling,
+    informative_groups,
+    informative_quota,
+    overlong_mask,
+    top_up_with_constant_groups,
+)
+from rlvr.config import ConfigError, RLConfig, resolve_config
 from rlvr.data.sampler import EpochSampler
 from rlvr.data.tasks import Task, load_task
 from rlvr.data.templates import encode_prompts
@@ -15,6 +22,7 @@ from rlvr.models.tiny import build_tiny_model
 from rlvr.training import sampling
 from rlvr.training.distributed import Ranks
 from rlvr.training.rewarding import RewardScorer
+from rlvr.training.rl import check_choices
 from scripted_engine import TOK, Scripted
 
 T, F = True, False
@@ -105,6 +113,62 @@ def test_dynamic_sampling_properties_are_read_only_and_args_checked():
             DynamicSampling(target_groups=bad, max_rounds=1)
         with pytest.raises(ValueError, match="positive int"):
             DynamicSampling(target_groups=1, max_rounds=bad)
+        with pytest.raises(ValueError, match="positive int"):
+            DynamicSampling(target_groups=1, max_rounds=1, quota=bad)
+    with pytest.raises(ValueError, match="quota 3 must be at most target_groups 2"):
+        DynamicSampling(target_groups=2, max_rounds=1, quota=3)
+
+
+def test_gpg_quota_rounds_up_and_ignores_float_error():
+    # 0.6 * 5 = 3.0000000000000004 in floats: 3 groups, not 4; 0.7 * 4 = 2.8 → 3
+    assert [informative_quota(f, b) for f, b in [(0.6, 5), (0.7, 4), (0.5, 4), (1.0, 4)]] == [
+        3,
+        3,
+        2,
+        4,
+    ]
+    assert informative_quota(0.01, 4) == 1  # at least one group
+
+
+def test_a_quota_stops_sampling_before_the_target_but_accepts_up_to_it():
+    ds = DynamicSampling(target_groups=4, max_rounds=5, quota=3)
+    # round 1: groups 0 and 2 informative → 2 < 3
+    ds.add(torch.tensor([1.0, 0, 1, 1, 0, 1, 0, 0]), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+    assert (ds.accepted, ds.full) == (2, False)
+    # round 2: all three informative, room for 4 - 2 = 2 of them → 4 accepted, full
+    keep = ds.add(torch.tensor([1.0, 0, 0, 1, 1, 0]), torch.tensor([4, 4, 5, 5, 6, 6]))
+    assert keep.tolist() == [T, T, T, T, F, F]
+    assert (ds.accepted, ds.full) == (4, True)
+
+
+def test_top_up_fills_the_step_with_the_first_constant_groups_in_sampling_order():
+    """B = 4, quota 3. Round 1: groups 0 and 3 informative, 1 and 2 constant; round 2: 5
+    informative, 4, 6 and 7 constant. 3 informative groups, so one constant group fills the
+    step: group 1, the first sampled (not 4, the first of the last round)."""
+    ds = DynamicSampling(target_groups=4, max_rounds=4, quota=3)
+    ids1, ids2 = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), torch.tensor([4, 4, 5, 5, 6, 6, 7, 7])
+    r1 = torch.tensor([1.0, 0, 1, 1, 0, 0, 0, 1])
+    r2 = torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 1])
+    a1 = ds.add(r1, ids1)
+    a2 = ds.add(r2, ids2)
+    assert ds.full and ds.accepted == 3
+    m1, m2 = top_up_with_constant_groups([(r1, ids1, a1), (r2, ids2, a2)], 4)
+    assert m1.tolist() == [T, T, T, T, F, F, T, T]  # groups 0, 1 (the fill) and 3
+    assert m2.tolist() == [F, F, T, T, F, F, F, F]  # group 5
+    # two fills needed (quota 2 reached in round 1 with groups 0 and 3): 1 and 2, the round
+    # is the whole step as it was sampled
+    ds = DynamicSampling(target_groups=4, max_rounds=4, quota=2)
+    (m1,) = top_up_with_constant_groups([(r1, ids1, ds.add(r1, ids1))], 4)
+    assert m1.all()
+
+
+def test_top_up_keeps_a_short_step_when_the_rounds_run_out():
+    """max_rounds reached with 1 informative group of a quota of 3: the step is that group
+    and the constant ones up to B = 3, here all the round has (groups 1 and 2)."""
+    ds = DynamicSampling(target_groups=3, max_rounds=1, quota=3)
+    ids, rewards = torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1.0, 0, 1, 1, 0, 0])
+    (mask,) = top_up_with_constant_groups([(rewards, ids, ds.add(rewards, ids))], 3)
+    assert ds.full and mask.all()
 
 
 def test_overlong_mask_zeroes_truncated_rows():
@@ -214,3 +278,47 @@ def test_collect_step_on_rank_1_of_2_samples_its_chunk_and_returns_the_gathered_
     assert step.sampled.rewards.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert step.rewards.total == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert sampler.observed == [([0, 1, 2, 3], [0.5, 1.0, 0.5, 0.0])]
+
+
+def test_collect_step_with_gpgs_threshold_samples_again_then_fills_with_constant_groups():
+    """β_th = 0.75 of 4 groups: round 1 has 2 informative groups (1 and 3), so a second round
+    is sampled; its group 5 is the third, and the step is filled with group 0, the first
+    constant group sampled. GPG's α is then 4 / 3 over the kept groups."""
+    cfg, task, sampler, rewarder = _step_setup(
+        "algorithm.min_informative_fraction=0.75", "algorithm.advantage=gpg"
+    )
+    engine = _scripted(
+        task, {0: "++", 1: "+-", 2: "--", 3: "-+"}, {4: "++", 5: "+-", 6: "--", 7: "++"}
+    )
+    step = sampling.collect_step(engine, TOK, task, sampler, cfg, rewarder)
+    assert step.rounds == 2
+    assert step.kept.group_ids.tolist() == [0, 0, 1, 1, 3, 3, 5, 5]
+    assert step.kept.rewards.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert len(step.sampled) == 16
+    advantages = gpg_advantages(step.kept.rewards, step.kept.group_ids)
+    third = 2 / 3  # α · 0.5 with α = 8 samples / 6 in informative groups
+    expected = [0.0, 0.0, third, -third, -third, third, third, -third]
+    torch.testing.assert_close(advantages, torch.tensor(expected))
+
+
+def test_collect_step_with_gpgs_threshold_keeps_a_first_round_that_has_enough():
+    cfg, task, sampler, rewarder = _step_setup("algorithm.min_informative_fraction=0.5")
+    engine = _scripted(task, {0: "++", 1: "+-", 2: "--", 3: "-+"})
+    step = sampling.collect_step(engine, TOK, task, sampler, cfg, rewarder)
+    assert step.rounds == 1
+    assert (
+        step.kept.group_ids.tolist() == step.sampled.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.dynamic_sampling=true"], "set one of them"),
+        (["rollout.samples_per_prompt=1", "algorithm.advantage=reinforce_pp"], "sample at least 2"),
+    ],
+)
+def test_gpgs_threshold_refuses_dynamic_sampling_and_single_samples(overrides, message):
+    cfg = resolve_config(overrides=["algorithm.min_informative_fraction=0.6", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        check_choices(cfg)

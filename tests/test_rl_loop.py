@@ -446,8 +446,9 @@ def test_a_group_baseline_with_one_sample_per_prompt_is_refused(tmp_path, preset
     with pytest.raises(ConfigError, match=r"rollout\.samples_per_prompt=1 would train nothing"):
         train(resolve_config(preset=preset, overrides=overrides), show_progress=False)
     assert not tmp_path.joinpath("config.yaml").exists()
+    beta_th = ["algorithm.min_informative_fraction=0"]  # gpg's β_th counts groups too
     for alone in ("algorithm.advantage=reinforce_pp", "algorithm.advantage=gae"):
-        check_choices(resolve_config(preset=preset, overrides=[*overrides, alone]))
+        check_choices(resolve_config(preset=preset, overrides=[*overrides, alone, *beta_th]))
 
 
 def test_the_verifier_entry_is_the_task_s_own_reward(tmp_path):

@@ -243,7 +243,12 @@ class AlgorithmConfig(Section):
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal and sample more prompts until the batch is full."""
     max_sampling_rounds: int = Field(default=4, ge=1)
-    """Most rollout rounds per step under dynamic sampling (then train on what was kept)."""
+    """Most rollout rounds per step under dynamic sampling or `min_informative_fraction`
+    (then train on what was kept)."""
+    min_informative_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """GPG's β_th: while fewer than this share of the step's `rollout.prompts_per_step` groups
+    have rewards that differ, sample another round; the step trains on those groups, topped up
+    to `prompts_per_step` with the constant ones first sampled (0 = off)."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """Treatment of responses that reach the generation budget."""
     group_filter: GroupFilterConfig = Field(default_factory=GroupFilterConfig)

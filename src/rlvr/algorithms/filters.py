@@ -21,6 +21,8 @@ How this code departs from the papers:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -73,22 +75,34 @@ class DynamicSampling:
     ``accepted`` against ``target_groups``), rather than sampling forever on a task the policy
     always or never solves.
 
+    ``quota`` (``target_groups`` by default) is how many accepted groups make it ``full``:
+    GPG's β_th stops sampling at ⌈β_th · target_groups⌉ (:func:`top_up_with_constant_groups`
+    then fills the step), while still accepting informative groups up to ``target_groups``.
+
     Groups are identified within a round: ids may repeat from one round to the next.
     """
 
-    def __init__(self, target_groups: int, max_rounds: int) -> None:
-        for name, value in (("target_groups", target_groups), ("max_rounds", max_rounds)):
+    def __init__(self, target_groups: int, max_rounds: int, quota: int | None = None) -> None:
+        quota = target_groups if quota is None else quota
+        for name, value in (
+            ("target_groups", target_groups),
+            ("max_rounds", max_rounds),
+            ("quota", quota),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if quota > target_groups:
+            raise ValueError(f"quota {quota} must be at most target_groups {target_groups}")
         self.target_groups = target_groups
         self.max_rounds = max_rounds
+        self.quota = quota
         self._accepted = 0
         self._rounds = 0
 
     @property
     def full(self) -> bool:
-        """True once ``target_groups`` groups are accepted or ``max_rounds`` rounds added."""
-        return self._accepted >= self.target_groups or self._rounds >= self.max_rounds
+        """True once ``quota`` groups are accepted or ``max_rounds`` rounds added."""
+        return self._accepted >= self.quota or self._rounds >= self.max_rounds
 
     @property
     def rounds(self) -> int:
@@ -130,6 +144,44 @@ class DynamicSampling:
         accepted[candidates[:room]] = True
         self._accepted += int(min(room, candidates.numel()))
         return accepted[inverse]
+
+
+def informative_quota(fraction: float, target_groups: int) -> int:
+    """⌈fraction · target_groups⌉ groups, at least 1: GPG's β_th as a count (a product such as
+    0.6 · 5 = 3.0000000000000004 counts as 3)."""
+    return max(1, math.ceil(round(fraction * target_groups, 9)))
+
+
+def top_up_with_constant_groups(
+    rounds: list[tuple[Tensor, Tensor, Tensor]], target_groups: int
+) -> list[Tensor]:
+    """Each round's samples to train on under GPG's β_th: its accepted informative groups, and
+    the constant groups first sampled, in sampling order, until the step holds
+    ``target_groups`` groups.
+
+    GPG (Chu et al. 2025, arXiv:2504.02546, the authors' trainer's ``min_inverse_alpha``)
+    samples again while fewer than β_th of a batch's B groups have rewards that differ, keeps
+    the informative groups of every round and fills the rest of the B groups with constant
+    ones, so that the batch keeps its size and α = B / (B − M) (:func:`gpg_advantages`) stays
+    at most 1 / β_th. When the first round already has enough, it is the whole step, as
+    without the threshold.
+
+    Args:
+        rounds: per round ``(rewards [N], group_ids [N], accepted [N] bool)``, ``accepted``
+            being :meth:`DynamicSampling.add`'s mask; a round's groups appear in the order of
+            their ids.
+        target_groups: B, the groups a step trains on.
+
+    Returns:
+        per round, the ``[N]`` bool mask of its samples in the step.
+    """
+    need = target_groups - sum(len(ids[accepted].unique()) for _, ids, accepted in rounds)
+    masks = []
+    for rewards, ids, accepted in rounds:
+        constant = ids[constant_groups(rewards, ids)].unique()[: max(need, 0)]
+        need -= len(constant)
+        masks.append(accepted | torch.isin(ids, constant))
+    return masks
 
 
 def overlong_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:

@@ -163,6 +163,17 @@ def _check_group_sizes(cfg: RLConfig, outcome: bool) -> None:
             "algorithm.dynamic_sampling keeps the groups whose samples disagree, and with "
             "rollout.samples_per_prompt=1 none can; sample at least 2, or turn it off"
         )
+    if cfg.algorithm.min_informative_fraction > 0:
+        if cfg.algorithm.dynamic_sampling:
+            raise ConfigError(
+                "algorithm.min_informative_fraction tops the step up with constant groups, and "
+                "algorithm.dynamic_sampling trains on informative groups alone; set one of them"
+            )
+        if cfg.rollout.samples_per_prompt < 2:
+            raise ConfigError(
+                "algorithm.min_informative_fraction counts the groups whose samples disagree, "
+                "and with rollout.samples_per_prompt=1 none can; sample at least 2, or set it to 0"
+            )
 
 
 def _check_engine(cfg: RLConfig) -> None:

@@ -13,8 +13,10 @@ from rlvr.algorithms.advantages import GREEDY_BASELINES
 from rlvr.algorithms.filters import (
     GROUP_FILTER_SCORES,
     DynamicSampling,
+    informative_quota,
     overlong_mask,
     top_k_per_group,
+    top_up_with_constant_groups,
 )
 from rlvr.algorithms.groups import group_pass_rates
 from rlvr.config import RLConfig
@@ -189,13 +191,17 @@ def collect_step(
     ranks: Ranks = ONE_PROCESS,
 ) -> StepData:
     """Sample and score `prompts_per_step` prompts; with dynamic sampling, repeat until
-    `prompts_per_step` informative groups are kept or `max_sampling_rounds` is reached.
+    `prompts_per_step` informative groups are kept or `max_sampling_rounds` is reached; with
+    `min_informative_fraction` (GPG's β_th), until that share of them is, then fill the step
+    with constant groups.
 
     With several ranks, each samples and scores its chunk of the drawn prompts and the chunks
     are gathered, so every rank returns the same whole step."""
     r, algo = cfg.rollout, cfg.algorithm
-    dynamic = DynamicSampling(r.prompts_per_step, algo.max_sampling_rounds)
-    sampled, kept, outputs = [], [], []
+    top_up = algo.min_informative_fraction > 0
+    quota = informative_quota(algo.min_informative_fraction, r.prompts_per_step) if top_up else None
+    dynamic = DynamicSampling(r.prompts_per_step, algo.max_sampling_rounds, quota)
+    sampled, kept, outputs, accepted = [], [], [], []
     rounds = 0
     seconds = [0.0, 0.0]
     while True:
@@ -226,13 +232,17 @@ def collect_step(
         rounds += 1
         sampled.append(batch)
         outputs.append(scored)
-        if not algo.dynamic_sampling:
+        if not (algo.dynamic_sampling or top_up):
             kept.append(batch)
             break
-        keep = dynamic.add(batch.rewards, batch.group_ids)
-        kept.append(batch.select(keep.nonzero().squeeze(-1)))
+        accepted.append(dynamic.add(batch.rewards, batch.group_ids))
         if dynamic.full:
             break
+    if accepted:
+        if top_up:  # GPG's β_th: fill the step with constant groups
+            rounds_kept = [(b.rewards, b.group_ids, keep) for b, keep in zip(sampled, accepted)]
+            accepted = top_up_with_constant_groups(rounds_kept, r.prompts_per_step)
+        kept = [b.select(keep.nonzero().squeeze(-1)) for b, keep in zip(sampled, accepted)]
     return StepData(
         concat_batches(sampled), concat_batches(kept), concat_outputs(outputs), rounds, *seconds
     )
