@@ -279,10 +279,55 @@ def test_empty_files_are_errors(tmp_path, name):
 
 
 def test_unsupported_extension_lists_supported_ones(tmp_path):
-    path = tmp_path / "data.csv"
+    path = tmp_path / "data.xlsx"
     path.write_text("prompt,answer\na,1\n")
-    with pytest.raises(DatasetError, match=r"unsupported file type '\.csv'.*\.jsonl.*\.parquet"):
+    with pytest.raises(DatasetError, match=r"unsupported file type '\.xlsx'.*\.jsonl.*\.csv"):
         load_file(path)
+
+
+def test_csv_and_tsv_rows_are_read_as_text(tmp_path):
+    """Every value is a string, numbers too (a prompt or response "12" is text); a quoted
+    value keeps its comma and line break, and an empty field is None."""
+    csv_path = tmp_path / "toy.csv"
+    csv_path.write_text(
+        'q,gold,source,difficulty\nWhat is 2+3?,5,toy,1\n\n"What is 7*6?",42,"toy",2\n',
+        encoding="utf-8",
+    )
+    problems = load_file(csv_path, prompt_column="q", answer_column="gold")
+    assert [(p.question, p.answer) for p in problems] == [
+        ("What is 2+3?", "5"),
+        ("What is 7*6?", "42"),
+    ]
+    assert problems[1].columns == {"source": "toy", "difficulty": "2"}
+    tsv_path = tmp_path / "toy.tsv"
+    tsv_path.write_text('prompt\tanswer\tnote\n"Add 1,000 and\n2"\t1002\t\n12\t12\tx\n')
+    rows = loaders.read_rows(tsv_path)
+    assert rows == [
+        ("row 1 (line 3)", {"prompt": "Add 1,000 and\n2", "answer": "1002", "note": None}),
+        ("row 2 (line 4)", {"prompt": "12", "answer": "12", "note": "x"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("prompt,answer\nWhat is 1+1?,2,extra\n", r"row 1 \(line 2\): 3 fields, the header has 2"),
+        ("prompt,answer\nWhat is 1+1?\n", r"row 1 \(line 2\): 1 fields, the header has 2"),
+        ("\n\n", "no header row"),
+        (",\n1,2\n", "no header row"),
+        ("prompt,prompt\na,b\n", r"line 1: the header names \['prompt'\] more than once"),
+        ("prompt,answer\n", "the file has no rows"),
+        ("prompt,answer\nWhat is 1+1?,\n", r"row 1 \(line 2\).*'answer'"),
+        ('prompt,answer\n"What is 1+1?"x",2\n', r"line 2: malformed CSV \(',' expected"),
+        ('prompt,answer\n"What is 1+1?,2\n', "malformed CSV"),
+    ],
+)
+def test_a_bad_csv_names_the_file_and_the_row(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(DatasetError, match=message) as info:
+        load_file(path)
+    assert str(path) in str(info.value)
 
 
 def test_missing_file_names_the_path(tmp_path):

@@ -113,9 +113,9 @@ class DataConfig(Section):
     task: Literal["arithmetic", "countdown", "gsm8k", "math", "file"] = "arithmetic"
     """Built-in task (`arithmetic`, `countdown`, `gsm8k`, `math`) or `file` (reads data.path)."""
     path: str | list[str] | None = None
-    """Local JSONL/Parquet/JSON file, or a folder of them or of `datasets`' save_to_disk, or a
-    list of these read one after another (verl's data.train_files): the data of task `file`,
-    or a local copy for gsm8k/math."""
+    """Local JSONL/Parquet/JSON/CSV/TSV file, or a folder of them or of `datasets`'
+    save_to_disk, or a list of these read one after another (verl's data.train_files): the
+    data of task `file`, or a local copy for gsm8k/math."""
     test_path: str | list[str] | None = None
     """Optional local held-out file (or list, as data.path) for task `file`; otherwise the
     last data.test_size rows."""

@@ -1,4 +1,5 @@
-"""Load problems from local files (JSONL, JSON, Parquet) and from the Hugging Face hub.
+"""Load problems from local files (JSONL, JSON, Parquet, CSV, TSV) and from the Hugging Face
+hub.
 
 Local files (`data.task=file`): one problem per row, extra columns kept in `Problem.columns`
 for reward functions. Nothing is skipped silently: a malformed line or a row without a usable
@@ -14,7 +15,7 @@ Hub datasets with a known field mapping (`data.task=gsm8k` or `math`):
   answer is the content of the last ``\\boxed{...}`` of the solution. For MATH-500 use
   ``load_hub("HuggingFaceH4/MATH-500", "test", mapping=math_problem)``.
 
-`data.path` replaces the hub with a local JSONL/JSON/Parquet file of the same shape, a folder
+`data.path` replaces the hub with a local JSONL/JSON/Parquet/CSV file of the same shape, a folder
 of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote, or a
 list of any of these read one after another; it is also the way to train where the hub cannot
 be reached.
@@ -22,6 +23,8 @@ be reached.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import numbers
@@ -36,7 +39,7 @@ from rlvr.data.problem import Problem
 GSM8K_HUB = "openai/gsm8k"
 GSM8K_CONFIG = "main"
 MATH_HUB = "DigitalLearningGmbH/MATH-lighteval"
-SUPPORTED_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".parquet")
+SUPPORTED_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".parquet", ".csv", ".tsv")
 
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 
@@ -90,6 +93,34 @@ def _json_values(path: Path, text: str) -> list[tuple[str, Any]]:
     return [(f"row {index}", item) for index, item in enumerate(value, start=1)]
 
 
+def _delimited_values(path: Path, text: str, delimiter: str) -> list[tuple[str, Any]]:
+    """The rows of a CSV (or TSV) file with a header row, each value a string and an empty
+    field None; a row with more or fewer fields than the header is refused. Unlike pandas,
+    a column of numbers stays text: a prompt, answer or response "12" is text."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader, None)
+        if not header or not any(name.strip() for name in header):
+            raise DatasetError(f"{path}: no header row (the first line names the columns)")
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise DatasetError(f"{path}, line 1: the header names {repeated} more than once")
+        rows: list[tuple[str, Any]] = []
+        for fields in reader:
+            if not fields:
+                continue
+            where = f"row {len(rows) + 1} (line {reader.line_num})"
+            if len(fields) != len(header):
+                raise DatasetError(
+                    f"{path}, {where}: {len(fields)} fields, the header has {len(header)} "
+                    f"({header}); quote a value that holds {delimiter!r} or a line break"
+                )
+            rows.append((where, {name: value or None for name, value in zip(header, fields)}))
+    except csv.Error as e:
+        raise DatasetError(f"{path}, line {reader.line_num}: malformed CSV ({e})") from None
+    return rows
+
+
 def _parquet_values(path: Path) -> list[tuple[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -134,14 +165,14 @@ def _folder_rows(path: Path) -> list[tuple[str, Any]]:
 
 
 def read_rows(path: DataPath) -> list[tuple[str, Row]]:
-    """Every row of a local JSONL/JSON/Parquet file as ``(location, row)``, in file order; or
-    of a folder: one that `datasets.Dataset.save_to_disk` wrote, or of such files (shards,
-    read in name order); or of a list of files and folders, one after another.
+    """Every row of a local JSONL/JSON/Parquet/CSV/TSV file as ``(location, row)``, in file
+    order; or of a folder: one that `datasets.Dataset.save_to_disk` wrote, or of such files
+    (shards, read in name order); or of a list of files and folders, one after another.
 
     `location` names the row in messages (``"row 3 (line 5)"``, in a folder
     ``"part-1.jsonl row 3 (line 5)"``, from a list ``"data/b.jsonl row 3 (line 5)"``). A
-    missing, unreadable, empty or unsupported file, malformed JSON or a row that is not an
-    object raises `DatasetError`.
+    missing, unreadable, empty or unsupported file, malformed JSON or CSV, or a row that is not
+    an object raises `DatasetError`.
     """
     if isinstance(path, list):
         if not path:
@@ -164,6 +195,8 @@ def read_rows(path: DataPath) -> list[tuple[str, Row]]:
         rows = _parquet_values(path)
     elif suffix == ".json":
         rows = _json_values(path, _read_text(path))
+    elif suffix in (".csv", ".tsv"):
+        rows = _delimited_values(path, _read_text(path), "," if suffix == ".csv" else "\t")
     else:
         rows = _jsonl_values(path, _read_text(path))
     if not rows:

@@ -123,7 +123,7 @@ def load_preference_file(
     completion_column: str = "completion",
     label_column: str = "label",
 ) -> list[PreferencePair]:
-    """Every row of a local JSONL/JSON/Parquet file as a `PreferencePair`, in file order: the
+    """Every row of a local JSONL/JSON/Parquet/CSV file as a `PreferencePair`, in file order: the
     rows of a pair file as pairs, those of an unpaired file (`completion_column`,
     `label_column`, no `chosen_column`) as one-sided pairs.
 
