@@ -315,6 +315,8 @@ def test_eval_records_join_without_their_step_as_a_metric_and_missing_metrics_ar
     assert metric_series(records, "clip_frac") is None  # what plot_runs shows as "not logged"
     with pytest.raises(FileNotFoundError, match="run directory does not exist"):
         load_run_metrics(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"a file, not a run directory; give .* \(.*run\)"):
+        load_run_metrics(run / "metrics.jsonl")
 
 
 def test_ema_smooth_skips_a_nan_in_the_middle():

@@ -73,6 +73,11 @@ def load_run_metrics(run_dir: str | os.PathLike[str]) -> list[dict]:
         ValueError: if a line is malformed or a record has no numeric `step`.
     """
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise FileNotFoundError(
+            f"{run_dir}: a file, not a run directory; give the folder that holds it "
+            f"({run_dir.parent})"
+        )
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: run directory does not exist")
     path = run_dir / "metrics.jsonl"
