@@ -109,6 +109,29 @@ def coin_reward(prompts, completions, **columns):
     return [float(zlib.crc32(c.encode()) % 2) for c in completions]
 
 
+def heads_only(prompts, completions, **columns):
+    """1 where `coin_reward` gives 1, else None: TRL's "does not apply"."""
+    return [1.0 if zlib.crc32(c.encode()) % 2 else None for c in completions]
+
+
+def test_a_rewards_mean_leaves_out_the_samples_it_does_not_apply_to(tmp_path):
+    """As TRL's `rewards/<name>/mean`: `reward/<name>` is 1 (every sample it applied to
+    scored 1), while the total reward counts the others as 0."""
+    name = f"{__name__}:heads_only"
+    cfg = resolve_config(
+        preset="grpo",
+        overrides=[
+            *TINY_RUN,
+            "train.steps=1",
+            f"train.output_dir={tmp_path}",
+            f"reward.functions=[{{name: '{name}', weight: 1.0}}]",
+        ],
+    )
+    (metrics,) = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert 0.0 < metrics["reward/mean"] < 1.0  # not vacuous: it applied to some, not all
+    assert metrics[f"reward/{name}"] == 1.0
+
+
 def test_overlong_filter_masks_truncated_responses(tmp_path):
     seen = []
     record = recording(seen)

@@ -224,6 +224,31 @@ def test_nan_is_a_timeout_and_none_is_zero(scratch_registry: None) -> None:
     assert out.error_examples == [f"test_odd: timeout: NaN (verifier timed out) for '{'x' * 80}'"]
 
 
+def test_where_a_reward_does_not_apply_is_kept_across_chunks_and_steps(
+    scratch_registry: None,
+) -> None:
+    """`None` for the odd completions, scored by 3 chunks of 3, 2 and 2: the indices are the
+    batch's, not a chunk's; a second output's are shifted by the first's length."""
+
+    @register_reward("test_even_only")
+    def even_only(prompts: list[str], completions: list[str], **_: object) -> list:
+        return [None if int(c) % 2 else 1.0 for c in completions]
+
+    @register_reward("test_half")
+    def half(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [0.5] * len(completions)
+
+    composer = compose_rewards([("test_even_only", 1.0), ("test_half", 1.0)], max_workers=3)
+    completions = [str(i) for i in range(7)]
+    out = composer(["p"] * 7, completions, {})
+    assert out.not_applied == {"test_even_only": [1, 3, 5]}
+    assert out.applied("test_even_only") == [True, False, True, False, True, False, True]
+    assert out.applied("test_half") == [True] * 7
+    assert out.total == [1.5, 0.5, 1.5, 0.5, 1.5, 0.5, 1.5]
+    merged = concat_outputs([out, composer(["p"] * 2, ["1", "2"], {})])
+    assert merged.not_applied == {"test_even_only": [1, 3, 5, 7]}
+
+
 def test_parallel_scoring_is_deterministic_and_ordered() -> None:
     completions = [f"{'x' * i} the answer is {i % 7}" for i in range(37)]
     columns = {"answer": [str(i % 5) for i in range(37)]}

@@ -10,8 +10,9 @@ scores, and counts of what went wrong. Nothing a reward function does stops trai
   a math-verify timeout): it scores 0.0 and counts one in `timeouts`;
 - a call that has not returned by its deadline is abandoned: its completions score 0.0 and
   each counts one in `timeouts`;
-- ``None`` (TRL's "this reward does not apply to this sample") scores 0.0 and is not counted;
-  an infinite score scores 0.0 and counts as an error.
+- ``None`` (TRL's "this reward does not apply to this sample") scores 0.0, is not counted and
+  is left out of that reward's mean (`RewardOutput.not_applied`); an infinite score scores 0.0
+  and counts as an error.
 
 A reward is called as TRL calls its `reward_funcs`, by keyword: ``f(prompts=...,
 completions=..., **columns, trainer_state=..., log_extra=..., log_metric=...)``; an `async
@@ -192,6 +193,17 @@ class RewardOutput:
     extra: dict[str, list] = field(default_factory=dict)
     """The columns the rewards logged with `log_extra`, each a value per completion (None
     where no call logged it; where two rewards log one column, the later in the list wins)."""
+    not_applied: dict[str, list[int]] = field(default_factory=dict)
+    """By reward, the completions (indices, ascending) it returned None for, TRL's "does not
+    apply": scored 0 in `total` and `per_reward`, left out of the reward's mean in the step's
+    metrics as TRL leaves them out of `rewards/<name>/mean`. Only rewards that did."""
+
+    def applied(self, name: str) -> list[bool]:
+        """Per completion, whether reward `name` applied to it (did not return None)."""
+        mask = [True] * len(self.total)
+        for index in self.not_applied.get(name, ()):
+            mask[index] = False
+        return mask
 
 
 def _put_column(extra: dict[str, list], column: str, values: list, start: int, n: int) -> None:
@@ -216,6 +228,8 @@ def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:
             merged.metrics.setdefault(name, []).extend(values)
         for column, values in out.extra.items():
             _put_column(merged.extra, column, values, start, n)
+        for name, indices in out.not_applied.items():
+            merged.not_applied.setdefault(name, []).extend(start + i for i in indices)
     return merged
 
 
@@ -227,6 +241,8 @@ class _ChunkResult:
     messages: list[str] = field(default_factory=list)
     log: _CallLog | None = None
     """What the call logged (None when it failed: its values are dropped with its scores)."""
+    not_applied: list[int] = field(default_factory=list)
+    """The completions of the chunk (indices) the reward returned None for."""
 
 
 def _chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -248,7 +264,9 @@ def _convert(name: str, raw: Any, completions: list[str]) -> _ChunkResult:
         got = "None" if raw is None else f"{len(raw)} scores" if hasattr(raw, "__len__") else raw
         raise ValueError(f"returned {got} for {n} completions")
     result = _ChunkResult(scores=[])
-    for value, completion in zip(raw, completions, strict=True):
+    for index, (value, completion) in enumerate(zip(raw, completions, strict=True)):
+        if value is None:
+            result.not_applied.append(index)
         score = 0.0 if value is None else float(value)
         message = None
         if math.isnan(score):
@@ -398,6 +416,10 @@ class RewardComposer:
         output = RewardOutput(total=[0.0] * n, per_reward={name: [] for name in self.functions})
         for (name, *_), start, result in zip(tasks, starts, results, strict=True):
             output.per_reward[name].extend(result.scores)
+            if result.not_applied:
+                output.not_applied.setdefault(name, []).extend(
+                    start + i for i in result.not_applied
+                )
             if result.log is not None:
                 for metric, values in result.log.metrics.items():
                     output.metrics.setdefault(f"reward/{name}/{metric}", []).extend(values)

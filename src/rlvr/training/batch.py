@@ -47,6 +47,8 @@ class RolloutBatch:
     """[N] total reward."""
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)
     """Unweighted reward of each reward function, by name."""
+    reward_applied: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[N] bool by reward function: False where it returned None ("does not apply")."""
     correct: torch.Tensor | None = None
     """[N] bool: the task verifier accepted the answer."""
     advantages: torch.Tensor | None = None

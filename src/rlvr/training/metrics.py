@@ -86,8 +86,9 @@ def step_metrics(
         metrics["tool_calls/frac"] = _mean(sampled.tool_calls > 0)
         failed = int(sampled.failed_calls.sum())
         metrics["tool_calls/failed_frac"] = failed / max(int(sampled.tool_calls.sum()), 1)
-    for name, values in sampled.reward_parts.items():
-        metrics[f"reward/{name}"] = _mean(values)
+    for name, values in sampled.reward_parts.items():  # TRL's mean: where the reward applied
+        applied = sampled.reward_applied.get(name)
+        metrics[f"reward/{name}"] = _mean(values if applied is None else values[applied])
     if sampled.greedy_rewards is not None:
         metrics["reward/greedy"] = _mean(sampled.greedy_rewards)
     if sampled.attempts is not None:

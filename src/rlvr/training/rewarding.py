@@ -162,6 +162,7 @@ class RewardScorer:
         batch.reward_parts = {
             k: torch.tensor(v, dtype=torch.float32) for k, v in out.per_reward.items()
         }
+        batch.reward_applied = {k: torch.tensor(out.applied(k)) for k in out.per_reward}
         batch.correct = batch.reward_parts[self.verifier] >= 1.0
         if self.overlong.buffer > 0:
             penalty = soft_overlong_penalty(
