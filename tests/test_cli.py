@@ -75,6 +75,11 @@ def test_a_first_argument_that_is_neither_a_file_nor_a_setting_says_which_it_can
     for arg, said in (
         ("train.steps", "config file 'train.steps' does not exist; a setting is written key=value"),
         ("missing.yaml", "config file 'missing.yaml' does not exist"),
+        (
+            "~train.steps",
+            "override '~train.steps': Hydra's ~key removes a key; rlvr's keys all "
+            "have defaults, so leave 'train.steps' out to keep its default",
+        ),
     ):
         result = runner.invoke(app, ["train", arg, f"train.output_dir={tmp_path}"])
         assert result.exit_code == 2, result.output

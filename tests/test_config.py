@@ -372,6 +372,18 @@ def test_an_override_keeps_later_equals_signs_and_an_empty_value_is_an_empty_str
     assert parse_override("train.steps = 5") == (["train", "steps"], 5)
 
 
+def test_hydra_s_add_prefixes_set_the_key_and_its_remove_prefix_is_answered():
+    """verl's scripts write `+key=value` and `++key=value`; a verl name behind the prefix is
+    still answered with rlvr's key."""
+    cfg = resolve_config(overrides=["+train.steps=3", "++rollout.temperature=0.7"])
+    assert (cfg.train.steps, cfg.rollout.temperature) == (3, 0.7)
+    with pytest.raises(ConfigError, match=r"'trainer\.total_training_steps' is verl's name"):
+        resolve_config(overrides=["+trainer.total_training_steps=3"])
+    for removal in ("~train.steps", "~train.steps=3"):
+        with pytest.raises(ConfigError, match=r"~key removes a key.*leave 'train\.steps' out"):
+            resolve_config(overrides=[removal])
+
+
 def test_the_named_preset_wins_over_the_files_preset(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("preset: dr_grpo\ntrain:\n  steps: 3\n")

@@ -47,6 +47,10 @@ def test_the_grid_is_the_product_of_its_axes(tmp_path):
         assert point.config.train.output_dir == str(tmp_path / point.name)
     assert points[0].config.algorithm.aggregation == "seq_mean_token_mean"  # grpo's
     assert points[2].config.algorithm.aggregation == "seq_mean_token_sum"  # dr_grpo's
+    # Hydra's +key (verl's scripts) is the key itself, in the folder name too
+    hydra = sweep_points(None, "grpo", [*SMALL, "+algorithm.clip.high=0.2,0.28"], tmp_path)
+    assert [p.name for p in hydra] == [p.name for p in points[:2]]
+    assert [p.config.algorithm.clip.high for p in hydra] == [0.2, 0.28]
 
 
 def test_bad_points_fail_before_any_run(tmp_path, monkeypatch):

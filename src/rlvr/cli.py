@@ -61,12 +61,14 @@ reaches `_split_args` instead of click's 'No such option'."""
 
 
 def _split_args(args: list[str], model: type, command: str) -> tuple[str | None, list[str]]:
-    """First argument is a YAML config file unless it is a key=value override; an argument in
-    option form is refused (`_refuse_option`)."""
+    """First argument is a YAML config file unless it is a key=value override or Hydra's
+    ~key (refused by `parse_override`); an argument in option form is refused
+    (`_refuse_option`)."""
     for i, arg in enumerate(args):
         if arg.startswith("--"):
             _refuse_option(arg, args[i + 1] if i + 1 < len(args) else "--", model, command)
-    if args and "=" not in args[0]:
+    hydra_removal = bool(args) and args[0].startswith("~") and "/" not in args[0]
+    if args and "=" not in args[0] and not hydra_removal:
         return args[0], args[1:]
     return None, args
 

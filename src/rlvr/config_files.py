@@ -72,10 +72,20 @@ def _explain(error: ValidationError, root: type[BaseModel], source: str) -> Conf
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``algorithm.clip.high=0.28`` -> (["algorithm", "clip", "high"], 0.28) with YAML typing."""
+    """``algorithm.clip.high=0.28`` -> (["algorithm", "clip", "high"], 0.28) with YAML typing.
+
+    Hydra's ``+key=value`` and ``++key=value`` (add, add or replace), which verl's scripts use,
+    set the key as ``key=value`` does: every rlvr key exists with its default. Hydra's
+    ``~key`` (remove) is refused: leaving a key out keeps its default."""
+    if text.startswith("~"):
+        raise ConfigError(
+            f"override {text!r}: Hydra's ~key removes a key; rlvr's keys all have defaults, "
+            f"so leave {text[1:].split('=', 1)[0]!r} out to keep its default"
+        )
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     key, raw = text.split("=", 1)
+    key = key.removeprefix("++").removeprefix("+")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

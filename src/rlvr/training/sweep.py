@@ -79,11 +79,12 @@ def sweep_points(
     fixed = []
     for text in overrides:
         key, sep, value = text.partition("=")
+        key = key.strip().removeprefix("++").removeprefix("+")  # Hydra's add: a plain key here
         values = split_values(value) if sep else [value]
-        if key.strip() == "train.output_dir":
+        if key == "train.output_dir":
             raise ConfigError("train.output_dir: a sweep sets it per run (use --output-dir)")
         if len(values) > 1:
-            axes.append((key.strip(), values))
+            axes.append((key, values))
         else:
             fixed.append(text)
     points = []
