@@ -300,6 +300,9 @@ ANSWERS: dict[str, str] = {
     "ones out of training",
     "trainer.resume_mode": _RESUME,
     "trainer.val_only": "rlvr eval --model RUN_DIR evaluates a run's latest checkpoint",
+    "reward_model.reward_manager": "rlvr calls the reward.functions in parallel chunks, "
+    "always (verl's dapo manager's overlong penalty is algorithm.overlong.buffer, in the dapo "
+    "preset)",
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
