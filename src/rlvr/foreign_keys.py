@@ -303,6 +303,24 @@ ANSWERS: dict[str, str] = {
     "reward_model.reward_manager": "rlvr calls the reward.functions in parallel chunks, "
     "always (verl's dapo manager's overlong penalty is algorithm.overlong.buffer, in the dapo "
     "preset)",
+    "generation_batch_size": "rlvr samples a step's rollout.prompts_per_step × "
+    "rollout.samples_per_prompt completions in one rollout (rollout.batch_size caps the "
+    "sequences decoded at once)",
+    "cast_lm_head_to_fp32": "rlvr makes each chunk's logits in model.dtype and takes their "
+    "log-softmax in fp32",
+    "model_init_kwargs": "rlvr loads model.name_or_path in model.dtype on model.device, with "
+    "no other from_pretrained arguments",
+    "cache_implementation": "rlvr's own engine decodes with its own preallocated KV cache, "
+    "always",
+    "generation_kwargs": "rlvr's sampling settings are rollout.temperature, top_p, top_k, "
+    "min_p, repetition_penalty, min_new_tokens and max_new_tokens",
+    "vllm_enable_sleep_mode": "rlvr's vLLM keeps its rollout.vllm_memory share of the GPU "
+    "between rollouts; it has no sleep mode",
+    "torch_empty_cache_steps": "rlvr never empties PyTorch's CUDA cache between steps",
+    "dataloader_num_workers": "rlvr reads the data into memory once, with no loader workers",
+    "logging_first_step": "rlvr logs every step, one line of metrics.jsonl each",
+    "ddp_find_unused_parameters": "rlvr sums the ranks' gradients itself after backward, "
+    "not through DDP",
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
