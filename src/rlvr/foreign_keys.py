@@ -71,6 +71,11 @@ TRL: dict[str, tuple[str, ...]] = {
     "f_alpha_divergence_coef": ("dpo.f_alpha",),
     "simpo_gamma": ("dpo.gamma",),
     "reward_weights": ("reward.functions",),
+    "use_cpu": ("model.device",),
+    "data_seed": _each_command("seed"),
+    "lr_scheduler_kwargs": _each_command("min_lr_ratio"),
+    "per_device_eval_batch_size": ("sft.micro_batch_tokens", "dpo.micro_batch_tokens"),
+    "tools": ("rollout.tools",),
     "top_entropy_quantile": ("algorithm.entropy.top_frac",),
     "importance_sampling_level": ("algorithm.loss",),
     "sapo_temperature_pos": ("algorithm.sapo_tau_pos",),
@@ -226,6 +231,15 @@ _FIXED_REFERENCE = (
     "algorithm.kl.reference_reset_every)"
 )
 
+_CHUNKED_HEAD = "rlvr's loss makes the LM head's logits a chunk at a time, never whole"
+_OWN_DATA = "rlvr reads the data itself (data.path and the data.*_column keys), in one process"
+_OWN_TOKENS = "rlvr uses the tokenizer's own tokens, as saved with the model"
+_PADDING = "rlvr pads with the tokenizer's pad token and masks padding out of every loss"
+_STARTING_REFERENCE = (
+    "rlvr dpo's reference is the starting model, scored once before the first step (with "
+    "model.lora.rank, the base model: the adapters start at zero)"
+)
+
 _NO_OFFLOAD = (
     "rlvr never offloads to the CPU: train.fsdp=true shards the weights, gradients and AdamW "
     "state over the ranks instead"
@@ -274,8 +288,8 @@ ANSWERS: dict[str, str] = {
     "train, sft or dpo) trades compute for activation memory instead",
     "push_to_hub": "rlvr saves Hugging Face folders (checkpoints/step-N): huggingface-cli "
     "upload sends one to the hub",
-    "use_liger_loss": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
-    "use_liger_kernel": "rlvr's loss makes the LM head's logits a chunk at a time, never whole",
+    "use_liger_loss": _CHUNKED_HEAD,
+    "use_liger_kernel": _CHUNKED_HEAD,
     "deepspeed": "rlvr shards with FSDP2: train.fsdp=true (as ZeRO-3), or the optimizer state "
     "alone with train.shard_optimizer=true (ZeRO-1)",
     "trainer.n_gpus_per_node": "torchrun sets the ranks: torchrun --nproc_per_node=N -m rlvr train",
@@ -310,8 +324,7 @@ ANSWERS: dict[str, str] = {
     "log-softmax in fp32",
     "model_init_kwargs": "rlvr loads model.name_or_path in model.dtype on model.device, with "
     "no other from_pretrained arguments",
-    "cache_implementation": "rlvr's own engine decodes with its own preallocated KV cache, "
-    "always",
+    "cache_implementation": "rlvr's own engine decodes with its own preallocated KV cache, always",
     "generation_kwargs": "rlvr's sampling settings are rollout.temperature, top_p, top_k, "
     "min_p, repetition_penalty, min_new_tokens and max_new_tokens",
     "vllm_enable_sleep_mode": "rlvr's vLLM keeps its rollout.vllm_memory share of the GPU "
@@ -321,6 +334,29 @@ ANSWERS: dict[str, str] = {
     "logging_first_step": "rlvr logs every step, one line of metrics.jsonl each",
     "ddp_find_unused_parameters": "rlvr sums the ranks' gradients itself after backward, "
     "not through DDP",
+    "loss_type": "rlvr sft's loss is the mean NLL of the solution tokens (TRL's nll); rlvr "
+    "train's aggregation is algorithm.aggregation, rlvr dpo's loss dpo.loss",
+    "gradient_checkpointing_kwargs": "rlvr's activation checkpointing is non-reentrant, "
+    "always (the command's gradient_checkpointing=true turns it on)",
+    "eval_accumulation_steps": "rlvr adds up each held-out micro-batch's scores as it goes",
+    "chat_template_path": "rlvr renders with the tokenizer's own chat template "
+    "(data.template=chat): save the tokenizer with yours to change it",
+    "eos_token": _OWN_TOKENS,
+    "pad_token": _OWN_TOKENS,
+    "dataset_kwargs": _OWN_DATA,
+    "dataset_num_proc": _OWN_DATA,
+    "neftune_noise_alpha": "rlvr adds no noise to the embeddings (NEFTune is not built)",
+    "label_smoothing_factor": "rlvr sft's loss is the plain NLL, with no label smoothing",
+    "group_by_length": _PACKED,
+    "tf32": "rlvr leaves PyTorch's fp32 matmul precision as it is",
+    "ref_adapter_name": _STARTING_REFERENCE,
+    "model_adapter_name": _STARTING_REFERENCE,
+    "force_use_ref_model": _STARTING_REFERENCE,
+    "generate_during_eval": "rlvr dpo scores the held-out pairs (eval.jsonl) without sampling; "
+    "rlvr eval samples a saved model",
+    "padding_value": _PADDING,
+    "label_pad_token_id": _PADDING,
+    "use_logits_to_keep": _CHUNKED_HEAD,
 }
 """TRL and verl settings that name no rlvr key, with what rlvr does instead (a name that has
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
