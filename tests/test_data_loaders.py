@@ -320,6 +320,14 @@ def test_csv_and_tsv_rows_are_read_as_text(tmp_path):
         ("prompt,answer\nWhat is 1+1?,\n", r"row 1 \(line 2\).*'answer'"),
         ('prompt,answer\n"What is 1+1?"x",2\n', r"line 2: malformed CSV \(',' expected"),
         ('prompt,answer\n"What is 1+1?,2\n', "malformed CSV"),
+        (
+            "prompt;answer\nWhat is 1+1?;2\n",
+            r"line 1: the header 'prompt;answer' is one column, split by ';'",
+        ),
+        (
+            "prompt\tanswer\nWhat is 1+1?\t2\n",
+            r"is one column, split by '\\t'.*save it so, or rename it",
+        ),
     ],
 )
 def test_a_bad_csv_names_the_file_and_the_row(tmp_path, text, message):

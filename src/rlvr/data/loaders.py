@@ -105,6 +105,12 @@ def _delimited_values(path: Path, text: str, delimiter: str) -> list[tuple[str, 
         repeated = sorted({name for name in header if header.count(name) > 1})
         if repeated:
             raise DatasetError(f"{path}, line 1: the header names {repeated} more than once")
+        other = next((c for c in ";,\t" if c != delimiter and c in header[0]), None)
+        if len(header) == 1 and other is not None:
+            raise DatasetError(
+                f"{path}, line 1: the header {header[0]!r} is one column, split by {other!r}; "
+                "rlvr reads a .csv split by ',' and a .tsv by tabs: save it so, or rename it"
+            )
         rows: list[tuple[str, Any]] = []
         for fields in reader:
             if not fields:
