@@ -326,7 +326,7 @@ def test_csv_and_tsv_rows_are_read_as_text(tmp_path):
         ),
         (
             "prompt\tanswer\nWhat is 1+1?\t2\n",
-            r"is one column, split by '\\t'.*save it so, or rename it",
+            r"is one column, split by '\\t'.*save it as one of them",
         ),
     ],
 )

@@ -109,7 +109,7 @@ def _delimited_values(path: Path, text: str, delimiter: str) -> list[tuple[str, 
         if len(header) == 1 and other is not None:
             raise DatasetError(
                 f"{path}, line 1: the header {header[0]!r} is one column, split by {other!r}; "
-                "rlvr reads a .csv split by ',' and a .tsv by tabs: save it so, or rename it"
+                "rlvr reads a .csv split by ',' and a .tsv split by tabs: save it as one of them"
             )
         rows: list[tuple[str, Any]] = []
         for fields in reader:
