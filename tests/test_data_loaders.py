@@ -303,7 +303,7 @@ def test_csv_and_tsv_rows_are_read_as_text(tmp_path):
     tsv_path.write_text('prompt\tanswer\tnote\n"Add 1,000 and\n2"\t1002\t\n12\t12\tx\n')
     rows = loaders.read_rows(tsv_path)
     assert rows == [
-        ("row 1 (line 3)", {"prompt": "Add 1,000 and\n2", "answer": "1002", "note": None}),
+        ("row 1 (line 2)", {"prompt": "Add 1,000 and\n2", "answer": "1002", "note": None}),
         ("row 2 (line 4)", {"prompt": "12", "answer": "12", "note": "x"}),
     ]
 

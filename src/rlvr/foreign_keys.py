@@ -233,6 +233,7 @@ _FIXED_REFERENCE = (
 
 _CHUNKED_HEAD = "rlvr's loss makes the LM head's logits a chunk at a time, never whole"
 _OWN_DATA = "rlvr reads the data itself (data.path and the data.*_column keys), in one process"
+_EVERY_STEP = "rlvr logs every step, one line of metrics.jsonl each"
 _OWN_TOKENS = "rlvr uses the tokenizer's own tokens, as saved with the model"
 _PADDING = "rlvr pads with the tokenizer's pad token and masks padding out of every loss"
 _STARTING_REFERENCE = (
@@ -248,7 +249,7 @@ _NO_OFFLOAD = (
 ANSWERS: dict[str, str] = {
     "bf16": "rlvr's model.dtype=bfloat16 (the weights themselves in bf16, no fp32 copy)",
     "fp16": "rlvr's model.dtype=float16 (the weights themselves in fp16, no fp32 copy)",
-    "logging_steps": "rlvr logs every step, one line of metrics.jsonl each",
+    "logging_steps": _EVERY_STEP,
     "packing": _PACKED,
     "padding_free": _PACKED,
     "completion_only_loss": "rlvr's SFT loss is on the completion tokens only, always",
@@ -330,8 +331,8 @@ ANSWERS: dict[str, str] = {
     "vllm_enable_sleep_mode": "rlvr's vLLM keeps its rollout.vllm_memory share of the GPU "
     "between rollouts; it has no sleep mode",
     "torch_empty_cache_steps": "rlvr never empties PyTorch's CUDA cache between steps",
-    "dataloader_num_workers": "rlvr reads the data into memory once, with no loader workers",
-    "logging_first_step": "rlvr logs every step, one line of metrics.jsonl each",
+    "dataloader_num_workers": _OWN_DATA,
+    "logging_first_step": _EVERY_STEP,
     "ddp_find_unused_parameters": "rlvr sums the ranks' gradients itself after backward, "
     "not through DDP",
     "loss_type": "rlvr sft's loss is the mean NLL of the solution tokens (TRL's nll); rlvr "

@@ -15,10 +15,10 @@ Hub datasets with a known field mapping (`data.task=gsm8k` or `math`):
   answer is the content of the last ``\\boxed{...}`` of the solution. For MATH-500 use
   ``load_hub("HuggingFaceH4/MATH-500", "test", mapping=math_problem)``.
 
-`data.path` replaces the hub with a local JSONL/JSON/Parquet/CSV file of the same shape, a folder
-of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote, or a
-list of any of these read one after another; it is also the way to train where the hub cannot
-be reached.
+`data.path` replaces the hub with a local JSONL/JSON/Parquet/CSV file of the same shape, a
+folder of such files (shards, read in name order) or a folder `Dataset.save_to_disk` wrote,
+or a list of any of these read one after another; it is also the way to train where the hub
+cannot be reached.
 """
 
 from __future__ import annotations
@@ -95,8 +95,9 @@ def _json_values(path: Path, text: str) -> list[tuple[str, Any]]:
 
 def _delimited_values(path: Path, text: str, delimiter: str) -> list[tuple[str, Any]]:
     """The rows of a CSV (or TSV) file with a header row, each value a string and an empty
-    field None; a row with more or fewer fields than the header is refused. Unlike pandas,
-    a column of numbers stays text: a prompt, answer or response "12" is text."""
+    field None, each row named by the line it starts on; a row with more or fewer fields than
+    the header is refused. Unlike pandas, a column of numbers stays text: a prompt, answer or
+    response "12" is text."""
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     try:
         header = next(reader, None)
@@ -112,10 +113,11 @@ def _delimited_values(path: Path, text: str, delimiter: str) -> list[tuple[str, 
                 "rlvr reads a .csv split by ',' and a .tsv split by tabs: save it as one of them"
             )
         rows: list[tuple[str, Any]] = []
+        start = reader.line_num + 1  # a quoted line break makes a row span several lines
         for fields in reader:
+            where, start = f"row {len(rows) + 1} (line {start})", reader.line_num + 1
             if not fields:
                 continue
-            where = f"row {len(rows) + 1} (line {reader.line_num})"
             if len(fields) != len(header):
                 raise DatasetError(
                     f"{path}, {where}: {len(fields)} fields, the header has {len(header)} "
