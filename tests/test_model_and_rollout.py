@@ -69,6 +69,22 @@ def test_checkpoint_round_trip_in_hf_format(tiny, tmp_path):
     assert loaded_tok(text)["input_ids"] == tok(text)["input_ids"]
 
 
+def test_saving_draws_no_transformers_progress_bar_and_leaves_bars_as_they_were(
+    tiny, tmp_path, capfd
+):
+    from transformers.utils import logging as transformers_logging
+
+    save_pretrained(*tiny, tmp_path / "m")
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        save_pretrained(*tiny, tmp_path / "again")
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+
+
 def test_the_tiny_model_is_the_one_built_from_the_seed_and_shape_given(tiny):
     shape = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 48}
     model, _ = load_model_and_tokenizer(ModelConfig(tiny=shape), seed=7)

@@ -191,7 +191,8 @@ def decoupled_group_advantages(
     A reward constant in a group adds 0 there, as in ``group_normalized_advantages``. Each
     group's Â sums to 0, so the batch mean of Â is 0 and is not subtracted (TRL subtracts it,
     which leaves a rounding residue): a group in which every reward is constant keeps
-    advantage exactly 0.
+    advantage exactly 0. A reward that returned None ("does not apply") enters as 0, as in the
+    authors' TRL code (``nan_to_num`` before the group statistics).
 
     Args:
         parts: ``[N, K]`` unweighted reward k of sequence i.

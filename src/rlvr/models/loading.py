@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -12,6 +14,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase as Tokenizer,
 )
+from transformers.utils import logging as transformers_logging
 
 from rlvr.config import ModelConfig
 from rlvr.models import fused, lora
@@ -154,7 +157,29 @@ def save_pretrained(
     weights, plus the adapter alone in `directory/adapter` (`lora.save_adapter`).
 
     `weights`: the whole weights of a model sharded over several ranks
-    (`training.sharding.whole_state`), saved under the class the model had before sharding."""
+    (`training.sharding.whole_state`), saved under the class the model had before sharding.
+    Quiet: transformers' "Writing model shards" bar would interleave with rlvr's progress on
+    every checkpoint."""
+    with _without_transformers_progress_bars():
+        _save_model(model, directory, weights)
+    tokenizer.save_pretrained(directory)
+
+
+@contextmanager
+def _without_transformers_progress_bars() -> Iterator[None]:
+    """transformers' own tqdm bars off inside, as they were after."""
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
+def _save_model(
+    model: PreTrainedModel, directory: Path, weights: dict[str, torch.Tensor] | None
+) -> None:
     if lora.has_lora(model):
         model.save_pretrained(directory, state_dict=lora.merged_state_dict(model))
         lora.save_adapter(model, directory)
@@ -164,4 +189,3 @@ def save_pretrained(
         model.config.save_pretrained(directory)
     else:
         model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
