@@ -69,13 +69,18 @@ def test_checkpoint_round_trip_in_hf_format(tiny, tmp_path):
     assert loaded_tok(text)["input_ids"] == tok(text)["input_ids"]
 
 
-def test_saving_draws_no_transformers_progress_bar_and_leaves_bars_as_they_were(
-    tiny, tmp_path, capfd
+def test_saving_and_small_loads_draw_no_transformers_progress_bar_and_leave_bars_as_they_were(
+    tiny, tmp_path, capfd, monkeypatch
 ):
     from transformers.utils import logging as transformers_logging
 
     save_pretrained(*tiny, tmp_path / "m")
     assert "Writing model shards" not in capfd.readouterr().err
+    load_pretrained(str(tmp_path / "m"))  # a small local model loads without a bar
+    assert "Loading weights" not in capfd.readouterr().err
+    monkeypatch.setattr(loading, "QUIET_LOAD_BYTES", 1)  # a large one keeps it
+    load_pretrained(str(tmp_path / "m"))
+    assert "Loading weights" in capfd.readouterr().err
     assert transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.run_layout import latest_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUIET_LOAD_BYTES = 256 * 2**20  # local weights this small load in well under a second
 
 
 class ModelLoadError(ValueError):
@@ -108,9 +109,11 @@ def load_pretrained(
         else:
             why = "path does not exist"
         raise ModelLoadError(f"{key} {name_or_path!r}: no Hugging Face model there ({why}){hint}")
+    small = looks_local and _weights_bytes(path) < QUIET_LOAD_BYTES
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        with _without_transformers_progress_bars() if small else nullcontext():
+            model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except OSError as exc:
         hub = "; give a local model directory, or `tiny` for the built-in model, when the hub "
         hub += "is unreachable"
@@ -125,6 +128,12 @@ def load_pretrained(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _weights_bytes(folder: Path) -> int:
+    """Bytes of the weight files in a local model folder (transformers' loading bar is left
+    on for a model large enough that its loading takes a while)."""
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: Tokenizer) -> list[int]:
