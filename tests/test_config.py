@@ -40,6 +40,20 @@ def test_preset_then_file_then_overrides(tmp_path):
     assert cfg.train.steps == 5  # the override wins over the file
 
 
+def test_a_run_config_under_another_preset_keeps_its_changes_and_takes_that_preset(tmp_path):
+    run = resolve_config(None, "grpo", ["train.lr=1e-4", "data.max_digits=1", "train.steps=9"])
+    path = tmp_path / "config.yaml"
+    save_config(run, path)  # a run's config.yaml: every key, `preset: grpo`
+    cfg = resolve_config(path, "dapo", ["train.steps=5"])
+    dapo = resolve_config(None, "dapo")
+    assert cfg.preset == "dapo"
+    assert cfg.algorithm == dapo.algorithm  # dynamic sampling, clip-higher, no KL: DAPO's
+    assert (cfg.train.lr, cfg.data.max_digits, cfg.train.steps) == (1e-4, 1, 5)
+    assert cfg.rollout == dapo.rollout  # grpo's own rollout settings are not carried over
+    assert resolve_config(path, "grpo") == run  # under its own preset, the file as it is
+    assert resolve_config(path) == run
+
+
 def test_dr_grpo_preset_settings():
     cfg = resolve_config(preset="dr_grpo")
     assert cfg.algorithm.std_normalization == "none"

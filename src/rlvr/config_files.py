@@ -195,11 +195,17 @@ def build_config(
         loaded = _read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config sections")
-        if "preset" in loaded and isinstance(loaded["preset"], str) and not preset:
+        own = loaded.get("preset")
+        if isinstance(own, str) and own != preset:
             try:
-                tree = deep_merge(tree, load_preset(loaded["preset"], preset_package))
+                own_preset = load_preset(own, preset_package)
             except ConfigError as exc:
                 raise ConfigError(f"{path}: preset: {exc}") from None
+            if preset:  # the file's changes to its own preset, made to the one asked for
+                own_tree = model.model_validate(deep_merge(dict(base or {}), own_preset))
+                loaded = changes_to(loaded, own_tree.model_dump(mode="json"))
+            else:
+                tree = deep_merge(tree, own_preset)
         tree = deep_merge(tree, loaded)
         source = str(path)
     for text in overrides:
@@ -244,6 +250,21 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         leaves.update(_leaves(value, f"{prefix}{key}" if not prefix else f"{prefix}.{key}"))
     return leaves
+
+
+def changes_to(tree: dict, reference: dict) -> dict:
+    """The settings of `tree` whose values differ from (or are absent in) `reference`.
+
+    A config file that names its preset (a run's config.yaml names the one it was resolved
+    from) is read, under another ``--preset``, as the changes it makes to its own preset: the
+    run's task, model and budget apply on top of the preset asked for, whose algorithm
+    settings the file's full copy of its own preset would otherwise all overwrite."""
+    kept: dict = {}
+    reference_leaves = _leaves(reference)
+    for key, value in _leaves(tree).items():
+        if key not in reference_leaves or reference_leaves[key] != value:
+            _set_nested(kept, key.split("."), value)
+    return kept
 
 
 def changed_settings(saved: dict, config: BaseModel, ignore: tuple[str, ...] = ()) -> list[str]:
