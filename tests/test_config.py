@@ -54,6 +54,15 @@ def test_a_run_config_under_another_preset_keeps_its_changes_and_takes_that_pres
     assert resolve_config(path) == run
 
 
+def test_a_preset_override_chooses_the_preset_as_the_option_does():
+    assert resolve_config(overrides=["preset=dapo"]) == resolve_config(preset="dapo")
+    assert resolve_config(preset="dapo", overrides=["preset=dapo"]).preset == "dapo"
+    with pytest.raises(ConfigError, match=r"--preset grpo and preset=dapo: give one preset"):
+        resolve_config(preset="grpo", overrides=["preset=dapo"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'preset'"):  # SFT has none
+        resolve_config(overrides=["preset=grpo"], model=SFTConfig)
+
+
 def test_dr_grpo_preset_settings():
     cfg = resolve_config(preset="dr_grpo")
     assert cfg.algorithm.std_normalization == "none"

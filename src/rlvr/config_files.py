@@ -182,7 +182,15 @@ def build_config(
     preset_package: str = RL_PRESETS,
 ) -> Any:
     """A `model` from, merged in order: `base`, the preset (of `preset_package`), the YAML file,
-    then the dotted overrides; validated, or a `ConfigError` naming the source and the key."""
+    then the dotted overrides; validated, or a `ConfigError` naming the source and the key.
+    An override ``preset=NAME`` chooses the preset as `preset` does (set last, it would only
+    rename the run)."""
+    parsed = [parse_override(text) for text in overrides]
+    for key, value in parsed:
+        if key == ["preset"] and value is not None and "preset" in model.model_fields:
+            if preset and str(value) != preset:
+                raise ConfigError(f"--preset {preset} and preset={value}: give one preset")
+            preset = str(value)
     tree: dict = dict(base or {})
     if preset:
         tree = deep_merge(tree, load_preset(preset, preset_package))
@@ -208,8 +216,7 @@ def build_config(
                 tree = deep_merge(tree, own_preset)
         tree = deep_merge(tree, loaded)
         source = str(path)
-    for text in overrides:
-        key, value = parse_override(text)
+    for key, value in parsed:
         _set_nested(tree, key, value)
         source = f"{source} + overrides" if "overrides" not in source else source
     try:
