@@ -600,3 +600,26 @@ def test_report_to_a_path_that_cannot_be_written_is_an_error(tmp_path):
     )
     assert (run / "metrics.jsonl").read_text() == metrics  # not a PNG over the run's log
     assert runner.invoke(app, ["report", str(run)]).exit_code == 0  # the run itself plots
+
+
+def test_rlvr_warnings_print_as_one_line_and_others_as_python_prints_them(capsys, monkeypatch):
+    import warnings
+
+    from rlvr import cli
+    from rlvr.data import tasks
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after
+    monkeypatch.setattr(cli, "app", lambda prog_name: None)
+    cli.main()
+    assert warnings.showwarning is cli._show_warning
+    cli._show_warning(UserWarning("3 held-out rows repeat"), UserWarning, tasks.__file__, 40)
+    assert capsys.readouterr().err == "warning: 3 held-out rows repeat\n"
+    shown = []
+    monkeypatch.setattr(cli, "_python_show_warning", lambda *args: shown.append(args[1:4]))
+    cli._show_warning(UserWarning("from a reward"), UserWarning, "/home/me/reward.py", 7)
+    cli._show_warning(DeprecationWarning("old"), DeprecationWarning, tasks.__file__, 40)
+    assert shown == [
+        (UserWarning, "/home/me/reward.py", 7),
+        (DeprecationWarning, tasks.__file__, 40),
+    ]
+    assert capsys.readouterr().err == ""

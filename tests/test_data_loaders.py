@@ -23,7 +23,7 @@ from rlvr.data.loaders import (
     math_problem,
 )
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import eval_settings, load_eval_task, load_task, trained_on
+from rlvr.data.tasks import eval_settings, held_out_note, load_eval_task, load_task, trained_on
 
 ROWS = [
     {"q": "What is 2+3?", "gold": "5", "source": "toy", "difficulty": 1},
@@ -438,6 +438,25 @@ def test_a_file_task_holds_back_its_last_test_size_rows(tmp_path, test_size, spl
     task = load_task(DataConfig(task="file", path=str(path), test_size=test_size))
     assert (len(task.train), len(task.test)) == split
     assert [p.answer for p in task.train + task.test] == [str(i + 1) for i in range(6)]
+
+
+def test_rows_held_out_of_the_training_file_are_announced(tmp_path):
+    rows = [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(6)]
+    path = str(write_jsonl(tmp_path / "six.jsonl", rows))
+
+    def note(**settings):
+        cfg = DataConfig(task="file", path=path, **settings)
+        return held_out_note(cfg, load_task(cfg))
+
+    assert note(test_size=2) == (
+        "data.path: training on 4 rows; the last 2 are held out for evaluation "
+        "(data.test_size=2; 0 trains on every row)"
+    )
+    assert note(test_size=0) is None  # every row trained on
+    other = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "What is 9+9?", "answer": "18"}])
+    assert note(test_size=2, test_path=str(other)) is None  # held out from another file
+    synthetic = DataConfig(train_size=10, test_size=5)
+    assert held_out_note(synthetic, load_task(synthetic)) is None
 
 
 def test_unreachable_hub_tells_the_user_to_pass_a_local_file(monkeypatch):

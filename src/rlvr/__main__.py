@@ -1,5 +1,5 @@
 """`python -m rlvr` (and `torchrun -m rlvr train ...`): the `rlvr` command line."""
 
-from rlvr.cli import app
+from rlvr.cli import main
 
-app(prog_name="rlvr")
+main()

@@ -6,6 +6,7 @@ import difflib
 import os
 import shutil
 import textwrap
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
@@ -46,6 +47,30 @@ console = Console(markup=False, soft_wrap=True)
 """Results. Markup is off: paths, keys and messages such as `[lo, hi]` print as written."""
 diagnostics = Console(markup=False, soft_wrap=True, stderr=True)
 """Errors and stop notices, on stderr, so that `rlvr eval ... > out.txt` still shows them."""
+_PACKAGE = str(Path(__file__).resolve().parent)
+_python_show_warning = warnings.showwarning
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """rlvr's own warnings as one ``warning: ...`` line on stderr (the line of rlvr's code that
+    raised one tells a user nothing); any other as Python shows it."""
+    if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGE):
+        diagnostics.print(Text.assemble(("warning: ", "bold yellow"), str(message)))
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+def main() -> None:
+    """The `rlvr` command: the console script and ``python -m rlvr``."""
+    warnings.showwarning = _show_warning
+    app(prog_name="rlvr")
 
 
 def _option_names(command: str) -> list[str]:

@@ -102,6 +102,18 @@ def load_task(cfg: DataConfig) -> Task:
     return Task("file", train, _warn_if_seen(train, test, source, bool(cfg.test_path)), "math")
 
 
+def held_out_note(cfg: DataConfig, task: Task) -> str | None:
+    """A line for the user when the held-out problems are the last rows of data.path (no
+    data.test_path): those rows are not trained on, unlike TRL's and verl's training files."""
+    reads_path = task.name in ("file", "gsm8k", "math")
+    if not reads_path or cfg.path is None or cfg.test_path is not None or not task.test:
+        return None
+    return (
+        f"data.path: training on {len(task.train)} rows; the last {len(task.test)} are held out "
+        f"for evaluation (data.test_size={cfg.test_size}; 0 trains on every row)"
+    )
+
+
 def _columns(cfg: DataConfig) -> dict[str, str | None]:
     return {
         "prompt_column": cfg.prompt_column,

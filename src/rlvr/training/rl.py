@@ -30,7 +30,7 @@ from rlvr.config import (
     save_config,
 )
 from rlvr.data.sampler import build_sampler
-from rlvr.data.tasks import Task, load_task
+from rlvr.data.tasks import Task, held_out_note, load_task
 from rlvr.data.templates import short_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
@@ -257,6 +257,8 @@ def _train(
     algo, r = cfg.algorithm, cfg.rollout
 
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
+    if show_progress and ranks.main and (note := held_out_note(cfg.data, task)):
+        print(note, flush=True)
     named_rewards(cfg.reward.functions or [], task.reward)
     run_dir = Path(cfg.train.output_dir)
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume, "train.output_dir"))

@@ -23,7 +23,7 @@ import torch
 from rlvr.config import ConfigError, make_output_dir, save_config
 from rlvr.config_offline import SFTConfig
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import load_task
+from rlvr.data.tasks import held_out_note, load_task
 from rlvr.data.templates import encode_prompts
 from rlvr.models import fused
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
@@ -183,6 +183,8 @@ def _run_sft(cfg: SFTConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         keep_freed_memory()
     torch.manual_seed(s.seed)
     task = load_task(cfg.data)  # before the model: a bad file fails in a second
+    if show_progress and ranks.main and (note := held_out_note(cfg.data, task)):
+        print(note, flush=True)
     examples = [p for p in task.train if p.solution]
     if not examples:
         others = sorted(task.train[0].columns) if task.train else []
