@@ -176,6 +176,40 @@ def test_the_saved_adapter_names_the_model_it_adapts(tmp_path):
     assert config["base_model_name_or_path"] == str(tmp_path / "base")
 
 
+def test_an_adapter_folder_loads_as_its_base_model_with_the_adapter_merged(tmp_path):
+    base, tokenizer = tiny()
+    save_pretrained(base, tokenizer, tmp_path / "base")
+    cfg = ModelConfig(name_or_path=str(tmp_path / "base"), lora=LoraConfig(rank=4))
+    torch.manual_seed(0)
+    adapted, _ = load_model_and_tokenizer(cfg)
+    randomize_adapters(adapted)
+    save_pretrained(adapted, tokenizer, tmp_path / "out")
+    folder = tmp_path / "out" / "adapter"  # adapter_config.json and weights, no config.json
+    model, loaded_tokenizer = load_pretrained(str(folder))
+    assert not lora.has_lora(model)
+    merged, _ = load_pretrained(str(tmp_path / "out"))  # rlvr's own merged weights
+    for name, weight in merged.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], weight, rtol=0, atol=1e-6)
+    assert not torch.allclose(logits(model, IDS), logits(base, IDS))  # the adapter changed it
+    assert loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
+
+
+def test_an_adapter_folder_without_its_base_model_is_an_error_naming_both(tmp_path):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    with pytest.raises(ValueError, match=r"'.*adapter': a PEFT adapter whose .* names no base"):
+        load_pretrained(str(folder))
+    gone = str(tmp_path / "gone")
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": gone}))
+    with pytest.raises(
+        ValueError,
+        match=r"adapter'.*its base model \(adapter_config.json's base_model_name_or_path\) "
+        r"'.*gone': no Hugging Face model there \(path does not exist\)",
+    ):
+        load_pretrained(str(folder))
+
+
 def test_a_missing_adapter_is_an_error_naming_the_path(tmp_path):
     model, _ = tiny(rank=4)
     with pytest.raises(FileNotFoundError, match=r"adapter_model\.safetensors"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -22,6 +23,7 @@ from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.run_layout import latest_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ADAPTER_CONFIG = "adapter_config.json"
 QUIET_LOAD_BYTES = 256 * 2**20  # local weights this small load in well under a second
 
 
@@ -96,9 +98,12 @@ def load_pretrained(
     key: str = "model.name_or_path",
 ) -> tuple[PreTrainedModel, Tokenizer]:
     """Load a causal LM (or another `auto_class` of transformers) and its tokenizer from a
-    local HF directory or a hub name; a `ModelLoadError` names the setting `key`."""
+    local HF directory, a PEFT adapter folder (merged into its base model) or a hub name; a
+    `ModelLoadError` names the setting `key`."""
     path = Path(name_or_path)
     looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
+    if looks_local and (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file():
+        return _load_adapter(path, dtype, auto_class, key)
     if looks_local and not (path / "config.json").is_file():
         latest = latest_checkpoint(path)
         hint = f"; a run directory: give one of its checkpoints, e.g. {latest}" if latest else ""
@@ -127,6 +132,42 @@ def load_pretrained(
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _load_adapter(
+    folder: Path, dtype: str, auto_class: type, key: str
+) -> tuple[PreTrainedModel, Tokenizer]:
+    """A PEFT LoRA adapter folder (what TRL's and peft's `save_pretrained` write for a LoRA
+    run, and rlvr's `checkpoints/step-N/adapter`): the base model its adapter_config.json
+    names, loaded as `load_pretrained` loads any model, with the adapter merged into its
+    weights; the folder's tokenizer where it holds one, else the base model's."""
+    from peft import PeftModel
+
+    try:
+        settings = json.loads((folder / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{key} {str(folder)!r}: cannot read {ADAPTER_CONFIG} ({exc})"
+        ) from None
+    base = settings.get("base_model_name_or_path") if isinstance(settings, dict) else None
+    if not isinstance(base, str) or not base:
+        raise ModelLoadError(
+            f"{key} {str(folder)!r}: a PEFT adapter whose {ADAPTER_CONFIG} names no "
+            "base_model_name_or_path; give the base model and the adapter merged into it"
+        )
+    where = f"{key} {str(folder)!r}: its base model ({ADAPTER_CONFIG}'s base_model_name_or_path)"
+    model, tokenizer = load_pretrained(base, dtype, auto_class, key=where)
+    try:
+        model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise ModelLoadError(
+            f"{key} {str(folder)!r}: the adapter does not load onto its base model {base!r} ({exc})"
+        ) from None
+    if (folder / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
