@@ -79,8 +79,15 @@ def test_templates():
     assert apply_template("r1", "Q?", tok).endswith("User: Q?\nAssistant: <think>")
     assert "\\boxed{}" in apply_template("qwen_math", "Q?", tok)
     assert apply_template("none", "Q?", tok) == "Q?"
-    with pytest.raises(KeyError, match=r"unknown data\.template"):
+    with pytest.raises(ConfigError, match=r"unknown data\.template"):
         apply_template("alpaca", "Q?", tok)
+    tok.chat_template = None  # a base model's tokenizer
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.template=chat needs a tokenizer with a chat template; this one has none "
+        r"\(use data\.template=r1, qwen_math or none\)",
+    ):
+        apply_template("chat", "Q?", tok)
 
 
 def test_prompt_lengths_count_the_templated_tokens():

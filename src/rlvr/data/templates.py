@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from rlvr.config import ConfigError
 from rlvr.data.problem import Problem
 
 R1_PROMPT = (
@@ -34,7 +35,7 @@ Prompt = str | list[dict[str, str]]
 
 def _chat(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, **chat_kwargs: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise ConfigError(
             "data.template=chat needs a tokenizer with a chat template; this one has none "
             "(use data.template=r1, qwen_math or none)"
         )
@@ -62,14 +63,14 @@ def apply_template(
     """Render `question` (a conversation only with `chat`) with the named template;
     `chat_kwargs` go to the tokenizer's chat template (`data.chat_template_kwargs`)."""
     if name not in TEMPLATES:
-        raise KeyError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
+        raise ConfigError(f"unknown data.template {name!r}; choose from {sorted(TEMPLATES)}")
     if isinstance(question, list) and name != "chat":
-        raise ValueError(
+        raise ConfigError(
             f"data.template={name}: conversational prompts (lists of messages) need "
             "data.template=chat"
         )
     if chat_kwargs and name != "chat":
-        raise ValueError(f"data.chat_template_kwargs are for data.template=chat, not {name}")
+        raise ConfigError(f"data.chat_template_kwargs are for data.template=chat, not {name}")
     return TEMPLATES[name](question, tokenizer, **(chat_kwargs or {}))
 
 
