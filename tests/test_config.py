@@ -351,11 +351,11 @@ def test_a_verl_tail_with_two_meanings_gets_no_hint():
 def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():
     valid = {key for m in (RLConfig, SFTConfig, DPOConfig) for key, _, _ in describe_fields(m)}
     docs = (Path(__file__).resolve().parents[1] / "docs" / "migrating.md").read_text()
-    for table in (foreign_keys.TRL, foreign_keys.VERL):
+    for table in (foreign_keys.TRL, foreign_keys.VERL, foreign_keys.OPENRLHF):
         for name, ours in table.items():
             assert ours and set(ours) <= valid, name
             assert f"| `{name}` | {', '.join(f'`{k}`' for k in ours)} |" in docs, name
-    for name, answer in foreign_keys.ANSWERS.items():
+    for name, answer in {**foreign_keys.ANSWERS, **foreign_keys.OPENRLHF_ANSWERS}.items():
         assert f"| `{name}` | {answer} |" in docs, name
 
 
@@ -386,6 +386,29 @@ def test_every_foreign_name_points_at_a_key_and_the_docs_list_them_all():
 def test_a_setting_rlvr_has_no_key_for_is_answered_with_what_rlvr_does(model, override, message):
     with pytest.raises(ConfigError) as info:
         resolve_config(overrides=[override], model=model)
+    assert message in str(info.value) and "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [  # before the table, the nearest spellings: rollout.batch_size, data.prompt_column, ...
+        ("rollout_batch_size=128", "OpenRLHF's name for rlvr's 'rollout.prompts_per_step'"),
+        ("prompt_max_len=1024", "OpenRLHF's name for rlvr's 'rollout.max_prompt_tokens'"),
+        ("advantage_estimator=rloo", "OpenRLHF's name for rlvr's 'algorithm.advantage'"),
+        ("micro_train_batch_size=2", "OpenRLHF's name for rlvr's 'train.micro_batch_tokens'"),
+        ("train_batch_size=128", "OpenRLHF's name for rlvr's 'train.mini_batches'"),
+        ("n_samples_per_prompt=8", "OpenRLHF's name for rlvr's 'rollout.samples_per_prompt'"),
+        (
+            "packing_samples=true",
+            "unknown config key 'packing_samples': OpenRLHF's setting, not rlvr's: rlvr "
+            "batches by tokens",
+        ),
+        ("data.train_batch_size=64", "verl's name for rlvr's 'rollout.prompts_per_step'"),
+    ],
+)
+def test_openrlhf_arguments_are_answered_with_rlvr_s_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        resolve_config(overrides=[override])
     assert message in str(info.value) and "did you mean" not in str(info.value)
 
 

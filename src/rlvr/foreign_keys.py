@@ -1,4 +1,5 @@
-"""The names TRL's `GRPOConfig` and verl's trainer config give to rlvr's settings.
+"""The names TRL's `GRPOConfig`, verl's trainer config and OpenRLHF's arguments give to
+rlvr's settings.
 
 A key rlvr does not know is an error (`config_files._explain`); when it is one of these, the
 error names the command's own key for it instead of a spelling neighbour. `docs/migrating.md`
@@ -208,6 +209,70 @@ function `{name: 'path/to/file.py:compute_score'}`). verl's KL loss is on
 when `use_kl_loss` is; rlvr's when `algorithm.kl.coef` > 0."""
 
 
+OPENRLHF: dict[str, tuple[str, ...]] = {
+    "pretrain": ("model.name_or_path",),
+    "prompt_data": ("data.path",),
+    "eval_dataset": ("data.test_path",),
+    "input_key": ("data.prompt_column",),
+    "label_key": ("data.answer_column",),
+    "apply_chat_template": ("data.template",),
+    "input_template": ("data.template",),
+    "n_samples_per_prompt": ("rollout.samples_per_prompt",),
+    "rollout_batch_size": ("rollout.prompts_per_step",),
+    "prompt_max_len": ("rollout.max_prompt_tokens",),
+    "generate_max_len": ("rollout.max_new_tokens",),
+    "eval_temperature": ("eval.temperature",),
+    "eval_n_samples_per_prompt": ("eval.k",),
+    "advantage_estimator": ("algorithm.advantage",),
+    "no_advantage_std_norm": ("algorithm.std_normalization",),
+    "init_kl_coef": ("algorithm.kl.coef",),
+    "kl_estimator": ("algorithm.kl.estimator",),
+    "kl_target": ("algorithm.kl.adaptive_target",),
+    "kl_horizon": ("algorithm.kl.horizon",),
+    "eps_clip": ("algorithm.clip.low",),
+    "dual_clip": ("algorithm.clip.dual",),
+    "policy_loss_type": ("algorithm.loss",),
+    "entropy_loss_coef": ("algorithm.entropy.coef",),
+    "dynamic_filtering": ("algorithm.dynamic_sampling",),
+    "overlong_buffer_len": ("algorithm.overlong.buffer",),
+    "overlong_penalty_factor": ("algorithm.overlong.penalty",),
+    "critic_pretrain": ("algorithm.critic.model",),
+    "critic_learning_rate": ("algorithm.critic.lr",),
+    "value_clip": ("algorithm.critic.value_clip",),
+    "gamma": ("algorithm.critic.gamma",),
+    "lambd": ("algorithm.critic.lam",),
+    "freezing_actor_steps": ("algorithm.critic.warmup_steps",),
+    "reward_pretrain": ("reward.functions",),
+    "remote_rm_url": ("reward.functions",),
+    "actor_learning_rate": ("train.lr",),
+    "lr_scheduler": ("train.schedule",),
+    "adam_betas": ("train.betas",),
+    "l2": ("train.weight_decay",),
+    "max_norm": ("train.max_grad_norm",),
+    "max_epochs": ("train.epochs",),
+    "train_batch_size": ("train.mini_batches",),
+    "micro_train_batch_size": ("train.micro_batch_tokens",),
+    "micro_rollout_batch_size": ("train.micro_batch_tokens",),
+    "train_max_tokens_per_gpu": ("train.micro_batch_tokens",),
+    "use_dynamic_batch": ("train.micro_batch_tokens",),
+    "save_path": ("train.output_dir",),
+    "ckpt_path": ("train.output_dir",),
+    "max_ckpt_num": ("train.keep_checkpoints",),
+    "use_wandb": ("train.log_to",),
+    "use_tensorboard": ("train.log_to",),
+    "lora_rank": ("model.lora.rank",),
+    "lora_alpha": ("model.lora.alpha",),
+    "lora_dropout": ("model.lora.dropout",),
+    "target_modules": ("model.lora.target_modules",),
+}
+"""OpenRLHF `train_ppo_ray` argument (without its ``--``) -> rlvr key. OpenRLHF counts
+samples where rlvr counts prompts: its `rollout_batch_size` prompts a step are
+`rollout.prompts_per_step`, and its `train_batch_size` (samples per optimizer step) is
+`train.mini_batches` = rollout_batch_size × n_samples_per_prompt / train_batch_size. Its KL as
+a loss (`use_kl_loss`) is `algorithm.kl.in_reward=false` with `algorithm.kl.coef` > 0; its
+`eps_clip` sets both `algorithm.clip.low` and `algorithm.clip.high`."""
+
+
 _PACKED = (
     "rlvr batches by tokens (micro_batch_tokens), and its RL and SFT updates of Llama-family "
     "models run on the real tokens only, with no padding"
@@ -363,6 +428,24 @@ ANSWERS: dict[str, str] = {
 a key in the command, as `per_device_train_batch_size` has in `rlvr sft`, is answered with
 the key)."""
 
+OPENRLHF_ANSWERS: dict[str, str] = {
+    "eps_clip_low_high": "rlvr's algorithm.clip.low and algorithm.clip.high, one key each",
+    "num_episodes": _EPOCHS,
+    "lr_warmup_ratio": "rlvr counts the warm-up in steps: train.warmup_steps = ratio × train.steps",
+    "load_checkpoint": _RESUME,
+    "packing_samples": _PACKED,
+    "zero_stage": "rlvr shards with FSDP2: train.fsdp=true (as ZeRO-3), or the optimizer "
+    "state alone with train.shard_optimizer=true (ZeRO-1)",
+    "adam_offload": _NO_OFFLOAD,
+    "vllm_num_engines": _SERVER,
+    "colocate_all_models": _SERVER,
+    "dynamic_filtering_reward_range": "rlvr's dynamic sampling (algorithm.dynamic_sampling) "
+    "drops the groups whose rewards are all equal, whatever their value",
+    "wandb_run_name": _RUN_NAME,
+    "save_hf_ckpt": "rlvr's checkpoints are Hugging Face folders (checkpoints/step-N), always",
+}
+"""OpenRLHF arguments that name no rlvr key, with what rlvr does instead."""
+
 
 def _leaves(key: str, value: Any) -> list[str]:
     """Every dotted key under `key` of a nested mapping (the key itself for a scalar)."""
@@ -372,7 +455,7 @@ def _leaves(key: str, value: Any) -> list[str]:
 
 
 class ForeignName(NamedTuple):
-    """A TRL or verl setting and rlvr's key for it."""
+    """A TRL, verl or OpenRLHF setting and rlvr's key for it."""
 
     framework: str
     name: str
@@ -384,7 +467,7 @@ def rlvr_key(name: str, valid: list[str]) -> ForeignName | None:
     """The TRL or verl setting `name` and rlvr's key for it among `valid`, or None. `name` may
     also be the tail of verl's path (`rollout.n` for `actor_rollout_ref.rollout.n`,
     `clip_ratio_high`) where every path it ends points at the same key."""
-    for framework, names in (("TRL", TRL), ("verl", VERL)):
+    for framework, names in (("TRL", TRL), ("verl", VERL), ("OpenRLHF", OPENRLHF)):
         ours = [k for k in names.get(name, ()) if k in valid]
         if ours:
             return ForeignName(framework, name, ours[0])
@@ -406,10 +489,11 @@ def foreign_key_hint(key: str, value: Any, valid: list[str]) -> str | None:
     hints = []
     for leaf in _leaves(key, value):
         found = rlvr_key(leaf, valid)
-        if not found and leaf in ANSWERS:
-            framework = "verl" if "." in leaf else "TRL"
+        answered = ANSWERS.get(leaf) or OPENRLHF_ANSWERS.get(leaf)
+        if not found and answered:
+            framework = "verl" if "." in leaf else "TRL" if leaf in ANSWERS else "OpenRLHF"
             named = "" if leaf == key else f"{leaf!r} is "
-            hints.append(f"{named}{framework}'s setting, not rlvr's: {ANSWERS[leaf]}")
+            hints.append(f"{named}{framework}'s setting, not rlvr's: {answered}")
         elif found:
             named = "" if leaf == key else f"{leaf!r} is "
             if found.name != leaf:
