@@ -145,6 +145,53 @@ def test_a_verl_reward_file_is_called_per_completion_as_verl_calls_it(tmp_path) 
     assert get_reward(name) is get_reward(name)  # the file is loaded once
 
 
+OPENRLHF_FILE = """
+import torch
+
+
+def reward_func(queries, prompts, labels):
+    right = [q[len(p):].strip() == label for q, p, label in zip(queries, prompts, labels)]
+    rewards = torch.tensor(right, dtype=torch.float32)
+    logs = {"query_len": [len(q) for q in queries]}
+    return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+
+
+def tensor_only(queries, **kwargs):
+    return torch.tensor([float(len(q)) for q in queries])
+
+
+def too_few(queries, prompts, labels):
+    return [1.0]
+
+
+def no_rewards(queries):
+    return {"scores": [1.0] * len(queries)}
+"""
+
+
+def test_an_openrlhf_reward_file_is_called_as_openrlhf_calls_it(tmp_path) -> None:
+    """OpenRLHF's `reward_func(queries, prompts, labels)`: the queries are each prompt with
+    its response appended, the labels the answers; a dict's "rewards" are the rewards and its
+    "extra_logs" are logged."""
+    path = tmp_path / "reward_func.py"
+    path.write_text(OPENRLHF_FILE)
+    name = f"{path}:reward_func"
+    columns = {"answer": ["4", "5", "6"]}
+    composer = compose_rewards([(name, 2.0)], max_workers=1)
+    out = composer(["Q1: ", "Q22: ", "Q3: "], ["4", "4", "6"], columns)
+    assert (out.total, out.errors) == ([2.0, 0.0, 2.0], 0)
+    assert out.extra == {"query_len": [5, 6, 5]}
+    assert out.metrics == {f"reward/{name}/query_len": [16 / 3]}
+    lengths = compose_rewards([(f"{path}:tensor_only", 1.0)])(["ab", "c"], ["x", "yz"], {})
+    assert lengths.total == [3.0, 3.0]  # a tensor of rewards; given only what it takes
+    few = compose_rewards([(f"{path}:too_few", 1.0)], max_workers=1)(["a", "b"], ["1", "2"], {})
+    assert few.errors == 1 and "rewards: expected 2 values, one per completion" in str(few)
+    broken = compose_rewards([(f"{path}:no_rewards", 1.0)], max_workers=1)(["q"], ["4"], {})
+    assert broken.errors == 1 and "returned a dict without 'rewards' (keys ['scores'])" in str(
+        broken
+    )
+
+
 def test_a_reward_file_that_is_missing_or_fails_is_named(tmp_path) -> None:
     with pytest.raises(UnknownRewardError, match=r"no Python file '.*nope\.py'"):
         get_reward(f"{tmp_path / 'nope.py'}:compute_score")
@@ -594,15 +641,20 @@ def test_error_examples_are_capped_at_five_over_all_calls(scratch_registry: None
 
 def test_a_signature_no_call_can_reach_is_told_apart() -> None:
     """Without **kwargs a reward must name every keyword a call passes; with it, or with
-    verl's signature (called its own way), or with no signature to read, it is accepted."""
+    verl's or OpenRLHF's signature (called their own way), or with no signature to read, it
+    is accepted."""
 
     def verl(data_source, solution_str, ground_truth, extra_info=None):
         return 0.0
 
+    def openrlhf(queries, prompts, labels):
+        return [0.0] * len(queries)
+
     def lacks_two(prompts, completions, answer, completion_ids, trainer_state):
         return [0.0] * len(completions)
 
-    for fn in (length_reward, verl, max, *(get_reward(name) for name in list_rewards())):
+    rewards = (length_reward, verl, openrlhf, max, *(get_reward(n) for n in list_rewards()))
+    for fn in rewards:
         assert signature_mismatch(fn) is None, fn
     assert signature_mismatch(lacks_two) == (
         "it takes (prompts, completions, answer, completion_ids, trainer_state) and no "

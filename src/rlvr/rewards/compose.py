@@ -52,9 +52,9 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.rewards import openrlhf_style, verl_style
 from rlvr.rewards.registry import RewardFn, get_reward
 from rlvr.rewards.verify import verifier_timeout
-from rlvr.rewards.verl_style import as_trl_reward, is_verl_reward
 from rlvr.tracking.jsonl import to_jsonable
 
 _MAX_ERROR_EXAMPLES = 5
@@ -76,13 +76,15 @@ PASSED_KEYWORDS = (
 
 def signature_mismatch(fn: Callable[..., Any]) -> str | None:
     """Why every call of reward `fn` would raise a `TypeError`, or None: a function without
-    ``**kwargs`` that does not name each of `PASSED_KEYWORDS` (a verl ``compute_score`` is
-    called its own way, and a callable without a readable signature is given the benefit)."""
+    ``**kwargs`` that does not name each of `PASSED_KEYWORDS` (a verl ``compute_score`` and an
+    OpenRLHF ``reward_func`` are called their own way, and a callable without a readable
+    signature is given the benefit)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    if is_verl_reward(fn) or any(p.kind is p.VAR_KEYWORD for p in parameters):
+    called_their_way = verl_style.is_verl_reward(fn) or openrlhf_style.is_openrlhf_reward(fn)
+    if called_their_way or any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     missing = [name for name in PASSED_KEYWORDS if name not in named]
@@ -304,7 +306,8 @@ class RewardComposer:
             raise ValueError(f"reward(s) listed twice: {', '.join(duplicates)}")
         self.weights: dict[str, float] = {name: float(weight) for name, weight in specs}
         self.functions: dict[str, RewardFn] = {
-            name: as_trl_reward(get_reward(name)) for name in names
+            name: openrlhf_style.as_trl_reward(verl_style.as_trl_reward(get_reward(name)))
+            for name in names
         }
         self.max_workers = max(1, int(max_workers))
         self.timeout_s = float(timeout_s)

@@ -1,0 +1,84 @@
+"""OpenRLHF's reward functions, called the way OpenRLHF calls them.
+
+OpenRLHF scores a whole batch with ``reward_func(queries, prompts, labels)`` (the file its
+``--remote_rm_url`` names): ``queries`` are the prompts with their responses appended,
+``labels`` the dataset's ``--label_key`` column, and the result is a tensor of rewards or a
+dict whose ``"rewards"`` are the rewards, with ``"scores"`` (which its dynamic filtering
+reads) and ``"extra_logs"`` (logged beside them). `as_trl_reward` turns such a function into
+a TRL-signature reward for the composer: a function whose parameters include ``queries`` is
+called once per chunk with the keywords it accepts; the labels are the problems' answers
+(`data.answer_column`), and each entry of ``extra_logs`` is logged with `log_extra` (one value
+per completion) and `log_metric` (their mean). ``scores`` is not read: rlvr's dynamic
+sampling compares the rewards themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+OPENRLHF_ARGUMENTS = ("queries", "prompts", "labels")
+
+
+def is_openrlhf_reward(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` has OpenRLHF's signature (a ``queries`` parameter)."""
+    try:
+        return "queries" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or other callable without a signature
+        return False
+
+
+def _accepted(fn: Callable[..., Any]) -> set[str]:
+    """OpenRLHF's keywords that `fn` takes (all of them when it takes ``**kwargs``)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return set(OPENRLHF_ARGUMENTS)
+    return {p.name for p in parameters} & set(OPENRLHF_ARGUMENTS)
+
+
+def _values(out: Any, n: int, what: str) -> list[Any]:
+    """`out` (a tensor, array or sequence of n numbers) as a list of n Python values."""
+    values = out.tolist() if hasattr(out, "tolist") else out
+    if not isinstance(values, list | tuple) or len(values) != n:
+        raise ValueError(f"{what}: expected {n} values, one per completion, got {out!r:.80}")
+    return list(values)
+
+
+def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
+    """`fn` itself, or for an OpenRLHF ``reward_func`` a TRL-signature reward calling it once
+    per chunk of completions."""
+    if not is_openrlhf_reward(fn):
+        return fn
+    accepted = _accepted(fn)
+
+    @functools.wraps(fn)
+    def reward(
+        prompts: Sequence[Any],
+        completions: Sequence[str],
+        log_extra: Callable[[str, list], None],
+        log_metric: Callable[[str, float], None],
+        **columns: Any,
+    ) -> list[Any]:
+        n = len(completions)
+        given = {
+            "queries": [f"{p}{c}" for p, c in zip(prompts, completions, strict=True)],
+            "prompts": list(prompts),
+            "labels": list(columns.get("answer", [None] * n)),
+        }
+        out = fn(**{key: value for key, value in given.items() if key in accepted})
+        if isinstance(out, dict):
+            if "rewards" not in out:
+                raise ValueError(f"returned a dict without 'rewards' (keys {sorted(out)})")
+            for key, logged in (out.get("extra_logs") or {}).items():
+                values = _values(logged, n, f"extra_logs[{key!r}]")
+                log_extra(key, values)
+                numbers = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+                if numbers:
+                    log_metric(key, sum(numbers) / len(numbers))
+            out = out["rewards"]
+        return _values(out, n, "rewards")
+
+    return reward
