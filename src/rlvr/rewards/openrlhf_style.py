@@ -15,28 +15,17 @@ sampling compares the rewards themselves.
 from __future__ import annotations
 
 import functools
-import inspect
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from rlvr.rewards import foreign
 
 OPENRLHF_ARGUMENTS = ("queries", "prompts", "labels")
 
 
 def is_openrlhf_reward(fn: Callable[..., Any]) -> bool:
     """Whether `fn` has OpenRLHF's signature (a ``queries`` parameter)."""
-    try:
-        return "queries" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or other callable without a signature
-        return False
-
-
-def _accepted(fn: Callable[..., Any]) -> set[str]:
-    """OpenRLHF's keywords that `fn` takes (all of them when it takes ``**kwargs``)."""
-    parameters = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return set(OPENRLHF_ARGUMENTS)
-    return {p.name for p in parameters} & set(OPENRLHF_ARGUMENTS)
+    return foreign.takes(fn, "queries")
 
 
 def _values(out: Any, n: int, what: str) -> list[Any]:
@@ -52,7 +41,7 @@ def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
     per chunk of completions."""
     if not is_openrlhf_reward(fn):
         return fn
-    accepted = _accepted(fn)
+    accepted = foreign.accepted(fn, OPENRLHF_ARGUMENTS)
 
     @functools.wraps(fn)
     def reward(
@@ -74,10 +63,7 @@ def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
                 raise ValueError(f"returned a dict without 'rewards' (keys {sorted(out)})")
             for key, logged in (out.get("extra_logs") or {}).items():
                 values = _values(logged, n, f"extra_logs[{key!r}]")
-                log_extra(key, values)
-                numbers = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
-                if numbers:
-                    log_metric(key, sum(numbers) / len(numbers))
+                foreign.log_values(log_extra, log_metric, key, values)
             out = out["rewards"]
         return _values(out, n, "rewards")
 

@@ -14,32 +14,17 @@ accepts; the ground truth is the problem's answer (`data.answer_column`, e.g.
 from __future__ import annotations
 
 import functools
-import inspect
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from rlvr.rewards import foreign
 
 VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 def is_verl_reward(fn: Callable[..., Any]) -> bool:
     """Whether `fn` has verl's signature (a ``solution_str`` parameter)."""
-    try:
-        return "solution_str" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin or other callable without a signature
-        return False
-
-
-def _accepted(fn: Callable[..., Any]) -> set[str]:
-    """verl's keywords that `fn` takes (all of them when it takes ``**kwargs``)."""
-    parameters = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return set(VERL_ARGUMENTS)
-    return {p.name for p in parameters} & set(VERL_ARGUMENTS)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return foreign.takes(fn, "solution_str")
 
 
 def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
@@ -47,7 +32,7 @@ def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
     completion."""
     if not is_verl_reward(fn):
         return fn
-    accepted = _accepted(fn)
+    accepted = foreign.accepted(fn, VERL_ARGUMENTS)
 
     @functools.wraps(fn)
     def reward(
@@ -79,10 +64,7 @@ def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
                 out = out["score"]
             scores.append(out)
         for key, values in logged.items():
-            log_extra(key, values)
-            numbers = [v for v in values if _is_number(v)]
-            if numbers:
-                log_metric(key, sum(numbers) / len(numbers))
+            foreign.log_values(log_extra, log_metric, key, values)
         return scores
 
     return reward
