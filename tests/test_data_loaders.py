@@ -167,14 +167,14 @@ def test_malformed_json_line_names_file_and_line(tmp_path):
 
 
 def test_missing_answer_column_names_file_row_and_column(tmp_path):
-    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "solution": "x", "level": 3}]
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "notes": "x", "level": 3}]
     path = write_jsonl(tmp_path / "missing.jsonl", rows)
     with pytest.raises(DatasetError) as info:
         load_file(path)
     message = str(info.value)
     assert str(path) in message and "row 2 (line 2)" in message
     assert "missing column 'answer'" in message
-    assert "['prompt', 'solution', 'level']" in message  # the columns the row does have
+    assert "['prompt', 'notes', 'level']" in message  # the columns the row does have
     assert message.endswith(
         "set data.answer_column to the one that holds it, or to null if the rows have no gold "
         "answer (SFT data, a reward model)"
@@ -206,6 +206,11 @@ def test_missing_answer_column_names_file_row_and_column(tmp_path):
                 "reward_model": {"style": "rule", "ground_truth": "2"},
             },
             "these are verl's rows: data.answer_column=reward_model.ground_truth",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "1+1"}], "solution": "2"},
+            "TRL's math datasets keep the gold answer in 'solution' (what its accuracy_reward "
+            "reads): data.answer_column=solution",
         ),
         (
             {"text": "1+1=2"},

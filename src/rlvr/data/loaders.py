@@ -275,6 +275,11 @@ def missing_column(row: Row, column: str, setting: str | None) -> DatasetError:
     elif setting == "data.answer_column" and {"prompt", "completion"} <= set(row):
         hint = "; these are TRL's prompt-completion rows: data.solution_column=completion "
         hint += f"({no_answer})"
+    elif setting == "data.answer_column" and "solution" in row:
+        hint = (
+            "; TRL's math datasets keep the gold answer in 'solution' (what its "
+            "accuracy_reward reads): data.answer_column=solution"
+        )
     elif setting in ("data.answer_column", None) and "ground_truth" in _as_dict(
         row.get("reward_model")
     ):
