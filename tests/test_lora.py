@@ -208,6 +208,23 @@ def test_an_adapter_folder_without_its_base_model_is_an_error_naming_both(tmp_pa
         r"'.*gone': no Hugging Face model there \(path does not exist\)",
     ):
         load_pretrained(str(folder))
+    (folder / "adapter_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"adapter': cannot read adapter_config\.json \("):
+        load_pretrained(str(folder))
+
+
+def test_an_adapter_folder_on_another_base_model_is_an_error_naming_both(tmp_path):
+    model, tokenizer = tiny(rank=4)
+    save_pretrained(model, tokenizer, tmp_path / "out")
+    other = ModelConfig(tiny={**TINY, "hidden_size": 16, "intermediate_size": 24})
+    save_pretrained(*load_model_and_tokenizer(other), tmp_path / "other")
+    settings = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
+    settings["base_model_name_or_path"] = str(tmp_path / "other")
+    (tmp_path / "out" / "adapter" / "adapter_config.json").write_text(json.dumps(settings))
+    with pytest.raises(
+        ValueError, match=r"adapter': the adapter does not load onto its base model '.*other' \("
+    ):
+        load_pretrained(str(tmp_path / "out" / "adapter"))
 
 
 def test_a_missing_adapter_is_an_error_naming_the_path(tmp_path):
