@@ -30,6 +30,7 @@ from rlvr.training.rl import train
 from rlvr.training.sft import run_sft
 
 STEPS, PROMPTS, EVAL_PROBLEMS, MIN_GAIN = 16, 32, 200, 0.04
+SMALLER_GAIN = {"ttrl": 0.025}  # label-free: bounded by how often the majority is right
 COLD_START_STEPS = 400
 requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 CRITIC = ["algorithm.critic.lr=1e-3"]
@@ -64,6 +65,11 @@ PRESETS = {
     # wrong guesses, so it learns slower than GRPO (0.340 after 24 steps, 0.349 after 32;
     # benchmarks/gfpo.py)
     "gfpo": ["rollout.samples_per_prompt=16", "train.steps=32"],
+    # TTRL never reads the gold answers: each group's majority answer is the label, right for
+    # about half the groups of this cold start, so its gain is smaller (0.275 -> 0.334 after
+    # 40 steps; with train.seed 1 and 2: 0.316, 0.336). At the demo's 1e-4 the policy agrees
+    # with itself on wrong answers within 15 steps (pass@1 0.33 -> 0.14): TTRL's rise and fall
+    "ttrl": ["rollout.samples_per_prompt=16", "train.lr=1e-5", "train.steps=40"],
     # GRPO with its rollouts sampled by vLLM (skipped where vLLM is not installed)
     "grpo+vllm": ["rollout.engine=vllm"],
     # two attempts a sample, a wrong one told "Wrong." (pass@1 at one attempt: 0.385 after 12
@@ -111,7 +117,7 @@ def test_preset_raises_held_out_pass_at_1(preset, cold_start, tmp_path):
     cfg = resolve_config(preset=preset.split("+")[0], overrides=overrides)
     run_dir = train(cfg, show_progress=False)
     after = pass_at_1(latest_checkpoint(run_dir), held_out, reward, rl_cfg)
-    assert after - before >= MIN_GAIN, (preset, before, after)
+    assert after - before >= SMALLER_GAIN.get(preset, MIN_GAIN), (preset, before, after)
 
 
 def test_opd_distils_a_grpo_teacher(cold_start, tmp_path):

@@ -49,6 +49,7 @@ ALL_PRESETS = {
     "skywork_or1",
     "t1",
     "torl",
+    "ttrl",
     "vapo",
     "vespo",
     "w_reinforce",

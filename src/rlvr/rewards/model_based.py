@@ -1,15 +1,17 @@
-"""Model rewards: rewards that need a model and the group structure, not just the texts.
+"""Model rewards: rewards that need a model or the group structure, not just the texts.
 
 TRL-signature rewards (``f(prompts, completions, **columns)``) see one completion at a time.
 A *model reward* is built once from its config options and a `RewardContext` (the policy, its
 tokenizer, the run's random generator, how to load a frozen copy), then called on a whole batch
-as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. Two ship:
+as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. These ship:
 
 - ``brpo``: Writing-Zero's bootstrapped pairwise judge reward (`rlvr.rewards.judge`);
 - ``reference_likelihood``: VR-CLI / log-likelihood of the reference answer
   (`rlvr.rewards.likelihood`);
 - ``reward_model``: a sequence classifier's score (TRL's and verl's reward model,
-  `rlvr.rewards.reward_model`).
+  `rlvr.rewards.reward_model`);
+- ``majority_vote``: TTRL's label-free reward, 1 for an answer that is its group's majority
+  answer (`rlvr.rewards.majority`).
 
 `RewardScorer` (`rlvr.training.rewarding`) sends every ``reward.functions`` entry whose name is
 in `MODEL_REWARDS` here, and the rest to `compose_rewards`. Like there, nothing a model reward
@@ -43,11 +45,13 @@ from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, load_p
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rewards.judge import HFJudge, Judge, OpenAIJudge, brpo_rewards
 from rlvr.rewards.likelihood import reference_likelihood_rewards
+from rlvr.rewards.majority import majority_vote_rewards
 from rlvr.rewards.reward_model import (
     is_sequence_classifier,
     reward_model_scores,
     reward_model_texts,
 )
+from rlvr.rewards.verify import VerifierError, answers_match
 
 MAX_ERROR_EXAMPLES = 5
 
@@ -64,6 +68,8 @@ class ModelRewardResult:
     """Judge requests that timed out (their completions scored the failure score)."""
     error_examples: list[str] = field(default_factory=list)
     """A few messages, ``"name: what happened"``."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers about the batch, logged as ``reward/<name>/<key>``."""
 
 
 ModelReward = Callable[[list[str], list[str], torch.Tensor, dict[str, list]], ModelRewardResult]
@@ -240,6 +246,52 @@ def build_brpo(options: dict[str, Any], context: RewardContext) -> ModelReward:
         return ModelRewardResult(result.rewards, result.failed - timeouts, timeouts, examples)
 
     return reward
+
+
+# --------------------------------------------------------------------------- majority vote
+
+
+class MajorityVoteOptions(Section):
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Seconds the verifier may take to compare one answer with its group's majority answer."""
+
+
+@MODEL_REWARDS.register("majority_vote")
+def build_majority_vote(options: dict[str, Any], context: RewardContext) -> ModelReward:
+    """TTRL's label-free reward (`rlvr.rewards.majority`): no gold answer is read to score.
+    Logged beside it, as TTRL logs them: ``agreement``, the mean share of a group that gave
+    its majority answer, and ``label_accuracy``, the share of groups whose majority answer is
+    the gold one (where the rows have one)."""
+    opts = parse_options(MajorityVoteOptions, "majority_vote", options)
+
+    def matches(answer: str, label: str) -> bool:
+        return answers_match(answer, label, opts.timeout_s)
+
+    def reward(
+        prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
+    ) -> ModelRewardResult:
+        groups = group_ids.tolist()
+        vote = majority_vote_rewards(completions, groups, matches)
+        metrics = {"agreement": sum(vote.agreement.values()) / max(len(vote.agreement), 1)}
+        golds = dict(zip(groups, columns.get("answer") or [], strict=False))
+        if golds and all(gold is not None for gold in golds.values()):
+            right = [
+                label is not None and _verdict(matches, label, str(golds[group]))
+                for group, label in vote.labels.items()
+            ]
+            metrics["label_accuracy"] = sum(right) / len(right)
+        examples = vote.errors[:MAX_ERROR_EXAMPLES]
+        return ModelRewardResult(vote.rewards, len(vote.errors), vote.timeouts, examples, metrics)
+
+    return reward
+
+
+def _verdict(matches: Callable[[str, str], bool], answer: str, gold: str) -> bool:
+    """`matches(answer, gold)`, False where the verifier cannot decide."""
+    try:
+        return matches(answer, gold)
+    except VerifierError:
+        return False
 
 
 # --------------------------------------------------------------------------- likelihood
@@ -430,4 +482,6 @@ def add_model_rewards(
         output.timeouts += result.timeouts
         output.error_examples.extend(result.error_examples)
         del output.error_examples[MAX_ERROR_EXAMPLES:]
+        for key, value in result.metrics.items():
+            output.metrics.setdefault(f"reward/{name}/{key}", []).append(value)
     return output

@@ -1,0 +1,81 @@
+"""TTRL's label-free reward: each group's majority answer stands in for the gold answer.
+
+For the G completions of one prompt, the extracted final answers vote; the most frequent one
+(normalised as for maj@k; ties go to the answer given first; a completion without an answer
+does not vote) becomes the group's pseudo-label, and each completion scores 1 when the
+verifier finds its answer equal to that label, else 0 (Zuo et al. 2025, *TTRL: Test-Time
+Reinforcement Learning*, arXiv:2504.16084: label estimation by majority voting, then
+the rule-based reward against the estimate). A group in which no completion has an answer
+scores 0 throughout.
+
+Departure: the authors' runs can vote over more samples than they train on (64 votes, the
+first 32 trained); here the vote is over the group that is trained on, as their config's
+default (``n_votes_per_prompt = n_samples_per_prompt``) has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rlvr.rewards.extract import extract_answer
+from rlvr.rewards.verify import VerifierError, VerifierTimeout, normalize_answer
+
+
+def majority_label(answers: Sequence[str | None]) -> str | None:
+    """The most frequent non-None answer (the first given among equally frequent ones), or
+    None when no answer was given."""
+    counts: dict[str, int] = {}
+    for answer in answers:
+        if answer is not None:
+            counts[answer] = counts.get(answer, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+@dataclass
+class MajorityVote:
+    """The rewards of a batch under TTRL's majority vote, and what the vote decided."""
+
+    rewards: list[float]
+    labels: dict[int, str | None]
+    """Each group's pseudo-label (None: no completion in it gave an answer)."""
+    agreement: dict[int, float]
+    """Each group's share of completions that gave the pseudo-label (TTRL's majority ratio)."""
+    errors: list[str] = field(default_factory=list)
+    """Comparisons the verifier could not decide (those completions scored 0)."""
+    timeouts: int = 0
+
+
+def majority_vote_rewards(
+    completions: Sequence[str],
+    group_ids: Sequence[int],
+    matches: Callable[[str, str], bool],
+) -> MajorityVote:
+    """TTRL's reward of each completion: 1.0 when `matches(its answer, its group's majority
+    answer)`, else 0.0; answers are `extract_answer`'s, normalised (`normalize_answer`) for
+    the vote. An answer identical to the label scores 1 without a call to `matches`."""
+    answers = [extract_answer(c) for c in completions]
+    keys = [None if a is None else normalize_answer(a) for a in answers]
+    members: dict[int, list[int]] = {}
+    for index, group in enumerate(group_ids):
+        members.setdefault(int(group), []).append(index)
+    vote = MajorityVote([0.0] * len(completions), {}, {})
+    for group, rows in members.items():
+        label = majority_label([keys[i] for i in rows])
+        vote.labels[group] = label
+        vote.agreement[group] = sum(keys[i] == label for i in rows) / len(rows) if label else 0.0
+        if label is None:
+            continue
+        for i in rows:
+            if keys[i] is None:
+                continue
+            try:
+                right = keys[i] == label or matches(answers[i], label)
+            except VerifierTimeout:
+                vote.timeouts += 1
+                continue
+            except VerifierError as exc:
+                vote.errors.append(f"majority_vote: {type(exc).__name__}: {exc}")
+                continue
+            vote.rewards[i] = float(right)
+    return vote
