@@ -1,16 +1,16 @@
 """TTRL's label-free reward: each group's majority answer stands in for the gold answer.
 
 For the G completions of one prompt, the extracted final answers vote; the most frequent one
-(normalised as for maj@k; ties go to the answer given first; a completion without an answer
-does not vote) becomes the group's pseudo-label, and each completion scores 1 when the
+(normalised by `normalize_answer`; ties go to the answer given first; a completion without
+an answer does not vote) becomes the group's pseudo-label, and each completion scores 1 when the
 verifier finds its answer equal to that label, else 0 (Zuo et al. 2025, *TTRL: Test-Time
 Reinforcement Learning*, arXiv:2504.16084: label estimation by majority voting, then
 the rule-based reward against the estimate). A group in which no completion has an answer
 scores 0 throughout.
 
-Departure: the authors' runs can vote over more samples than they train on (64 votes, the
-first 32 trained); here the vote is over the group that is trained on, as their config's
-default (``n_votes_per_prompt = n_samples_per_prompt``) has it.
+Departure: the authors' code can vote over more samples than it trains on
+(``n_votes_per_prompt`` above ``n_samples_per_prompt``, each prompt's first samples trained);
+here the vote is over the group that is trained on, their config's default.
 """
 
 from __future__ import annotations
