@@ -623,3 +623,15 @@ def test_rlvr_warnings_print_as_one_line_and_others_as_python_prints_them(capsys
         (DeprecationWarning, tasks.__file__, 40),
     ]
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_announces_its_preset_model_task_budget_and_folder():
+    from rlvr.config import resolve_config
+    from rlvr.training.rl import run_line
+
+    cfg = resolve_config(preset="dapo", overrides=["train.steps=30", "train.output_dir=runs/d"])
+    assert run_line(cfg, resumed=False) == (
+        "training dapo: tiny on arithmetic, 30 steps of 32 prompts × 8 samples, into runs/d"
+    )
+    cfg = resolve_config(overrides=["data.task=file", "data.path=q.parquet"])
+    assert run_line(cfg, resumed=True).startswith("resuming with no preset: tiny on q.parquet,")

@@ -215,6 +215,19 @@ def train(
         return _train(cfg, ranks, resume, filters, show_progress)
 
 
+def run_line(cfg: RLConfig, resumed: bool) -> str:
+    """What a run trains, in one line: preset, model, task, budget and folder (a config file
+    given with another preset keeps only its changes to its own: this says which won)."""
+    r, data = cfg.rollout, cfg.data
+    task = data.task if data.task != "file" else f"{data.path}"
+    return (
+        f"{'resuming' if resumed else 'training'} {cfg.preset or 'with no preset'}: "
+        f"{cfg.model.name_or_path} on {task}, {cfg.train.steps} steps of "
+        f"{r.prompts_per_step} prompts × {r.samples_per_prompt} samples, into "
+        f"{cfg.train.output_dir}"
+    )
+
+
 def without_long_prompts(task: Task, cfg: RLConfig, tokenizer, announce: bool) -> Task:
     """`task` with only the training prompts of at most `rollout.max_prompt_tokens` tokens;
     the held-out problems stay whole, so that evaluations match `rlvr eval`."""
@@ -282,6 +295,8 @@ def _train(
     if algo.distill.teacher is not None:
         teacher = load_teacher(algo.distill.teacher, cfg.model, model, tokenizer)
     ranks.on_main(lambda: start_run_dir(cfg, run_dir, resume))  # once the model and task fit
+    if show_progress and ranks.main:
+        print(run_line(cfg, checkpoint is not None), flush=True)
     regularization = Regularization(algo, model)
     reference = regularization.reference
     sampler = build_sampler(
