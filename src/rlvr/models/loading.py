@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -114,10 +114,9 @@ def load_pretrained(
         else:
             why = "path does not exist"
         raise ModelLoadError(f"{key} {name_or_path!r}: no Hugging Face model there ({why}){hint}")
-    small = looks_local and _weights_bytes(path) < QUIET_LOAD_BYTES
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        with _without_transformers_progress_bars() if small else nullcontext():
+        with loading_bar(path) if looks_local else nullcontext():
             model = auto_class.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except OSError as exc:
         hub = "; give a local model directory, or `tiny` for the built-in model, when the hub "
@@ -171,10 +170,12 @@ def _load_adapter(
     return model, tokenizer
 
 
-def _weights_bytes(folder: Path) -> int:
-    """Bytes of the weight files in a local model folder (transformers' loading bar is left
-    on for a model large enough that its loading takes a while)."""
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+def loading_bar(folder: Path) -> AbstractContextManager[None]:
+    """Around a `from_pretrained` of the local `folder`: transformers' per-tensor loading bar
+    off where its weights are under `QUIET_LOAD_BYTES` (loaded in milliseconds, the bar is
+    only noise), left as it is for a model large enough to take a while."""
+    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return _without_transformers_progress_bars() if weights < QUIET_LOAD_BYTES else nullcontext()
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: Tokenizer) -> list[int]:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.config import ConfigError
 from rlvr.models import lora
-from rlvr.models.loading import save_pretrained
+from rlvr.models.loading import loading_bar, save_pretrained
 from rlvr.run_layout import (
     CHECKPOINTS,
     STATE_FILE,
@@ -112,7 +112,8 @@ def load_model_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         if lora.has_lora(model):
             lora.load_adapter(model, checkpoint)
             return
-        weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
+        with loading_bar(checkpoint):
+            weights = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=model.dtype)
     except (OSError, SafetensorError) as error:
         raise CheckpointError(
             f"{checkpoint}: the weights cannot be read ({error}): {DAMAGED}"
