@@ -824,3 +824,14 @@ def test_dpo_gradient_checkpointing_without_the_fused_forward_is_a_config_error(
     with pytest.raises(ConfigError, match=r"dpo\.gradient_checkpointing: .*fused forward"):
         run_dpo(file_config(tmp_path, "dpo", *extra), show_progress=False)
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_pairs_held_out_of_the_training_file_are_announced(tmp_path, capsys):
+    run_dpo(file_config(tmp_path, "dpo", "dpo.steps=1", "dpo.eval_pairs=8"), show_progress=True)
+    assert (
+        "data.path: training on 152 pairs; the last 8 are held out for evaluation "
+        "(dpo.eval_pairs=8; 0 trains on every pair)"
+    ) in capsys.readouterr().out
+    every = ["dpo.steps=1", "dpo.eval_pairs=0", f"dpo.output_dir={tmp_path / 'all'}"]
+    run_dpo(file_config(tmp_path, "dpo", *every), show_progress=True)
+    assert "held out" not in capsys.readouterr().out

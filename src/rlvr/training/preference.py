@@ -526,6 +526,13 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
     def read_source() -> None:  # rank 0, before the model: a bad file fails in a second
         nonlocal source
         source = _pair_source(cfg)
+        if show_progress and isinstance(source, tuple) and source[1] and not cfg.data.test_path:
+            print(
+                f"data.path: training on {len(source[0])} pairs; the last {len(source[1])} "
+                f"are held out for evaluation (dpo.eval_pairs={d.eval_pairs}; 0 trains on "
+                "every pair)",
+                flush=True,
+            )
 
     ranks.on_main(read_source)
     out_dir = Path(d.output_dir)
