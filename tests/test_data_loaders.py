@@ -516,6 +516,8 @@ def test_trained_on_reads_the_task_of_the_run_that_saved_a_model(tmp_path):
     run = trained_on(rl / "checkpoints" / "step-3")  # two folders up
     assert run.config == rl / "config.yaml" and run.max_new_tokens == 12
     assert run.data["max_digits"] == 1 and run.data["test_size"] == 40
+    adapter = rl / "checkpoints" / "step-3" / "adapter"  # a LoRA checkpoint's adapter alone
+    assert trained_on(adapter).config == rl / "config.yaml"
     save_config(RLConfig(), rl / "config.yaml")
     assert trained_on(rl / "checkpoints" / "step-3").max_new_tokens == 64  # rollout's budget
 
@@ -525,6 +527,7 @@ def test_trained_on_reads_the_task_of_the_run_that_saved_a_model(tmp_path):
     assert trained_on(sft).data["task"] == "countdown" and trained_on(sft).max_new_tokens is None
     save_config(DPOConfig.model_validate({"data": {"task": "countdown"}}), dpo / "config.yaml")
     assert "chosen_column" not in trained_on(dpo).data  # DataConfig has no such key
+    assert trained_on(dpo / "adapter").config == dpo / "config.yaml"
     save_config(DPOConfig.model_validate({"data": {"task": "file"}}), dpo / "config.yaml")
     assert trained_on(dpo) is None  # a pair file holds no problems to evaluate
     assert trained_on(tmp_path / "elsewhere") is None and trained_on("tiny") is None

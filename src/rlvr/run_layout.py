@@ -13,6 +13,8 @@ from pathlib import Path
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
+ADAPTER_DIR = "adapter"
+"""A LoRA model folder's adapter alone, in peft's format (`models.lora.save_adapter`)."""
 RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "eval.jsonl")
 """The JSON-lines logs of a run directory, each a line per step."""
 
@@ -41,7 +43,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def saved_config(model_dir: Path) -> Path | None:
     """The config.yaml of the rlvr run that saved the model in `model_dir`: beside it (`rlvr
-    sft`, `rlvr dpo`) or, for `RUN_DIR/checkpoints/step-N`, the run's; None if there is none."""
+    sft`, `rlvr dpo`) or, for `RUN_DIR/checkpoints/step-N`, the run's; for the `adapter/`
+    folder of either, that of the model folder holding it; None if there is none."""
+    if model_dir.name == ADAPTER_DIR and not (model_dir / CONFIG_FILE).is_file():
+        return saved_config(model_dir.parent)
     candidates = [model_dir / CONFIG_FILE]
     if model_dir.parent.name == CHECKPOINTS:
         candidates.append(model_dir.parent.parent / CONFIG_FILE)

@@ -33,11 +33,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlvr.config import ConfigError, LoraConfig
+from rlvr.run_layout import ADAPTER_DIR
 
 if TYPE_CHECKING:
     from peft.tuners.lora import LoraLayer
 
-ADAPTER_DIR = "adapter"
 """Folder, inside a saved model, of the adapter alone."""
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """peft's file name for an adapter's weights."""
