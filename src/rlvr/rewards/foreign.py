@@ -5,10 +5,18 @@ framework that it takes, and what it returns beside the rewards is logged the sa
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+Scorer = Callable[
+    [Callable[..., Any], Sequence[Any], Sequence[str], dict[str, Any]],
+    tuple[list[Any], dict[str, list[Any]]],
+]
+"""``score(call, prompts, completions, columns) -> (rewards, {key: one value per completion})``,
+where ``call(**keywords)`` calls the framework's function with those of its keywords it takes."""
 
 
 def takes(fn: Callable[..., Any], parameter: str) -> bool:
@@ -26,6 +34,33 @@ def accepted(fn: Callable[..., Any], names: tuple[str, ...]) -> set[str]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return set(names)
     return {p.name for p in parameters} & set(names)
+
+
+def as_trl_reward(
+    fn: Callable[..., Any], names: tuple[str, ...], score: Scorer
+) -> Callable[..., list[Any]]:
+    """A TRL-signature reward that scores a chunk with `score`, calling `fn` with only the
+    keywords among `names` that it takes, and logs each value `score` returns beside the
+    rewards (`log_values`)."""
+    taken = accepted(fn, names)
+
+    def call(**given: Any) -> Any:
+        return fn(**{key: value for key, value in given.items() if key in taken})
+
+    @functools.wraps(fn)
+    def reward(
+        prompts: Sequence[Any],
+        completions: Sequence[str],
+        log_extra: Callable[[str, list], None],
+        log_metric: Callable[[str, float], None],
+        **columns: Any,
+    ) -> list[Any]:
+        scores, logged = score(call, prompts, completions, columns)
+        for key, values in logged.items():
+            log_values(log_extra, log_metric, key, values)
+        return scores
+
+    return reward
 
 
 def log_values(

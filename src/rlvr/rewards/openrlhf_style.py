@@ -14,7 +14,6 @@ sampling compares the rewards themselves.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,35 +35,31 @@ def _values(out: Any, n: int, what: str) -> list[Any]:
     return list(values)
 
 
+def _score(
+    call: Callable[..., Any],
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    columns: dict[str, Any],
+) -> tuple[list[Any], dict[str, list[Any]]]:
+    """OpenRLHF's way: one call per chunk, the queries each prompt with its completion
+    appended; a dict's `rewards` are the rewards, its `extra_logs` logged beside them."""
+    n = len(completions)
+    out = call(
+        queries=[f"{p}{c}" for p, c in zip(prompts, completions, strict=True)],
+        prompts=list(prompts),
+        labels=list(columns.get("answer", [None] * n)),
+    )
+    logged = {}
+    if isinstance(out, dict):
+        if "rewards" not in out:
+            raise ValueError(f"returned a dict without 'rewards' (keys {sorted(out)})")
+        for key, values in (out.get("extra_logs") or {}).items():
+            logged[key] = _values(values, n, f"extra_logs[{key!r}]")
+        out = out["rewards"]
+    return _values(out, n, "rewards"), logged
+
+
 def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
     """`fn` itself, or for an OpenRLHF ``reward_func`` a TRL-signature reward calling it once
     per chunk of completions."""
-    if not is_openrlhf_reward(fn):
-        return fn
-    accepted = foreign.accepted(fn, OPENRLHF_ARGUMENTS)
-
-    @functools.wraps(fn)
-    def reward(
-        prompts: Sequence[Any],
-        completions: Sequence[str],
-        log_extra: Callable[[str, list], None],
-        log_metric: Callable[[str, float], None],
-        **columns: Any,
-    ) -> list[Any]:
-        n = len(completions)
-        given = {
-            "queries": [f"{p}{c}" for p, c in zip(prompts, completions, strict=True)],
-            "prompts": list(prompts),
-            "labels": list(columns.get("answer", [None] * n)),
-        }
-        out = fn(**{key: value for key, value in given.items() if key in accepted})
-        if isinstance(out, dict):
-            if "rewards" not in out:
-                raise ValueError(f"returned a dict without 'rewards' (keys {sorted(out)})")
-            for key, logged in (out.get("extra_logs") or {}).items():
-                values = _values(logged, n, f"extra_logs[{key!r}]")
-                foreign.log_values(log_extra, log_metric, key, values)
-            out = out["rewards"]
-        return _values(out, n, "rewards")
-
-    return reward
+    return foreign.as_trl_reward(fn, OPENRLHF_ARGUMENTS, _score) if is_openrlhf_reward(fn) else fn

@@ -13,7 +13,6 @@ accepts; the ground truth is the problem's answer (`data.answer_column`, e.g.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,44 +26,39 @@ def is_verl_reward(fn: Callable[..., Any]) -> bool:
     return foreign.takes(fn, "solution_str")
 
 
+def _score(
+    call: Callable[..., Any],
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    columns: dict[str, Any],
+) -> tuple[list[Any], dict[str, list[Any]]]:
+    """verl's way: one call per completion; a dict's `score` is the reward, its other entries
+    logged beside it."""
+    n = len(completions)
+    answers = columns.get("answer", [None] * n)
+    sources = columns.get("data_source", [None] * n)
+    extras = columns.get("extra_info", [None] * n)
+    scores: list[Any] = []
+    logged: dict[str, list[Any]] = {}
+    for i, completion in enumerate(completions):
+        out = call(
+            data_source=sources[i],
+            solution_str=completion,
+            ground_truth=answers[i],
+            extra_info=extras[i],
+        )
+        if isinstance(out, dict):
+            if "score" not in out:
+                raise ValueError(f"returned a dict without 'score' (keys {sorted(out)})")
+            for key, value in out.items():
+                if key != "score":
+                    logged.setdefault(key, [None] * n)[i] = value
+            out = out["score"]
+        scores.append(out)
+    return scores, logged
+
+
 def as_trl_reward(fn: Callable[..., Any]) -> Callable[..., list[Any]]:
     """`fn` itself, or for a verl ``compute_score`` a TRL-signature reward calling it once per
     completion."""
-    if not is_verl_reward(fn):
-        return fn
-    accepted = foreign.accepted(fn, VERL_ARGUMENTS)
-
-    @functools.wraps(fn)
-    def reward(
-        prompts: Sequence[Any],
-        completions: Sequence[str],
-        log_extra: Callable[[str, list], None],
-        log_metric: Callable[[str, float], None],
-        **columns: Any,
-    ) -> list[Any]:
-        n = len(completions)
-        answers = columns.get("answer", [None] * n)
-        sources = columns.get("data_source", [None] * n)
-        extras = columns.get("extra_info", [None] * n)
-        scores, logged = [], {}
-        for i, completion in enumerate(completions):
-            given = {
-                "data_source": sources[i],
-                "solution_str": completion,
-                "ground_truth": answers[i],
-                "extra_info": extras[i],
-            }
-            out = fn(**{key: value for key, value in given.items() if key in accepted})
-            if isinstance(out, dict):
-                if "score" not in out:
-                    raise ValueError(f"returned a dict without 'score' (keys {sorted(out)})")
-                for key, value in out.items():
-                    if key != "score":
-                        logged.setdefault(key, [None] * n)[i] = value
-                out = out["score"]
-            scores.append(out)
-        for key, values in logged.items():
-            foreign.log_values(log_extra, log_metric, key, values)
-        return scores
-
-    return reward
+    return foreign.as_trl_reward(fn, VERL_ARGUMENTS, _score) if is_verl_reward(fn) else fn
