@@ -197,9 +197,10 @@ def test_an_adapter_folder_loads_as_its_base_model_with_the_adapter_merged(tmp_p
 def test_an_adapter_folder_without_its_base_model_is_an_error_naming_both(tmp_path):
     folder = tmp_path / "adapter"
     folder.mkdir()
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-    with pytest.raises(ValueError, match=r"'.*adapter': a PEFT adapter whose .* names no base"):
-        load_pretrained(str(folder))
+    for settings in ({"peft_type": "LORA"}, {"base_model_name_or_path": ""}):
+        (folder / "adapter_config.json").write_text(json.dumps(settings))
+        with pytest.raises(ValueError, match=r"'.*adapter': a PEFT adapter whose .* names no"):
+            load_pretrained(str(folder))
     gone = str(tmp_path / "gone")
     (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": gone}))
     with pytest.raises(
