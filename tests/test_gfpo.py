@@ -8,6 +8,7 @@ import torch
 
 from rlvr.algorithms.filters import (
     GROUP_FILTER_SCORES,
+    first_sampled,
     shortest,
     token_efficiency,
     top_k_per_group,
@@ -24,7 +25,11 @@ def test_scores_by_hand():
     assert shortest(rewards, lengths).tolist() == [-10.0, -3.0, -4.0, 0.0]
     # reward per token; a response of no tokens counts as one
     assert token_efficiency(rewards, lengths).tolist() == [0.1, 0.0, 0.25, -1.0]
-    assert GROUP_FILTER_SCORES.names() == ["length", "token_efficiency"]
+    assert first_sampled(rewards, lengths).tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert GROUP_FILTER_SCORES.names() == ["first", "length", "token_efficiency"]
+    ids = torch.tensor([3, 1, 3, 3, 1, 1])  # each group keeps its first two samples
+    keep = top_k_per_group(first_sampled(torch.rand(6), torch.arange(6)), ids, 2)
+    assert keep.tolist() == [True, True, True, False, True, False]
 
 
 def test_top_k_by_hand_with_ties_and_unsorted_ids():

@@ -127,9 +127,10 @@ class OverlongConfig(Section):
 
 class GroupFilterConfig(Section):
     keep: int = Field(default=0, ge=0)
-    """GFPO: train on this many samples of each group, the best by `by` (0 = off, all)."""
+    """Train on this many samples of each group, the best by `by` (GFPO; 0 = off, all)."""
     by: str = "length"
-    """The ranking score: `length` (shortest first) or `token_efficiency` (reward / length)."""
+    """The ranking score: `length` (shortest first), `token_efficiency` (reward / length) or
+    `first` (the first sampled: TTRL trains on part of the samples that voted)."""
 
 
 class ShapingConfig(Section):

@@ -232,6 +232,14 @@ def token_efficiency(rewards: Tensor, lengths: Tensor) -> Tensor:
     return rewards.to(torch.float64) / lengths.clamp(min=1).to(torch.float64)
 
 
+@GROUP_FILTER_SCORES.register("first")
+def first_sampled(rewards: Tensor, lengths: Tensor) -> Tensor:
+    """No preference: every sample scores 0, so each group keeps its first k samples (ties go
+    to the earlier one). TTRL's downsampling: the rewards vote over all the samples of a
+    prompt, and the first of them are trained on (Zuo et al. 2025, arXiv:2504.16084)."""
+    return torch.zeros(rewards.shape, dtype=torch.float64, device=rewards.device)
+
+
 def top_k_per_group(scores: Tensor, group_ids: Tensor, k: int) -> Tensor:
     """[N] bool: the ``k`` best samples of each group, GFPO's retained set S (Group Filtered
     Policy Optimization, Shrivastava et al. 2025, arXiv:2508.09726).

@@ -8,9 +8,10 @@ Reinforcement Learning*, arXiv:2504.16084: label estimation by majority voting, 
 the rule-based reward against the estimate). A group in which no completion has an answer
 scores 0 throughout.
 
-Departure: the authors' code can vote over more samples than it trains on
-(``n_votes_per_prompt`` above ``n_samples_per_prompt``, each prompt's first samples trained);
-here the vote is over the group that is trained on, their config's default.
+The vote is over every sample of the prompt. The authors' code can train on only the first
+of them (``n_votes_per_prompt`` above ``n_samples_per_prompt``): here that is the group
+filter, which runs after the rewards, ``algorithm.group_filter.keep=K`` with
+``algorithm.group_filter.by=first``.
 """
 
 from __future__ import annotations
