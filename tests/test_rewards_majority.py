@@ -57,8 +57,9 @@ def test_the_model_reward_reads_no_gold_answer_to_score_and_logs_how_often_the_v
     assert right.scores == wrong.scores == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
     assert right.metrics == pytest.approx({"agreement": 2 / 3, "label_accuracy": 0.5})
     assert wrong.metrics["label_accuracy"] == 0.0
-    unlabelled = reward(["p"] * 6, completions, groups, {})
-    assert unlabelled.metrics == pytest.approx({"agreement": 2 / 3})
+    for unlabelled in ({}, {"answer": [""] * 6}):  # data.answer_column=null gives ""
+        out = reward(["p"] * 6, completions, groups, unlabelled)
+        assert out.metrics == pytest.approx({"agreement": 2 / 3})
 
 
 def test_an_unknown_option_is_named():

@@ -274,7 +274,7 @@ def build_majority_vote(options: dict[str, Any], context: RewardContext) -> Mode
         vote = majority_vote_rewards(completions, groups, matches)
         metrics = {"agreement": sum(vote.agreement.values()) / max(len(vote.agreement), 1)}
         golds = dict(zip(groups, columns.get("answer") or [], strict=False))
-        if golds and all(gold is not None for gold in golds.values()):
+        if golds and all(gold not in (None, "") for gold in golds.values()):  # "": unlabelled
             right = [
                 label is not None and _verdict(matches, label, str(golds[group]))
                 for group, label in vote.labels.items()
