@@ -1,5 +1,6 @@
 """The recipe knobs inside the loop: critic warm-up, schedules, shaping, top-entropy tokens."""
 
+import json
 import math
 
 import pytest
@@ -179,6 +180,28 @@ def test_a_verifier_left_out_of_the_rewards_scores_with_weight_zero():
     assert batch.reward_parts["math"].tolist() == [1.0, 0.0, 1.0, 0.0]
     assert batch.correct.tolist() == [True, False, True, False]
     assert batch.rewards.tolist() == pytest.approx([0.2] * 4)  # 2 x len("2") / 10
+
+
+def solution_reward(prompts, completions, solution, **columns):
+    """A TRL reward that reads the gold answer from its dataset's `solution` column."""
+    return [float(c == s) for c, s in zip(completions, solution, strict=True)]
+
+
+def test_a_files_answer_column_reaches_the_rewards_under_its_own_name_too(tmp_path):
+    """TRL passes every dataset column by its name: a file whose answers are in `solution`
+    (data.answer_column=solution) gives its rewards `solution=` as well as `answer=`."""
+    rows = [{"prompt": f"{i}+1?", "solution": str(i + 1)} for i in range(6)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rewarder = scorer(
+        "data.task=file",
+        f"data.path={tmp_path / 's.jsonl'}",
+        "data.answer_column=solution",
+        "reward.functions=[{name: test_rl_recipes:solution_reward}]",
+    )
+    batch = scored_batch([2, 2, 2, 2], [False] * 4, [True, False, True, False])
+    batch.problems = [Problem("q", "2"), Problem("q", "2"), Problem("q", "3"), Problem("q", "3")]
+    rewarder(batch)
+    assert batch.reward_parts["test_rl_recipes:solution_reward"].tolist() == [1.0, 0.0, 0.0, 1.0]
 
 
 def global_step_reward(prompts, completions, trainer_state, **columns):

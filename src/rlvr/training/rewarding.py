@@ -131,6 +131,8 @@ class RewardScorer:
             "repetition": cfg.algorithm.shaping.repetition_coef,
         }
         """The weight in the total reward of each entry of `reward_parts` (GDPO reads them)."""
+        self.answer_column = cfg.data.answer_column if cfg.data.task == "file" else None
+        """A data file's name for the gold answer, passed under it as well as `answer`."""
         self.max_len = cfg.rollout.max_new_tokens
         """This step's generation budget (the loop sets it when a schedule changes it)."""
         self.step = 0
@@ -142,6 +144,8 @@ class RewardScorer:
     def __call__(self, batch: RolloutBatch) -> RewardOutput:
         """Score every sample of `batch` in place; return the raw output (errors, timeouts)."""
         columns = {**reward_columns(batch.problems), "completion_ids": batch.completion_ids}
+        if self.answer_column not in (None, "answer") and "." not in self.answer_column:
+            columns[self.answer_column] = columns["answer"]  # TRL's `solution=`, by its name
         if batch.failed_calls is not None:
             columns["failed_calls"] = batch.failed_calls.tolist()
         messages = [prompt_messages(p) for p in batch.problems]
