@@ -635,3 +635,40 @@ def test_a_run_announces_its_preset_model_task_budget_and_folder():
     )
     cfg = resolve_config(overrides=["data.task=file", "data.path=q.parquet"])
     assert run_line(cfg, resumed=True).startswith("resuming with no preset: tiny on q.parquet,")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5"])
+def test_eval_refuses_a_top_p_that_is_not_a_probability(value):
+    result = runner.invoke(app, ["eval", "--model", "/nowhere", "--top-p", value])
+    assert result.exit_code == 2
+    assert f"--top-p {float(value)}: give a probability in (0, 1]" in result.output
+    assert "/nowhere" not in result.output
+
+
+def test_eval_samples_with_the_top_p_given_and_records_it(monkeypatch, tmp_path):
+    import rlvr.evaluation.evaluate as evaluation
+
+    seen = {}
+
+    def fake_evaluate(model, tokenizer, problems, **settings):
+        seen.update(settings)
+        return {"pass@1": 0.5}
+
+    monkeypatch.setattr(evaluation, "evaluate", fake_evaluate)
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--model", "tiny", "--samples", "2", "--k", "2", "--top-p", "0.95"]
+    result = runner.invoke(app, [*args, "--temperature", "0.6", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (seen["top_p"], seen["temperature"]) == (0.95, 0.6)
+    assert json.loads(out.read_text())["top_p"] == 0.95
+
+
+def test_in_training_evaluation_samples_with_eval_top_p(monkeypatch):
+    import rlvr.evaluation.evaluate as evaluation
+    from rlvr.config import resolve_config
+
+    seen = {}
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **settings: seen.update(settings))
+    cfg = resolve_config(overrides=["eval.top_p=0.95", "eval.temperature=0.6"])
+    evaluation.evaluate_as_configured(None, None, [], "math", cfg)
+    assert (seen["top_p"], seen["temperature"]) == (0.95, 0.6)

@@ -433,6 +433,9 @@ def eval_cmd(
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature (0: greedy)", min=0.0)
     ] = 1.0,
+    top_p: Annotated[
+        float, typer.Option(help="Nucleus sampling: keep the most likely tokens up to this mass")
+    ] = 1.0,
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
@@ -498,6 +501,8 @@ def eval_cmd(
     _appendable(log_samples, "--log-samples")
     _one_of("--task", task, "task")
     _one_of("--template", template, "template")
+    if not 0.0 < top_p <= 1.0:
+        _fail(f"--top-p {top_p}: give a probability in (0, 1] (1: no nucleus cut)")
     checkpoint = evaluated_folder(Path(model))
     if model != "tiny" and checkpoint != Path(model):
         diagnostics.print(f"{model} is a run directory: evaluating its latest, {checkpoint}")
@@ -527,6 +532,7 @@ def eval_cmd(
     sampling = {
         "template": data.template,
         "temperature": temperature,
+        "top_p": top_p,
         "max_new_tokens": max_new_tokens or (run and run.max_new_tokens) or 64,
         "seed": seed,
     }

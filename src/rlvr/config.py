@@ -416,6 +416,9 @@ class EvalConfig(Section):
     """Samples per problem for pass@k and maj@k."""
     temperature: float = Field(default=1.0, ge=0.0)
     """Sampling temperature during evaluation."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling during evaluation (DeepSeek-R1's pass@1: temperature 0.6, top-p 0.95;
+    verl's val_kwargs.top_p)."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """Generation budget (default: rollout.max_new_tokens)."""
     every_steps: int = Field(default=0, ge=0)

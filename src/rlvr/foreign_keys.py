@@ -131,6 +131,7 @@ VERL: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.top_k": ("rollout.top_k",),
     "actor_rollout_ref.rollout.val_kwargs.n": ("eval.k",),
     "actor_rollout_ref.rollout.val_kwargs.temperature": ("eval.temperature",),
+    "actor_rollout_ref.rollout.val_kwargs.top_p": ("eval.top_p",),
     "actor_rollout_ref.rollout.response_length": ("rollout.max_new_tokens",),
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": ("rollout.tools",),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": ("rollout.max_tool_calls",),

@@ -217,7 +217,7 @@ def evaluate_as_configured(
     ranks: Ranks = ONE_PROCESS,
     engine: RolloutEngine | None = None,
 ) -> dict[str, float]:
-    """`evaluate` with the `eval` settings of a run's config: k, temperature and budget
+    """`evaluate` with the `eval` settings of a run's config: k, temperature, top-p and budget
     (`eval.max_new_tokens`, else `rollout.max_new_tokens`), its template, seeded by
     `train.seed`; split over `ranks`; sampled by `engine` when one is given."""
     return evaluate(
@@ -229,6 +229,7 @@ def evaluate_as_configured(
         chat_kwargs=cfg.data.chat_template_kwargs,
         k=cfg.eval.k,
         temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
         seed=cfg.train.seed,
         ranks=ranks,
