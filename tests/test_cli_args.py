@@ -54,8 +54,15 @@ def test_eval_defaults_reach_evaluate_and_the_record(evaluated, tmp_path):
     assert (evaluated["k"], len(evaluated["problems"])) == (8, 500)
     assert evaluated["attempts"] == (1, RETRY)
     assert evaluated["engine"] is None and evaluated["tools"].names == ()
-    sampled = {key: evaluated[key] for key in ("template", "temperature", "max_new_tokens", "seed")}
-    assert sampled == {"template": "chat", "temperature": 1.0, "max_new_tokens": 64, "seed": 0}
+    keys = ("template", "temperature", "top_p", "max_new_tokens", "seed")
+    sampled = {key: evaluated[key] for key in keys}
+    assert sampled == {
+        "template": "chat",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_new_tokens": 64,
+        "seed": 0,
+    }
     # the record says how to reproduce it: no attempts, engine or tools keys at their defaults
     assert record == {"model": "tiny", "task": "arithmetic", **sampled, **SCORES, "problems": 500}
 
