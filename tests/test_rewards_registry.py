@@ -192,6 +192,29 @@ def test_an_openrlhf_reward_file_is_called_as_openrlhf_calls_it(tmp_path) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("content", "function"), [(VERL_FILE, "compute_score"), (OPENRLHF_FILE, "reward_func")]
+)
+def test_a_verl_or_openrlhf_reward_marked_conversational_is_refused(tmp_path, content, function):
+    """Such a reward reads texts, as its framework passes them; `conversational: true` would
+    hand it message lists and fail every call, so the run is refused before it starts."""
+    from rlvr.config import ConfigError, resolve_config
+    from rlvr.training.rl import check_choices
+
+    path = tmp_path / "theirs.py"
+    path.write_text(content)
+    spec = f"{{name: '{path}:{function}', conversational: true}}"
+    cfg = resolve_config(
+        overrides=[f"reward.functions=[{spec}, {{name: brpo, options: {{judge: policy}}}}]"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"reward\.functions\[0\]: '.*theirs\.py:.*' is a verl or OpenRLHF"
+    ):
+        check_choices(cfg)
+    plain = resolve_config(overrides=[f"reward.functions=[{{name: '{path}:{function}'}}]"])
+    check_choices(plain)
+
+
 def test_a_reward_file_that_is_missing_or_fails_is_named(tmp_path) -> None:
     with pytest.raises(UnknownRewardError, match=r"no Python file '.*nope\.py'"):
         get_reward(f"{tmp_path / 'nope.py'}:compute_score")

@@ -74,6 +74,12 @@ PASSED_KEYWORDS = (
 """The keywords every call of a reward in training passes (with the problem's other columns)."""
 
 
+def called_their_way(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` is a verl ``compute_score`` or an OpenRLHF ``reward_func``, which the
+    composer calls as their frameworks do rather than with TRL's keywords."""
+    return verl_style.is_verl_reward(fn) or openrlhf_style.is_openrlhf_reward(fn)
+
+
 def signature_mismatch(fn: Callable[..., Any]) -> str | None:
     """Why every call of reward `fn` would raise a `TypeError`, or None: a function without
     ``**kwargs`` that does not name each of `PASSED_KEYWORDS` (a verl ``compute_score`` and an
@@ -83,8 +89,7 @@ def signature_mismatch(fn: Callable[..., Any]) -> str | None:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    called_their_way = verl_style.is_verl_reward(fn) or openrlhf_style.is_openrlhf_reward(fn)
-    if called_their_way or any(p.kind is p.VAR_KEYWORD for p in parameters):
+    if called_their_way(fn) or any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     missing = [name for name in PASSED_KEYWORDS if name not in named]

@@ -35,7 +35,7 @@ from rlvr.data.templates import short_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
-from rlvr.rewards.compose import signature_mismatch
+from rlvr.rewards.compose import called_their_way, signature_mismatch
 from rlvr.rewards.model_based import MODEL_REWARDS
 from rlvr.rewards.registry import TASK_VERIFIER, RewardFn, get_reward
 from rlvr.rollout.base import RolloutEngine
@@ -109,6 +109,14 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+    for i, spec in enumerate(cfg.reward.functions or []):
+        plain = spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER
+        if plain and spec.conversational and called_their_way(get_reward(spec.name)):
+            raise ConfigError(
+                f"reward.functions[{i}]: {spec.name!r} is a verl or OpenRLHF reward, called "
+                "with texts as its framework calls it; conversational is for TRL-signature "
+                "rewards"
+            )
     outcome = cfg.algorithm.distill.outcome_weight > 0  # else only the teacher's term trains
     if not outcome and cfg.algorithm.distill.teacher is None:
         raise ConfigError(
