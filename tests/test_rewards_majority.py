@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError
-from rlvr.rewards.majority import majority_label, majority_vote_rewards
+from rlvr.evaluation.metrics import majority_label
+from rlvr.rewards.majority import majority_vote_rewards
 from rlvr.rewards.model_based import MODEL_REWARDS, RewardContext
 from rlvr.rewards.verify import VerifierError, VerifierTimeout, answers_match
 
@@ -21,9 +22,9 @@ def test_the_majority_is_the_most_frequent_answer_the_first_given_on_a_tie():
 
 
 def test_each_completion_scores_one_when_it_agrees_with_its_groups_majority():
-    # group 0 votes 12 (3 of 4; the 1/2-style spelling is not the vote but the same number),
-    # group 1 votes 4 over 9 (2 to 1, the no-answer completion does not vote), group 2 has no
-    # answer at all
+    # group 0 votes 12 (2 of 4 as written; 12.0 is not the vote but the same number, so it
+    # scores 1 too), group 1 votes 4 over 9 (2 to 1, the no-answer completion does not vote),
+    # group 2 has no answer at all
     completions = [
         tagged("12"), tagged("12"), tagged("12.0"), tagged("13"),
         tagged("4"), "no answer here", tagged("9"), tagged("4"),

@@ -118,18 +118,20 @@ def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int
     k = _as_int("k", k)
     if not 1 <= k <= len(answers):
         raise ValueError(f"majority_at_k: k={k} must be in [1, n={len(answers)}]")
+    voted = majority_label(answers[:k])
+    first = 0 if voted is None else list(answers).index(voted)
+    return 1.0 if correct[first] else 0.0
+
+
+def majority_label(answers: Sequence[str | None]) -> str | None:
+    """The voted answer of maj@k (and of TTRL's label-free reward): the most frequent non-None
+    answer, the one given first among equally frequent ones; None when no answer was given."""
     counts: dict[str, int] = {}
-    first_index: dict[str, int] = {}
-    for index, answer in enumerate(answers[:k]):
-        if answer is None:
-            continue
-        counts[answer] = counts.get(answer, 0) + 1
-        first_index.setdefault(answer, index)
-    if not counts:
-        return 1.0 if correct[0] else 0.0
+    for answer in answers:
+        if answer is not None:
+            counts[answer] = counts.get(answer, 0) + 1
     # max() returns the first maximal key; dicts keep insertion (= first occurrence) order.
-    voted = max(counts, key=counts.__getitem__)
-    return 1.0 if correct[first_index[voted]] else 0.0
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def mean_majority_at_k(

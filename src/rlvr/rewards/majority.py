@@ -1,12 +1,12 @@
 """TTRL's label-free reward: each group's majority answer stands in for the gold answer.
 
-For the G completions of one prompt, the extracted final answers vote; the most frequent one
-(normalised by `normalize_answer`; ties go to the answer given first; a completion without
-an answer does not vote) becomes the group's pseudo-label, and each completion scores 1 when the
-verifier finds its answer equal to that label, else 0 (Zuo et al. 2025, *TTRL: Test-Time
-Reinforcement Learning*, arXiv:2504.16084: label estimation by majority voting, then
-the rule-based reward against the estimate). A group in which no completion has an answer
-scores 0 throughout.
+For the G completions of one prompt, the extracted final answers (normalised by
+`normalize_answer`) vote as maj@k votes (`majority_label`: ties go to the answer given first,
+a completion without an answer does not vote); the winner becomes the group's pseudo-label,
+and each completion scores 1 when the verifier finds its answer equal to that label, else 0
+(Zuo et al. 2025, *TTRL: Test-Time Reinforcement Learning*, arXiv:2504.16084: label
+estimation by majority voting, then the rule-based reward against the estimate). A group in
+which no completion has an answer scores 0 throughout.
 
 The vote is over every sample of the prompt. The authors' code can train on only the first
 of them (``n_votes_per_prompt`` above ``n_samples_per_prompt``): here that is the group
@@ -19,18 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rlvr.evaluation.metrics import majority_label
 from rlvr.rewards.extract import extract_answer
 from rlvr.rewards.verify import VerifierError, VerifierTimeout, normalize_answer
-
-
-def majority_label(answers: Sequence[str | None]) -> str | None:
-    """The most frequent non-None answer (the first given among equally frequent ones), or
-    None when no answer was given."""
-    counts: dict[str, int] = {}
-    for answer in answers:
-        if answer is not None:
-            counts[answer] = counts.get(answer, 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else None
 
 
 @dataclass
@@ -63,10 +54,10 @@ def majority_vote_rewards(
     vote = MajorityVote([0.0] * len(completions), {}, {})
     for group, rows in members.items():
         label = majority_label([keys[i] for i in rows])
-        vote.labels[group] = label
-        vote.agreement[group] = sum(keys[i] == label for i in rows) / len(rows) if label else 0.0
+        vote.labels[group], vote.agreement[group] = label, 0.0
         if label is None:
             continue
+        vote.agreement[group] = sum(keys[i] == label for i in rows) / len(rows)
         for i in rows:
             if keys[i] is None:
                 continue
