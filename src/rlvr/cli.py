@@ -47,7 +47,7 @@ console = Console(markup=False, soft_wrap=True)
 """Results. Markup is off: paths, keys and messages such as `[lo, hi]` print as written."""
 diagnostics = Console(markup=False, soft_wrap=True, stderr=True)
 """Errors and stop notices, on stderr, so that `rlvr eval ... > out.txt` still shows them."""
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = Path(__file__).resolve().parent
 _python_show_warning = warnings.showwarning
 
 
@@ -61,7 +61,7 @@ def _show_warning(
 ) -> None:
     """rlvr's own warnings as one ``warning: ...`` line on stderr (the line of rlvr's code that
     raised one tells a user nothing); any other as Python shows it."""
-    if issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGE):
+    if issubclass(category, UserWarning) and Path(filename).resolve().is_relative_to(_PACKAGE):
         diagnostics.print(Text.assemble(("warning: ", "bold yellow"), str(message)))
     else:
         _python_show_warning(message, category, filename, lineno, file, line)

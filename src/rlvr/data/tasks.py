@@ -108,9 +108,15 @@ def held_out_note(cfg: DataConfig, task: Task) -> str | None:
     reads_path = task.name in ("file", "gsm8k", "math")
     if not reads_path or cfg.path is None or cfg.test_path is not None or not task.test:
         return None
+    return holding_out(len(task.train), len(task.test), "rows", f"data.test_size={cfg.test_size}")
+
+
+def holding_out(trained: int, held: int, unit: str, setting: str) -> str:
+    """`rlvr train`, `sft` and `dpo`'s line on the last `held` rows (or pairs) of data.path,
+    kept out of training by `setting`."""
     return (
-        f"data.path: training on {len(task.train)} rows; the last {len(task.test)} are held out "
-        f"for evaluation (data.test_size={cfg.test_size}; 0 trains on every row)"
+        f"data.path: training on {trained} {unit}; the last {held} are held out for "
+        f"evaluation ({setting}; 0 trains on every {unit.removesuffix('s')})"
     )
 
 

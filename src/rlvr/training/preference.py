@@ -50,7 +50,7 @@ from rlvr.config import ConfigError, make_output_dir, save_config
 from rlvr.config_offline import DPOConfig, DPOTrainConfig
 from rlvr.data.loaders import DataPath, path_label
 from rlvr.data.preference import PreferencePair, load_preference_file
-from rlvr.data.tasks import Task, load_task
+from rlvr.data.tasks import Task, holding_out, load_task
 from rlvr.evaluation.engines import sampling_engine
 from rlvr.models import fused
 from rlvr.models.loading import load_model_and_tokenizer, resolve_device, save_pretrained
@@ -527,12 +527,9 @@ def _run_dpo(cfg: DPOConfig, ranks: Ranks, show_progress: bool, resume: bool) ->
         nonlocal source
         source = _pair_source(cfg)
         if show_progress and isinstance(source, tuple) and source[1] and not cfg.data.test_path:
-            print(
-                f"data.path: training on {len(source[0])} pairs; the last {len(source[1])} "
-                f"are held out for evaluation (dpo.eval_pairs={d.eval_pairs}; 0 trains on "
-                "every pair)",
-                flush=True,
-            )
+            train, held = source
+            note = holding_out(len(train), len(held), "pairs", f"dpo.eval_pairs={d.eval_pairs}")
+            print(note, flush=True)
 
     ranks.on_main(read_source)
     out_dir = Path(d.output_dir)
