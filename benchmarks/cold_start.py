@@ -1,6 +1,6 @@
 """The demo's cold-start SFT model, a held-out pass@1 scorer and an RL run from the model with
 the learning tests' settings, shared by the benchmarks that train from it (`lora_learning.py`,
-`data_parallel.py`, `distillation.py`, `gfpo.py`, `preset_learning.py`)."""
+`data_parallel.py`, `distillation.py`, `gfpo.py`, `preset_learning.py`, `certainty.py`)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ PROMPTS = 32
 """Prompts a step: the learning tests'."""
 
 
-def cold_start_evaluation(root: Path) -> tuple[Path, Callable[[Path], dict]]:
+def cold_start_evaluation(root: Path, sft_steps: int = 600) -> tuple[Path, Callable[[Path], dict]]:
     """(the SFT model under `root/sft`, built once with the demo's 600 steps, about 95 s on a
-    2-core VM; the held-out evaluation of a model folder: pass@1, lengths, ...)."""
-    sft_cfg, rl_cfg = demo_configs(root, sft_steps=600, rl_steps=RL_STEPS)
+    2-core VM, or `sft_steps`; the held-out evaluation of a model folder: pass@1, lengths, ...)."""
+    sft_cfg, rl_cfg = demo_configs(root, sft_steps=sft_steps, rl_steps=RL_STEPS)
     sft_dir = root / "sft"
     if not (sft_dir / "config.json").is_file():
         run_sft(sft_cfg)

@@ -33,6 +33,7 @@ ALL_PRESETS = {
     "gpg",
     "grpo",
     "gspo",
+    "intuitor",
     "kimi",
     "kl_cov",
     "lite_ppo",

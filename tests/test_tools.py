@@ -545,3 +545,38 @@ def test_tool_use_stops_at_its_formats_calls_and_nowhere_without_tools():
     assert ToolUse(("calculator",)).stop_sequences(TOK) == (tuple(ids("</calculator>")),)
     # hermes would stop at every end of turn: without tools, not at all
     assert ToolUse((), format="hermes").stop_sequences(TOK) == ()
+
+
+def test_the_confidence_reward_leaves_a_tools_result_out():
+    """Intuitor's self-certainty of a completion with a calculator call is the mean over the
+    tokens the policy wrote: the `<result>…</result>` the tool appended is context. The
+    trainer hands the model reward the prompt ids and that mask (`completion_mask`)."""
+    from rlvr.rewards.certainty import certainty_rewards
+    from rlvr.training.rewarding import RewardScorer
+
+    cfg = resolve_config(
+        overrides=[
+            "data.train_size=4",
+            "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=200",
+            "rollout.tools=[calculator]",
+            "reward.functions=[{name: confidence}]",
+        ]
+    )
+    task = load_task(cfg.data)
+    engine = Scripted(["<calculator>2+3</calculator>", "<answer>5</answer>"], ["<answer>5</answer>"])
+    engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
+    with torch.no_grad():  # far from uniform: an untrained model is unsure of every token
+        engine.model.lm_head.weight.mul_(30)
+    batch = rollout_batch(ToolCaller(engine, TOK, ["calculator"]), TOK, task, [0], cfg)
+    tool_tokens = batch.response_mask[0, : batch.lengths[0]] == 0
+    assert tool_tokens.any() and batch.response_mask[1, : batch.lengths[1]].all()
+    RewardScorer(cfg, task, policy=engine.model, tokenizer=TOK)(batch)
+    pad = TOK.pad_token_id
+    policys = [[bool(m) for m in row[:n]] for row, n in zip(batch.response_mask, batch.lengths)]
+    masked = certainty_rewards(
+        engine.model, batch.prompt_ids, batch.completion_ids, pad, token_masks=policys
+    )
+    every_token = certainty_rewards(engine.model, batch.prompt_ids, batch.completion_ids, pad)
+    assert batch.reward_parts["confidence"].tolist() == pytest.approx(masked, abs=1e-6)
+    assert abs(masked[0] - every_token[0]) > 1e-3 and masked[1] == pytest.approx(every_token[1])

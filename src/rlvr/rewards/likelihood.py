@@ -47,19 +47,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from rlvr.training.batching import (
-    collate_shared_prefix,
-    completion_token_stats,
-    model_device,
-    to_device,
-    token_budget_micro_batches,
-)
+from rlvr.training.batching import completion_token_stats, score_completion_tokens
 
 LIKELIHOOD_MODES = ("logprob", "perplexity", "probability")
 """The reward forms of `reference_likelihood_rewards`."""
 
 
-@torch.no_grad()
 def target_logprobs(
     model: nn.Module,
     contexts: Sequence[Sequence[int]],
@@ -79,24 +72,14 @@ def target_logprobs(
     for i, (context, target) in enumerate(zip(contexts, targets)):
         if not context or not target:
             raise ValueError(f"pair {i}: the context and the target must both be non-empty")
-    contexts, targets = [list(c) for c in contexts], [list(t) for t in targets]
-    lengths = [len(c) + len(t) for c, t in zip(contexts, targets)]
-    device = model_device(model)
-    out: list[torch.Tensor] = [torch.empty(0)] * len(targets)
-    was_training = model.training
-    model.eval()
-    try:
-        for rows in token_budget_micro_batches(
-            list(range(len(targets))), lengths, micro_batch_tokens
-        ):
-            sb = to_device(collate_shared_prefix(contexts, targets, rows, pad_id), device)
-            logprobs, _ = completion_token_stats(model, sb, 1.0, with_entropy=False)
-            logprobs = logprobs.float().cpu()
-            for k, row in enumerate(rows):
-                out[row] = logprobs[k, : len(targets[row])]
-    finally:
-        model.train(was_training)
-    return out
+    return score_completion_tokens(
+        model,
+        [list(c) for c in contexts],
+        [list(t) for t in targets],
+        pad_id,
+        lambda m, sb: completion_token_stats(m, sb, 1.0, with_entropy=False)[0],
+        micro_batch_tokens,
+    )
 
 
 def likelihood_improvement(

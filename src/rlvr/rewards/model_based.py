@@ -11,7 +11,9 @@ as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. Th
 - ``reward_model``: a sequence classifier's score (TRL's and verl's reward model,
   `rlvr.rewards.reward_model`);
 - ``majority_vote``: TTRL's label-free reward, 1 for an answer that is its group's majority
-  answer (`rlvr.rewards.majority`).
+  answer (`rlvr.rewards.majority`);
+- ``confidence``: the policy's certainty in its own tokens (Intuitor's self-certainty, RENT's
+  negative entropy, EM-RL's log-likelihood; `rlvr.rewards.certainty`), label-free too.
 
 `RewardScorer` (`rlvr.training.rewarding`) sends every ``reward.functions`` entry whose name is
 in `MODEL_REWARDS` here, and the rest to `compose_rewards`. Like there, nothing a model reward
@@ -42,6 +44,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 from rlvr.algorithms.registry import Registry
 from rlvr.config import ConfigError, ModelConfig, RewardSpec, Section
 from rlvr.models.loading import ModelLoadError, load_model_and_tokenizer, load_pretrained
+from rlvr.rewards.certainty import certainty_rewards
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rewards.judge import HFJudge, Judge, OpenAIJudge, brpo_rewards
 from rlvr.rewards.likelihood import reference_likelihood_rewards
@@ -292,6 +295,52 @@ def _verdict(matches: Callable[[str, str], bool], answer: str, gold: str) -> boo
         return matches(answer, gold)
     except VerifierError:
         return False
+
+
+# --------------------------------------------------------------------------- confidence
+
+
+class ConfidenceOptions(Section):
+    measure: Literal["self_certainty", "negative_entropy", "logprob"] = "self_certainty"
+    """Per token: `self_certainty` (KL from uniform, Intuitor), `negative_entropy` (RENT) or
+    `logprob` (the sampled token's log-probability; summed, EM-RL's trajectory reward)."""
+    model: Literal["policy", "frozen"] = "policy"
+    """Scoring model: `policy` (its weights at this step, Intuitor's online scorer) or
+    `frozen` (the initial policy)."""
+    aggregate: Literal["mean", "sum"] = "mean"
+    """Over the completion's tokens: `mean` (Intuitor, RENT) or `sum`."""
+    temperature: float = Field(default=1.0, gt=0)
+    """The logits are divided by it first (1: the model's own distribution)."""
+
+
+@MODEL_REWARDS.register("confidence")
+def build_confidence(options: dict[str, Any], context: RewardContext) -> ModelReward:
+    """The scoring model's certainty in each completion's sampled tokens (see
+    `rlvr.rewards.certainty`); it reads the ``prompt_ids`` and ``completion_ids`` columns
+    and, where given, ``completion_mask`` (the tokens the policy wrote)."""
+    opts = parse_options(ConfidenceOptions, "confidence", options)
+    model, tokenizer = context.model(opts.model, "reward 'confidence': model")
+
+    def reward(
+        prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
+    ) -> ModelRewardResult:
+        for needed in ("prompt_ids", "completion_ids"):
+            if needed not in columns:
+                raise ValueError(f"no reward column {needed!r} (have: {', '.join(columns)})")
+        scores = certainty_rewards(
+            model,
+            columns["prompt_ids"],
+            columns["completion_ids"],
+            tokenizer.pad_token_id,
+            measure=opts.measure,
+            aggregate=opts.aggregate,
+            temperature=opts.temperature,
+            token_masks=columns.get("completion_mask"),
+            micro_batch_tokens=context.micro_batch_tokens,
+        )
+        return ModelRewardResult(scores)
+
+    return reward
 
 
 # --------------------------------------------------------------------------- likelihood

@@ -314,3 +314,37 @@ def placed_at(values: torch.Tensor, flat: torch.Tensor, mask: torch.Tensor) -> t
     placed = values.new_zeros(mask.shape)
     placed.view(-1).index_copy_(0, flat, values)
     return placed
+
+
+TokenScores = Callable[[nn.Module, SharedPrefixBatch], torch.Tensor]
+"""``scores(model, sb) -> [b, T]``: a value per completion token of a collated micro-batch."""
+
+
+@torch.no_grad()
+def score_completion_tokens(
+    model: nn.Module,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    scores: TokenScores,
+    micro_batch_tokens: int = 4096,
+) -> list[torch.Tensor]:
+    """`scores` of every (prompt, completion) pair, in eval mode (the module's mode is
+    restored), a token-budget micro-batch at a time, each distinct prompt run once: one
+    float32 CPU tensor of ``len(completions[i])`` values per pair."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    device = model_device(model)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(completions)
+    was_training = model.training
+    model.eval()
+    try:
+        for rows in token_budget_micro_batches(
+            list(range(len(completions))), lengths, micro_batch_tokens
+        ):
+            sb = to_device(collate_shared_prefix(prompts, completions, rows, pad_id), device)
+            values = scores(model, sb).float().cpu()
+            for k, row in enumerate(rows):
+                out[row] = values[k, : len(completions[row])]
+    finally:
+        model.train(was_training)
+    return out

@@ -154,6 +154,11 @@ class RewardScorer:
         if self.model_rewards:
             columns.setdefault("question", [p.question for p in batch.problems])
             columns.setdefault("prompt_messages", messages)
+            columns.setdefault("prompt_ids", batch.prompt_ids)
+            columns.setdefault(
+                "completion_mask",
+                [row[:n].bool().tolist() for row, n in zip(batch.response_mask, batch.lengths)],
+            )
             add_model_rewards(
                 out,
                 self.model_rewards,
