@@ -388,6 +388,19 @@ def test_eval_with_a_missing_model_is_an_error(tmp_path):
     assert "does not exist" in " ".join(result.output.split())  # wrapped after a long path
 
 
+def test_eval_without_model_names_the_option_and_the_command_meant():
+    """`rlvr eval runs/demo/rl` (as `rlvr report` takes its run): the folder is not read as a
+    data override, and the error gives the command with --model."""
+    result = runner.invoke(app, ["eval", "runs/demo/rl", "data.max_digits=1"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "give the model to evaluate with --model" in text
+    assert text.endswith("rlvr eval --model runs/demo/rl")
+    bare = runner.invoke(app, ["eval"])
+    assert bare.exit_code == 2 and "rlvr eval --model" not in bare.output
+    assert "give the model to evaluate with --model" in " ".join(bare.output.split())
+
+
 def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
     """`rlvr eval` on the demo-style one-digit task gives what `evaluate` gives on it."""
     tok = build_tiny_tokenizer()

@@ -8,7 +8,7 @@ import shutil
 import textwrap
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, get_args
 
 import typer
 from rich.console import Console
@@ -154,7 +154,7 @@ def _one_of(option: str, value: str | None, field: str) -> None:
         _fail(f"{option} {value}: {hint}choose {', '.join(choices[:-1])} or {choices[-1]}")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     diagnostics.print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code=2)
 
@@ -414,9 +414,11 @@ def curate(
 @app.command("eval", context_settings={"allow_extra_args": True})
 def eval_cmd(
     model: Annotated[
-        str,
-        typer.Option(help="Model directory, run directory (its latest checkpoint), or `tiny`"),
-    ],
+        str | None,
+        typer.Option(
+            help="Model directory, run directory (its latest checkpoint), or `tiny` (required)"
+        ),
+    ] = None,
     data_overrides: Annotated[
         list[str] | None,
         typer.Argument(help="data.KEY=VALUE settings of the task (e.g. data.max_digits=1)"),
@@ -497,6 +499,10 @@ def eval_cmd(
     from rlvr.evaluation.evaluate import evaluate
     from rlvr.models.loading import load_model_and_tokenizer
 
+    if model is None:
+        paths = [o for o in data_overrides or [] if "=" not in o]
+        hint = f": rlvr eval --model {paths[0]}" if paths else ""
+        _fail(f"give the model to evaluate with --model (a model or run directory, or tiny){hint}")
     _appendable(output)
     _appendable(log_samples, "--log-samples")
     _one_of("--task", task, "task")
