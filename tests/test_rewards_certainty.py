@@ -2,6 +2,7 @@
 the per-token measures by hand, the batched scorer against a plain forward pass on both of the
 tiny model's forwards, the ``confidence`` model reward and a short RL run that uses it."""
 
+import json
 import math
 
 import pytest
@@ -179,3 +180,28 @@ def test_confidence_end_to_end_reads_the_sampled_tokens(tmp_path):
         assert math.isfinite(part) and part > 0.0
         assert m["reward/errors"] == 0
         assert m["reward/mean"] == pytest.approx(0.5 * part + m["reward/math"], abs=1e-6)
+
+
+def test_intuitor_trains_on_rows_without_gold_answers(tmp_path):
+    """The label-free preset on a data file read with `data.answer_column=null`: it trains on
+    its own reward, and the step's `accuracy` is null (no row can be judged), not 0."""
+    rows = [{"prompt": f"What is {a}+{b}?"} for a in range(5) for b in range(4)]
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = resolve_config(
+        preset="intuitor",
+        overrides=[
+            *TINY_RUN,
+            "data.task=file",
+            f"data.path={path}",
+            "data.answer_column=null",
+            "data.test_size=0",
+            "train.steps=2",
+            f"train.output_dir={tmp_path / 'run'}",
+        ],
+    )
+    metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["accuracy"] is None and m["reward/math"] is None
+        assert m["reward/confidence"] > 0.0 and m["reward/errors"] == 0

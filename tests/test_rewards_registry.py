@@ -52,6 +52,13 @@ def test_builtins_are_registered() -> None:
     assert get_reward("math") is math_reward
 
 
+def test_math_does_not_apply_to_a_row_without_a_gold_answer() -> None:
+    """`data.answer_column=null` gives the rows an empty answer: TRL's None ("does not
+    apply"), so the step's `accuracy` leaves them out rather than counting them wrong."""
+    completions = ["<answer>5</answer>", "<answer>5</answer>", "<answer>4</answer>"]
+    assert math_reward(["p"] * 3, completions, answer=["5", "", "5"]) == [1.0, None, 0.0]
+
+
 def test_duplicate_name_is_refused(scratch_registry: None) -> None:
     @register_reward("test_dup")
     def first(prompts: list[str], completions: list[str], **_: object) -> list[float]:

@@ -167,6 +167,23 @@ def test_a_sweep_of_faked_runs_averages_the_last_ten_steps_and_announces_each_ru
         assert (row["eval/pass@1"], row["seconds"]) == (0.75, 6.0)
 
 
+def test_a_runs_accuracy_on_unlabelled_rows_is_none_not_a_crash(tmp_path):
+    """A step's accuracy is null where no row had a gold answer (a label-free run): the
+    summary averages the steps that have one, and is None (shown "-") when none has."""
+    from rlvr.training.sweep import summarize
+
+    (point,) = sweep_points(None, "grpo", [*SMALL, "train.steps=3"], tmp_path)
+    run_dir = Path(point.config.train.output_dir)
+    run_dir.mkdir(parents=True)
+    for accuracies, expected in (([None, 0.25, 0.75], 0.5), ([None, None, None], None)):
+        records = [
+            {"step": s, "accuracy": a, "reward/mean": 1.0, "time/step": 1.0}
+            for s, a in enumerate(accuracies, start=1)
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        assert summarize(point)["accuracy"] == expected
+
+
 def test_a_refused_run_directory_names_at_most_three_differences(tmp_path):
     """Three settings differ: all three named; four: the first three and '; ...'."""
     (point,) = sweep_points(None, "grpo", SMALL, tmp_path)

@@ -564,7 +564,8 @@ def test_the_confidence_reward_leaves_a_tools_result_out():
         ]
     )
     task = load_task(cfg.data)
-    engine = Scripted(["<calculator>2+3</calculator>", "<answer>5</answer>"], ["<answer>5</answer>"])
+    turns = ["<calculator>2+3</calculator>", "<answer>5</answer>"], ["<answer>5</answer>"]
+    engine = Scripted(*turns)
     engine.model = build_tiny_model(TOK, hidden_size=32, num_layers=1, intermediate_size=64)
     with torch.no_grad():  # far from uniform: an untrained model is unsure of every token
         engine.model.lm_head.weight.mul_(30)

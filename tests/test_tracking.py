@@ -378,6 +378,9 @@ def test_the_progress_bar_shows_the_step_and_its_numbers_and_nothing_when_disabl
         progress.update(3, metrics)
     shown = " ".join(capsys.readouterr().out.split())
     assert "3/5 reward 0.500 acc 0.250 len 12.0" in shown
+    with StepProgress(5) as progress:  # no row had a gold answer: no accuracy, not "nan"
+        progress.update(4, {**metrics, "accuracy": float("nan")})
+    assert "4/5 reward 0.500 acc - len 12.0" in " ".join(capsys.readouterr().out.split())
     with StepProgress(5, enabled=False) as progress:
         progress.update(3, metrics)
     assert capsys.readouterr().out == ""

@@ -1,5 +1,7 @@
 """Per-step metrics computed by hand."""
 
+import math
+
 import pytest
 import torch
 
@@ -51,3 +53,33 @@ def test_step_metrics_by_hand():
     assert m["entropy"] == 0.5  # 6 / 12
     assert m["grad_norm"] == 2.0  # (1 + 3) / 2
     assert m["loss"] == 0.5  # 2 / (2 epochs · 2 mini-batches)
+
+
+def test_accuracy_is_over_the_samples_the_verifier_could_judge():
+    """Rows without a gold answer (`data.answer_column=null`: the math verifier returns None
+    for them) are left out of `accuracy` and `response_length/incorrect`; a batch of only
+    such rows has no accuracy (NaN, null in metrics.jsonl), not 0."""
+    cfg = resolve_config()
+    n = 4
+    batch = RolloutBatch(
+        problems=[None] * n,
+        prompt_ids=[[1]] * n,
+        completion_ids=[[5] * 2, [5] * 4, [5] * 6, [5] * 8],  # lengths 2, 4, 6, 8
+        prompt_texts=[""] * n,
+        completion_texts=[""] * n,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        response_mask=torch.ones(n, 8),
+        rollout_logprobs=torch.zeros(n, 8),
+        rewards=torch.zeros(n),
+        correct=torch.tensor([True, False, False, False]),
+        judged=torch.tensor([True, True, False, False]),
+    )
+    m = step_metrics(batch, batch, {}, [], cfg)
+    assert m["accuracy"] == 0.5  # 1 right of the 2 judged
+    assert m["response_length/correct"] == 2.0
+    assert m["response_length/incorrect"] == 4.0  # sample 1 only: 2 and 3 were not judged
+    batch.judged = torch.zeros(n, dtype=torch.bool)
+    m = step_metrics(batch, batch, {}, [], cfg)
+    assert math.isnan(m["accuracy"]) and math.isnan(m["response_length/incorrect"])
+    assert m["response_length/mean"] == 5.0

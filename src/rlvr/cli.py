@@ -278,11 +278,11 @@ def sweep(
         _fail(str(exc))
     table = Table("run", "steps", "accuracy", "reward/mean", "eval/pass@1", "seconds")
     for row in rows:
-        held_out = row["eval/pass@1"]
+        held_out, accuracy = row["eval/pass@1"], row["accuracy"]
         table.add_row(
             row["name"],
             str(row["steps"]),
-            f"{row['accuracy']:.3f}",
+            "-" if accuracy is None else f"{accuracy:.3f}",
             f"{row['reward/mean']:.3f}",
             "-" if held_out is None else f"{held_out:.3f}",
             f"{row['seconds']:.0f}",

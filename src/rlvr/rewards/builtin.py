@@ -54,11 +54,15 @@ def math_score(completion: str, gold: Any, timeout_s: float = 5.0) -> float:
 def math_reward(
     prompts: list[str], completions: list[str], answer: list[Any] | None = None, **_: Any
 ) -> list[float]:
-    """Answer correctness against the ``answer`` column (NaN marks a verifier timeout)."""
+    """Answer correctness against the ``answer`` column (NaN marks a verifier timeout; None,
+    TRL's "does not apply", a row without a gold answer: `data.answer_column=null`)."""
     if answer is None:
         raise ValueError("the 'math' reward needs an 'answer' column")
     timeout_s = current_verifier_timeout()
-    return [math_score(c, gold, timeout_s) for c, gold in zip(completions, answer, strict=True)]
+    return [
+        None if gold in (None, "") else math_score(c, gold, timeout_s)
+        for c, gold in zip(completions, answer, strict=True)
+    ]
 
 
 math_reward.self_timed = True  # type: ignore[attr-defined]

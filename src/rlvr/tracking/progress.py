@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -38,8 +39,10 @@ class StepProgress:
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Advance to `step` and show its reward, accuracy and response length."""
+        accuracy = metrics["accuracy"]
+        shown = "-" if math.isnan(accuracy) else f"{accuracy:.3f}"  # NaN: no gold answers
         status = (
-            f"reward {metrics['reward/mean']:.3f}  acc {metrics['accuracy']:.3f}  "
+            f"reward {metrics['reward/mean']:.3f}  acc {shown}  "
             f"len {metrics['response_length/mean']:.1f}"
         )
         self._progress.update(self._task, completed=step, status=status)

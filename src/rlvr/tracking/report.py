@@ -195,7 +195,8 @@ def plot_runs(
         out_path: the PNG to write (parent directories are created).
         metrics: one subplot each, in a grid of up to three columns; any logged key works,
             e.g. `response_length/incorrect`. A metric that no run logs gets an empty subplot
-            that says "not logged". None: `default_metrics` (`DEFAULT_METRICS`, then those
+            that says "not logged"; one whose every value is null (`accuracy` on rows without
+            gold answers), "no values". None: `default_metrics` (`DEFAULT_METRICS`, then those
             of `WHEN_LOGGED` that a run logs; an SFT or DPO folder's own curves).
         smoothing: EMA weight in [0, 1) (TensorBoard-style); 0, the default, plots raw values.
             When smoothing, the raw curve is drawn faintly behind the smoothed one.
@@ -238,11 +239,12 @@ def plot_runs(
 
     for ax, metric in zip(axes, metrics, strict=False):
         ax.set_title(metric, fontsize=10)
-        plotted = False
+        plotted = logged = False
         for run_dir, records, label, color in zip(run_paths, runs, labels, colors, strict=True):
             source = "eval.jsonl" if metric.startswith("eval/") else "metrics.jsonl"
             series = metric_series(records, metric, run_dir / source)
-            if series is None:
+            logged = logged or series is not None
+            if series is None or not any(map(math.isfinite, series[1])):
                 continue
             steps, values = series
             marker = "o" if len(steps) == 1 or metric.startswith("eval/") else None
@@ -258,7 +260,7 @@ def plot_runs(
             ax.text(
                 0.5,
                 0.5,
-                "not logged",
+                "no values (null at every step)" if logged else "not logged",
                 ha="center",
                 va="center",
                 color="0.5",

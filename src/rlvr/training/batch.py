@@ -51,6 +51,9 @@ class RolloutBatch:
     """[N] bool by reward function: False where it returned None ("does not apply")."""
     correct: torch.Tensor | None = None
     """[N] bool: the task verifier accepted the answer."""
+    judged: torch.Tensor | None = None
+    """[N] bool: the task verifier could judge the answer (False: the row has no gold answer,
+    `data.answer_column=null`); `accuracy` is over these. None: every sample."""
     advantages: torch.Tensor | None = None
     """[N, T] per-token advantages."""
     old_logprobs: torch.Tensor | None = None

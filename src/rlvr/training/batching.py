@@ -11,7 +11,8 @@ each row is its own prompt followed by its completion (tested). Per-token tensor
 batch (`response_mask`, `old_logprobs`, `advantages`, ...) are completion-aligned, shape
 [num_samples, max_completion_len].
 
-The policy's update and log-prob passes, the critic, SFT and the likelihood rewards all use it.
+The policy's update and log-prob passes, the critic, SFT and the likelihood and certainty
+rewards (`score_completion_tokens`) all use it.
 On the fused forward none of them builds the [tokens, vocab] logits (`completion_token_stats`).
 """
 

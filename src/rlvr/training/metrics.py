@@ -14,6 +14,14 @@ def _mean(values: torch.Tensor) -> float:
     return float(values.float().mean()) if values.numel() else float("nan")
 
 
+def judged_samples(batch: RolloutBatch) -> torch.Tensor:
+    """[N] bool: the samples the task's verifier could judge (`RolloutBatch.judged`); the
+    accuracy of a batch of unlabelled rows is NaN (null in metrics.jsonl), not 0."""
+    if batch.judged is None:
+        return torch.ones(len(batch), dtype=torch.bool)
+    return batch.judged
+
+
 def zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Share of groups whose rewards are all equal (they carry no GRPO signal)."""
     if rewards.numel() == 0:
@@ -33,17 +41,17 @@ def step_metrics(
 ) -> dict[str, float]:
     """Rollout statistics from every sample, update statistics from the trained ones."""
     lengths = torch.tensor(sampled.lengths, dtype=torch.float32)
-    correct = sampled.correct
+    correct, judged = sampled.correct, judged_samples(sampled)
     trained_tokens = totals.get("tokens", 0.0)
     tokens = max(trained_tokens, 1.0)
     passes = cfg.train.epochs
     metrics = {
         "reward/mean": _mean(sampled.rewards),
         "reward/std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
-        "accuracy": _mean(correct),
+        "accuracy": _mean(correct[judged]),
         "response_length/mean": _mean(lengths),
         "response_length/correct": _mean(lengths[correct]),
-        "response_length/incorrect": _mean(lengths[~correct]),
+        "response_length/incorrect": _mean(lengths[judged & ~correct]),
         "truncated_frac": _mean(sampled.truncated),
         "zero_std_frac": zero_std_fraction(sampled.rewards, sampled.group_ids),
         "entropy": totals.get("entropy_sum", float("nan")) / trained_tokens
@@ -76,7 +84,7 @@ def step_metrics(
         metrics["response_length/trained"] = _mean(
             torch.tensor(trained.lengths, dtype=torch.float32)
         )
-        metrics["accuracy/trained"] = _mean(trained.correct)
+        metrics["accuracy/trained"] = _mean(trained.correct[judged_samples(trained)])
     if "value_loss" in totals:
         value_tokens = max(float(trained.response_mask.sum()) * passes, 1.0)
         metrics["value_loss"] = totals["value_loss"] / max(passes * cfg.train.mini_batches, 1)

@@ -88,7 +88,7 @@ def named_rewards(functions: list[RewardSpec], task_reward: str) -> list[tuple[s
 
 
 class RewardScorer:
-    """Adds `rewards`, `reward_parts` and `correct` to a batch.
+    """Adds `rewards`, `reward_parts`, `correct` and `judged` to a batch.
 
     The task's verifier always runs (with weight 0 when the user's reward list leaves it out),
     so `accuracy` means the same thing whatever the rewards are.
@@ -173,6 +173,7 @@ class RewardScorer:
         }
         batch.reward_applied = {k: torch.tensor(out.applied(k)) for k in out.per_reward}
         batch.correct = batch.reward_parts[self.verifier] >= 1.0
+        batch.judged = batch.reward_applied[self.verifier]
         if self.overlong.buffer > 0:
             penalty = soft_overlong_penalty(
                 torch.tensor(batch.lengths),

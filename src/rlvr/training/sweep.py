@@ -129,6 +129,13 @@ def saved_step(point: SweepPoint) -> int:
     return checkpoint_step(checkpoint) or 0
 
 
+def _mean_of_known(values: list[float | None]) -> float | None:
+    """The mean of the values that are not None (a step's accuracy on unlabelled rows is
+    None); None when none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summarize(point: SweepPoint) -> dict:
     """Name, axis values, final accuracy and reward (mean of the last steps), last held-out
     pass@1 when the run evaluated, and the training seconds."""
@@ -140,7 +147,7 @@ def summarize(point: SweepPoint) -> dict:
         "name": point.name,
         **point.settings,
         "steps": len(steps),
-        "accuracy": sum(r["accuracy"] for r in last) / len(last),
+        "accuracy": _mean_of_known([r["accuracy"] for r in last]),
         "reward/mean": sum(r["reward/mean"] for r in last) / len(last),
         "eval/pass@1": held_out[-1] if held_out else None,
         "seconds": sum(r["time/step"] for r in steps),
