@@ -182,26 +182,46 @@ def test_confidence_end_to_end_reads_the_sampled_tokens(tmp_path):
         assert m["reward/mean"] == pytest.approx(0.5 * part + m["reward/math"], abs=1e-6)
 
 
-def test_intuitor_trains_on_rows_without_gold_answers(tmp_path):
-    """The label-free preset on a data file read with `data.answer_column=null`: it trains on
-    its own reward, and the step's `accuracy` is null (no row can be judged), not 0."""
+def unlabelled_run(tmp_path, preset: str, *more: str):
+    """The config of a 2-step run of `preset` on 20 questions without gold answers."""
     rows = [{"prompt": f"What is {a}+{b}?"} for a in range(5) for b in range(4)]
     path = tmp_path / "questions.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    cfg = resolve_config(
-        preset="intuitor",
-        overrides=[
-            *TINY_RUN,
-            "data.task=file",
-            f"data.path={path}",
-            "data.answer_column=null",
-            "data.test_size=0",
-            "train.steps=2",
-            f"train.output_dir={tmp_path / 'run'}",
-        ],
-    )
+    overrides = [
+        *TINY_RUN,
+        "data.task=file",
+        f"data.path={path}",
+        "data.answer_column=null",
+        "data.test_size=0",
+        "train.steps=2",
+        f"train.output_dir={tmp_path / 'run'}",
+        *more,
+    ]
+    return resolve_config(preset=preset, overrides=overrides)
+
+
+def test_intuitor_trains_on_rows_without_gold_answers(tmp_path):
+    """The label-free preset on a data file read with `data.answer_column=null`: it trains on
+    its own reward, and the step's `accuracy` is null (no row can be judged), not 0."""
+    cfg = unlabelled_run(tmp_path, "intuitor")
     metrics = read_jsonl(train(cfg, show_progress=False) / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert m["accuracy"] is None and m["reward/math"] is None
         assert m["reward/confidence"] > 0.0 and m["reward/errors"] == 0
+
+
+def test_a_run_whose_only_reward_needs_the_missing_answers_is_refused(tmp_path):
+    """GRPO's default reward is the `math` verifier: on rows without gold answers every
+    sample would score 0. Refused before the run directory is made, naming the file and the
+    ways out; a weighted reward that needs no answer beside it is accepted."""
+    cfg = unlabelled_run(tmp_path, "grpo")
+    with pytest.raises(ConfigError, match=r"the rows of .*questions\.jsonl have no gold answer"):
+        train(cfg, show_progress=False)
+    assert not (tmp_path / "run").exists()
+    verifier_only = "reward.functions=[{name: verifier, weight: 2.0}]"
+    with pytest.raises(ConfigError, match="--preset ttrl or --preset intuitor"):
+        train(unlabelled_run(tmp_path, "grpo", verifier_only), show_progress=False)
+    both = "reward.functions=[{name: math}, {name: confidence, weight: 0.1}]"
+    run_dir = train(unlabelled_run(tmp_path, "grpo", both), show_progress=False)
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]

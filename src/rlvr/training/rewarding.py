@@ -87,6 +87,22 @@ def named_rewards(functions: list[RewardSpec], task_reward: str) -> list[tuple[s
     return named
 
 
+def check_gold_answers(functions: list[RewardSpec], task: Task, source: object) -> None:
+    """Refuse a run whose rows have no gold answer (`data.answer_column=null`) when the
+    `math` verifier, which needs one, is its only weighted reward: every sample would score
+    0 (the verifier does not apply) and nothing would train. `source` names the data."""
+    if task.reward != "math" or any(p.answer for p in task.train):
+        return
+    if all(s.name in (TASK_VERIFIER, task.reward) for s in functions if s.weight != 0):
+        raise ConfigError(
+            f"the rows of {source} have no gold answer (data.answer_column=null), and the "
+            "only reward is the task's verifier, 'math', which needs one: every sample would "
+            "score 0. Name the answer column (data.answer_column=...) or train without "
+            "answers: --preset ttrl or --preset intuitor, or a reward of your own in "
+            "reward.functions"
+        )
+
+
 class RewardScorer:
     """Adds `rewards`, `reward_parts`, `correct` and `judged` to a batch.
 

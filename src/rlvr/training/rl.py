@@ -74,7 +74,7 @@ from rlvr.training.optim import (
     reset_optimizer_state,
 )
 from rlvr.training.regularization import Regularization
-from rlvr.training.rewarding import RewardScorer, named_rewards
+from rlvr.training.rewarding import RewardScorer, check_gold_answers, named_rewards
 from rlvr.training.sampling import (
     collect_step,
     config_filters,
@@ -281,6 +281,7 @@ def _train(
     if show_progress and ranks.main and (note := held_out_note(cfg.data, task)):
         print(note, flush=True)
     named_rewards(cfg.reward.functions or [], task.reward)
+    check_gold_answers(cfg.reward.functions or [], task, cfg.data.path)
     run_dir = Path(cfg.train.output_dir)
     checkpoint = ranks.on_main(lambda: checkpoint_to_resume(run_dir, resume, "train.output_dir"))
     every = cfg.eval.every_steps
