@@ -10,13 +10,21 @@ from trl.rewards import get_soft_overlong_punishment
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import DataConfig, RLConfig, describe_fields, preset_names
+from rlvr.config import (
+    ConfigError,
+    DataConfig,
+    RLConfig,
+    describe_fields,
+    preset_names,
+    resolve_config,
+)
 from rlvr.data.loaders import load_file
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate, sample_and_verify
 from rlvr.models.loading import load_pretrained, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.training import preference as preference_module, rl as rl_module, sft as sft_module
+from rlvr.training.rl import train
 from tiny_run import TINY_RUN
 
 runner = CliRunner()
@@ -439,6 +447,33 @@ def test_eval_takes_the_task_settings_as_data_overrides(tmp_path):
 
 def no_model_before_the_data(*args, **kwargs):
     raise AssertionError("the model loaded before the data was checked")
+
+
+def test_eval_of_rows_without_gold_answers_is_refused_not_scored_zero(tmp_path):
+    """`data.answer_column=null` rows (a label-free run's data) cannot be scored: pass@1 read
+    0.0. Refused before the model loads (the model folder here does not exist), naming the
+    file; so is a training run that would evaluate them every N steps."""
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"prompt": f"{a}+1?"}) + "\n" for a in range(12)))
+    result = runner.invoke(
+        app,
+        ["eval", "--model", str(tmp_path / "never_loaded"), "--task", "file",
+         "--data-path", str(questions), "data.answer_column=null"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "questions.jsonl: no row has a gold answer (data.answer_column=null)" in text
+    overrides = [
+        "data.task=file",
+        f"data.path={questions}",
+        "data.answer_column=null",
+        "data.test_size=4",
+        "eval.every_steps=2",
+        f"train.output_dir={tmp_path / 'run'}",
+    ]
+    with pytest.raises(ConfigError, match=r"eval\.every_steps=2; 0 turns them off"):
+        train(resolve_config(preset="intuitor", overrides=overrides), show_progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 def test_eval_scores_every_row_of_a_data_file(tmp_path, monkeypatch):

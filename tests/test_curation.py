@@ -128,6 +128,20 @@ def test_an_output_that_cannot_be_written_is_refused_before_sampling(tmp_path, m
         run_curate(cfg)
 
 
+def test_rows_without_gold_answers_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Their pass rates would all read 0 (60 "below" after sampling every one)."""
+    monkeypatch.setattr(curation, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("load"))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"prompt": f"{a}+1?"}) + "\n" for a in range(6)))
+    data = [f"data.path={questions}", "data.answer_column=null", "data.test_size=0"]
+    overrides = ["data.task=file", *data, f"curate.output={tmp_path / 'out.jsonl'}"]
+    cfg = resolve_config(None, None, overrides, model=CurateConfig)
+    with pytest.raises(ConfigError, match=r"questions\.jsonl: no row has a gold answer .*, and "
+                       "pass rates are measured against one"):  # fmt: skip
+        run_curate(cfg)
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_band_upside_down_names_both_keys():
     with pytest.raises(
         ConfigError,

@@ -23,7 +23,7 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.config_offline import CurateConfig
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import load_task
+from rlvr.data.tasks import load_task, require_gold_answers
 from rlvr.evaluation.engines import sampling_engine
 from rlvr.evaluation.evaluate import sample_and_verify
 from rlvr.models.loading import load_model_and_tokenizer
@@ -91,6 +91,7 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
     _check_output(output)
     task = load_task(cfg.data)
     problems = task.train[: c.max_problems] if c.max_problems else task.train
+    require_gold_answers(task, problems, cfg.data.path, "pass rates")
     unique = drop_duplicates(problems) if c.dedup else problems
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=c.seed)
     tools, chat_kwargs = ToolUse.of(c), cfg.data.chat_template_kwargs

@@ -139,15 +139,27 @@ def load_eval_task(cfg: DataConfig) -> Task:
                 f"data.task={cfg.task} with data.test_size=0 holds out no problems to "
                 "evaluate; give --data-path FILE or data.test_size=N"
             )
-        return task
-    from rlvr.data import loaders
-
-    if cfg.task == "file":
-        test = loaders.load_file(cfg.test_path, **_columns(cfg))
     else:
-        load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
-        test = load(split="test", path=cfg.test_path)
-    return Task(cfg.task, [], test, "math")
+        from rlvr.data import loaders
+
+        if cfg.task == "file":
+            test = loaders.load_file(cfg.test_path, **_columns(cfg))
+        else:
+            load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
+            test = load(split="test", path=cfg.test_path)
+        task = Task(cfg.task, [], test, "math")
+    require_gold_answers(task, task.test, cfg.test_path or cfg.path, "pass@k and maj@k")
+    return task
+
+
+def require_gold_answers(task: Task, problems: list[Problem], source: object, what: str) -> None:
+    """Refuse to measure `what` against the `math` verifier on `problems` of which none has a
+    gold answer (`data.answer_column=null`): it would read 0, not "unknown"."""
+    if task.reward == "math" and problems and not any(p.answer for p in problems):
+        raise ConfigError(
+            f"{source}: no row has a gold answer (data.answer_column=null), and {what} are "
+            "measured against one: set data.answer_column to the column that holds it"
+        )
 
 
 @dataclass

@@ -30,7 +30,7 @@ from rlvr.config import (
     save_config,
 )
 from rlvr.data.sampler import build_sampler
-from rlvr.data.tasks import Task, held_out_note, load_task
+from rlvr.data.tasks import Task, held_out_note, load_task, require_gold_answers
 from rlvr.data.templates import short_prompts
 from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
@@ -291,6 +291,8 @@ def _train(
             f"eval.every_steps={every}: no held-out problems to evaluate "
             f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
         )
+    evaluated = f"the held-out pass@k and maj@k (eval.every_steps={every}; 0 turns them off)"
+    require_gold_answers(task, held_out, cfg.data.test_path or cfg.data.path, evaluated)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
     ranks.copy_from_main(model)
     if r.max_prompt_tokens is not None:
