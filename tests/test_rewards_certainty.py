@@ -216,7 +216,7 @@ def test_a_run_whose_only_reward_needs_the_missing_answers_is_refused(tmp_path):
     sample would score 0. Refused before the run directory is made, naming the file and the
     ways out; a weighted reward that needs no answer beside it is accepted."""
     cfg = unlabelled_run(tmp_path, "grpo")
-    with pytest.raises(ConfigError, match=r"the rows of .*questions\.jsonl have no gold answer"):
+    with pytest.raises(ConfigError, match=r"questions\.jsonl: no row has a gold answer"):
         train(cfg, show_progress=False)
     assert not (tmp_path / "run").exists()
     verifier_only = "reward.functions=[{name: verifier, weight: 2.0}]"

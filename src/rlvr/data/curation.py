@@ -91,7 +91,7 @@ def run_curate(cfg: CurateConfig) -> CurationSummary:
     _check_output(output)
     task = load_task(cfg.data)
     problems = task.train[: c.max_problems] if c.max_problems else task.train
-    require_gold_answers(task, problems, cfg.data.path, "pass rates")
+    require_gold_answers(task, problems, cfg.data.path, "pass rates are measured against one")
     unique = drop_duplicates(problems) if c.dedup else problems
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=c.seed)
     tools, chat_kwargs = ToolUse.of(c), cfg.data.chat_template_kwargs

@@ -148,17 +148,24 @@ def load_eval_task(cfg: DataConfig) -> Task:
             load = loaders.load_gsm8k if cfg.task == "gsm8k" else loaders.load_math
             test = load(split="test", path=cfg.test_path)
         task = Task(cfg.task, [], test, "math")
-    require_gold_answers(task, task.test, cfg.test_path or cfg.path, "pass@k and maj@k")
+    what = "pass@k and maj@k are measured against one"
+    require_gold_answers(task, task.test, cfg.test_path or cfg.path, what)
     return task
 
 
-def require_gold_answers(task: Task, problems: list[Problem], source: object, what: str) -> None:
-    """Refuse to measure `what` against the `math` verifier on `problems` of which none has a
-    gold answer (`data.answer_column=null`): it would read 0, not "unknown"."""
+def require_gold_answers(
+    task: Task,
+    problems: list[Problem],
+    source: object,
+    what: str,
+    way_out: str = "set data.answer_column to the column that holds it",
+) -> None:
+    """Refuse what needs the `math` verifier's judgement on `problems` of which none has a
+    gold answer (`data.answer_column=null`): it would read 0, not "unknown". The error names
+    `source`, says `what` needed the answers and offers `way_out`."""
     if task.reward == "math" and problems and not any(p.answer for p in problems):
         raise ConfigError(
-            f"{source}: no row has a gold answer (data.answer_column=null), and {what} are "
-            "measured against one: set data.answer_column to the column that holds it"
+            f"{source}: no row has a gold answer (data.answer_column=null), and {what}: {way_out}"
         )
 
 

@@ -15,7 +15,7 @@ from rlvr.algorithms.shaping import (
 )
 from rlvr.config import ConfigError, RewardSpec, RLConfig
 from rlvr.data.problem import Problem
-from rlvr.data.tasks import Task
+from rlvr.data.tasks import Task, require_gold_answers
 from rlvr.rewards import RewardOutput, TrainerState, compose_rewards
 from rlvr.rewards.model_based import (
     MODEL_REWARDS,
@@ -91,15 +91,14 @@ def check_gold_answers(functions: list[RewardSpec], task: Task, source: object) 
     """Refuse a run whose rows have no gold answer (`data.answer_column=null`) when the
     `math` verifier, which needs one, is its only weighted reward: every sample would score
     0 (the verifier does not apply) and nothing would train. `source` names the data."""
-    if task.reward != "math" or any(p.answer for p in task.train):
-        return
     if all(s.name in (TASK_VERIFIER, task.reward) for s in functions if s.weight != 0):
-        raise ConfigError(
-            f"the rows of {source} have no gold answer (data.answer_column=null), and the "
-            "only reward is the task's verifier, 'math', which needs one: every sample would "
-            "score 0. Name the answer column (data.answer_column=...) or train without "
-            "answers: --preset ttrl or --preset intuitor, or a reward of your own in "
-            "reward.functions"
+        require_gold_answers(
+            task,
+            task.train,
+            source,
+            "the task's verifier, 'math', the only reward, would score every sample 0",
+            "name the answer column (data.answer_column=...) or train without answers: "
+            "--preset ttrl or --preset intuitor, or a reward of your own in reward.functions",
         )
 
 

@@ -291,8 +291,11 @@ def _train(
             f"eval.every_steps={every}: no held-out problems to evaluate "
             f"(eval.samples={cfg.eval.samples}, the task holds out {len(task.test)})"
         )
-    evaluated = f"the held-out pass@k and maj@k (eval.every_steps={every}; 0 turns them off)"
-    require_gold_answers(task, held_out, cfg.data.test_path or cfg.data.path, evaluated)
+    evaluated = (
+        f"the held-out pass@k and maj@k of eval.every_steps={every} are measured against one"
+    )
+    way_out = "set data.answer_column to the column that holds it, or eval.every_steps=0"
+    require_gold_answers(task, held_out, cfg.data.test_path or cfg.data.path, evaluated, way_out)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
     ranks.copy_from_main(model)
     if r.max_prompt_tokens is not None:
