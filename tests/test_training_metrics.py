@@ -24,21 +24,32 @@ def test_zero_std_fraction_is_per_group_with_unequal_group_sizes():
     assert zero_std_fraction(rewards, groups) == 0.5
 
 
+def four_samples(**fields) -> RolloutBatch:
+    """Four samples of lengths 2, 4, 6 and 8, the first one right, in groups 0, 0, 1, 1, none
+    truncated and all rewarded 0; `fields` replace any of these."""
+    n = 4
+    values = {
+        "problems": [None] * n,
+        "prompt_ids": [[1]] * n,
+        "completion_ids": [[5] * 2, [5] * 4, [5] * 6, [5] * 8],
+        "prompt_texts": [""] * n,
+        "completion_texts": [""] * n,
+        "group_ids": torch.tensor([0, 0, 1, 1]),
+        "truncated": torch.zeros(n, dtype=torch.bool),
+        "response_mask": torch.ones(n, 8),
+        "rollout_logprobs": torch.zeros(n, 8),
+        "rewards": torch.zeros(n),
+        "correct": torch.tensor([True, False, False, False]),
+    }
+    return RolloutBatch(**{**values, **fields})
+
+
 def test_step_metrics_by_hand():
     cfg = resolve_config(overrides=["train.epochs=2", "train.mini_batches=2"])
-    n = 4
-    batch = RolloutBatch(
-        problems=[None] * n,
-        prompt_ids=[[1]] * n,
-        completion_ids=[[5] * 2, [5] * 4, [5] * 6, [5] * 8],  # lengths 2, 4, 6, 8
-        prompt_texts=[""] * n,
-        completion_texts=[""] * n,
+    batch = four_samples(
         group_ids=torch.tensor([0, 0, 0, 1]),
         truncated=torch.tensor([False, False, False, True]),
-        response_mask=torch.ones(n, 8),
-        rollout_logprobs=torch.zeros(n, 8),
         rewards=torch.tensor([0.5, 0.2, 0.2, 0.0]),
-        correct=torch.tensor([True, False, False, False]),
     )
     totals = {"tokens": 12.0, "clip_tokens": 3.0, "entropy_sum": 6.0, "loss": 2.0}
     m = step_metrics(batch, batch, totals, [1.0, 3.0], cfg)
@@ -60,26 +71,12 @@ def test_accuracy_is_over_the_samples_the_verifier_could_judge():
     for them) are left out of `accuracy` and `response_length/incorrect`; a batch of only
     such rows has no accuracy (NaN, null in metrics.jsonl), not 0."""
     cfg = resolve_config()
-    n = 4
-    batch = RolloutBatch(
-        problems=[None] * n,
-        prompt_ids=[[1]] * n,
-        completion_ids=[[5] * 2, [5] * 4, [5] * 6, [5] * 8],  # lengths 2, 4, 6, 8
-        prompt_texts=[""] * n,
-        completion_texts=[""] * n,
-        group_ids=torch.tensor([0, 0, 1, 1]),
-        truncated=torch.zeros(n, dtype=torch.bool),
-        response_mask=torch.ones(n, 8),
-        rollout_logprobs=torch.zeros(n, 8),
-        rewards=torch.zeros(n),
-        correct=torch.tensor([True, False, False, False]),
-        judged=torch.tensor([True, True, False, False]),
-    )
+    batch = four_samples(judged=torch.tensor([True, True, False, False]))
     m = step_metrics(batch, batch, {}, [], cfg)
     assert m["accuracy"] == 0.5  # 1 right of the 2 judged
     assert m["response_length/correct"] == 2.0
     assert m["response_length/incorrect"] == 4.0  # sample 1 only: 2 and 3 were not judged
-    batch.judged = torch.zeros(n, dtype=torch.bool)
+    batch.judged = torch.zeros(4, dtype=torch.bool)
     m = step_metrics(batch, batch, {}, [], cfg)
     assert math.isnan(m["accuracy"]) and math.isnan(m["response_length/incorrect"])
     assert m["response_length/mean"] == 5.0
