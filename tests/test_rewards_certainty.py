@@ -225,3 +225,34 @@ def test_a_run_whose_only_reward_needs_the_missing_answers_is_refused(tmp_path):
     both = "reward.functions=[{name: math}, {name: confidence, weight: 0.1}]"
     run_dir = train(unlabelled_run(tmp_path, "grpo", both), show_progress=False)
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+
+
+def test_model_reward_options_are_checked_before_the_run_starts(tmp_path):
+    """A bad option of a model reward was found only when the trainer built the reward,
+    after the run directory was written and the model loaded."""
+    bad = "reward.functions=[{name: confidence, options: {measure: self-certainty}}]"
+    cfg = resolve_config(preset="intuitor", overrides=[bad, f"train.output_dir={tmp_path}/run"])
+    with pytest.raises(ConfigError, match=r"reward 'confidence': option 'measure': Input should"):
+        train(cfg, show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_documented_model_reward_registers_with_its_options(monkeypatch):
+    """docs/rewards.md's `group_diversity` example, run as written: its options are checked
+    (`check_options`) and it scores a completion no other of its group repeats."""
+    import re
+    from pathlib import Path
+
+    from rlvr.rewards.model_based import MODEL_REWARDS, check_options
+
+    monkeypatch.setattr(MODEL_REWARDS, "_entries", dict(MODEL_REWARDS._entries))  # undone after
+    text = (Path(__file__).parents[1] / "docs" / "rewards.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "diversity" in b]
+    exec(compile(example, "docs/rewards.md", "exec"), {})
+    spec = RewardSpec(name="group_diversity", options={"bonus": 0.5})
+    check_options([spec])
+    with pytest.raises(ConfigError, match=r"unknown option 'bonuss' \(did you mean 'bonus'"):
+        check_options([RewardSpec(name="group_diversity", options={"bonuss": 1})])
+    reward = MODEL_REWARDS.get("group_diversity")(spec.options, RewardContext())
+    result = reward(["p"] * 3, ["a", "a", "b"], torch.tensor([0, 0, 0]), {})
+    assert result.scores == [0.0, 0.0, 0.5]

@@ -81,6 +81,19 @@ ModelReward = Callable[[list[str], list[str], torch.Tensor, dict[str, list]], Mo
 MODEL_REWARDS: Registry = Registry("model reward")
 """Builders of model rewards: ``build(options: dict, context: RewardContext) -> ModelReward``."""
 
+Builder = Callable[[dict[str, Any], "RewardContext"], ModelReward]
+
+
+def model_reward(name: str, options: type[Section]) -> Callable[[Builder], Builder]:
+    """Decorator: register a builder in `MODEL_REWARDS` under `name`, with the `Section` its
+    options must fit, which `check_options` validates before a run loads anything."""
+
+    def register(build: Builder) -> Builder:
+        build.options = options  # type: ignore[attr-defined]
+        return MODEL_REWARDS.register(name)(build)
+
+    return register
+
 
 @dataclass
 class RewardContext:
@@ -214,7 +227,7 @@ def make_judge(opts: BRPOOptions, context: RewardContext) -> Judge:
     )
 
 
-@MODEL_REWARDS.register("brpo")
+@model_reward("brpo", BRPOOptions)
 def build_brpo(options: dict[str, Any], context: RewardContext) -> ModelReward:
     """BRPO against a random in-group reference; the judge sees the raw question (the
     ``question`` column) rather than the templated prompt, when the caller provides it."""
@@ -259,7 +272,7 @@ class MajorityVoteOptions(Section):
     """Seconds the verifier may take to compare one answer with its group's majority answer."""
 
 
-@MODEL_REWARDS.register("majority_vote")
+@model_reward("majority_vote", MajorityVoteOptions)
 def build_majority_vote(options: dict[str, Any], context: RewardContext) -> ModelReward:
     """TTRL's label-free reward (`rlvr.rewards.majority`): no gold answer is read to score.
     Logged beside it, as TTRL logs them: ``agreement``, the mean share of a group that gave
@@ -313,7 +326,7 @@ class ConfidenceOptions(Section):
     """The logits are divided by it first (1: the model's own distribution)."""
 
 
-@MODEL_REWARDS.register("confidence")
+@model_reward("confidence", ConfidenceOptions)
 def build_confidence(options: dict[str, Any], context: RewardContext) -> ModelReward:
     """The scoring model's certainty in each completion's sampled tokens (see
     `rlvr.rewards.certainty`); it reads the ``prompt_ids`` and ``completion_ids`` columns
@@ -361,7 +374,7 @@ class LikelihoodOptions(Section):
     """Cut the completion at this marker (e.g. `<answer>`) so its own answer is not seen."""
 
 
-@MODEL_REWARDS.register("reference_likelihood")
+@model_reward("reference_likelihood", LikelihoodOptions)
 def build_reference_likelihood(options: dict[str, Any], context: RewardContext) -> ModelReward:
     """Reference-likelihood improvement of each completion (see `rlvr.rewards.likelihood`)."""
     opts = parse_options(LikelihoodOptions, "reference_likelihood", options)
@@ -433,7 +446,7 @@ def load_reward_model(
     return model, tokenizer
 
 
-@MODEL_REWARDS.register("reward_model")
+@model_reward("reward_model", RewardModelOptions)
 def build_reward_model(options: dict[str, Any], context: RewardContext) -> ModelReward:
     """A learned reward model's score of each completion (see `rlvr.rewards.reward_model`);
     it reads each prompt's messages from the ``prompt_messages`` column when there is one."""
@@ -460,12 +473,24 @@ def build_reward_model(options: dict[str, Any], context: RewardContext) -> Model
 def build_model_rewards(
     specs: Sequence[RewardSpec], context: RewardContext
 ) -> dict[str, tuple[float, ModelReward]]:
-    """``{name: (weight, reward)}`` for the specs naming a model reward.
-
-    Raises ConfigError for a model reward listed twice, bad options, or options given to a
-    TRL-signature reward (they take none).
-    """
+    """``{name: (weight, reward)}`` for the specs naming a model reward, after
+    `check_options` (a ConfigError for a model reward listed twice, bad options, or options
+    given to a TRL-signature reward)."""
+    check_options(specs)
     built: dict[str, tuple[float, ModelReward]] = {}
+    for spec in specs:
+        if spec.name not in MODEL_REWARDS:
+            continue
+        if spec.name in built:
+            raise ConfigError(f"reward {spec.name!r} is listed twice in reward.functions")
+        built[spec.name] = (spec.weight, MODEL_REWARDS.get(spec.name)(spec.options, context))
+    return built
+
+
+def check_options(specs: Sequence[RewardSpec]) -> None:
+    """What can be checked of the model rewards in `specs` before any model loads: options
+    only for model rewards, no `conversational` (they read the prompts themselves), and the
+    options of each registered with its `Section` (`model_reward`) valid."""
     for spec in specs:
         if spec.name not in MODEL_REWARDS:
             if spec.options:
@@ -474,15 +499,14 @@ def build_model_rewards(
                     f"model rewards do: {', '.join(MODEL_REWARDS.names())}"
                 )
             continue
-        if spec.name in built:
-            raise ConfigError(f"reward {spec.name!r} is listed twice in reward.functions")
         if spec.conversational:
             raise ConfigError(
                 f"reward {spec.name!r}: conversational is for TRL-signature rewards; a model "
                 "reward reads the prompts and completions itself"
             )
-        built[spec.name] = (spec.weight, MODEL_REWARDS.get(spec.name)(spec.options, context))
-    return built
+        options = getattr(MODEL_REWARDS.get(spec.name), "options", None)
+        if options is not None:
+            parse_options(options, spec.name, spec.options)
 
 
 def score_model_reward(

@@ -36,7 +36,7 @@ from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
 from rlvr.rewards.compose import called_their_way, signature_mismatch
-from rlvr.rewards.model_based import MODEL_REWARDS
+from rlvr.rewards.model_based import MODEL_REWARDS, check_options
 from rlvr.rewards.registry import TASK_VERIFIER, RewardFn, get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
@@ -91,8 +91,9 @@ BatchFilter = Callable[[RolloutBatch], RolloutBatch]
 
 def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
-    rewards, GFPO's score), so that a misspelt one is a `ConfigError` naming its key before a
-    model loads; refuse distillation alone without a teacher, group sizes the advantages
+    rewards, GFPO's score) and check the model rewards' options, so that a misspelt one is a
+    `ConfigError` naming its key before a model loads; refuse distillation alone without a
+    teacher, group sizes the advantages
     cannot use (`_check_group_sizes`) and the vllm engine without vLLM (`_check_engine`)."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     group_filter = cfg.algorithm.group_filter
@@ -109,6 +110,7 @@ def check_choices(cfg: RLConfig) -> None:
             look_up(name)
         except KeyError as error:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
+    check_options(cfg.reward.functions or [])
     for i, spec in enumerate(cfg.reward.functions or []):
         plain = spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER
         if plain and spec.conversational and called_their_way(get_reward(spec.name)):
