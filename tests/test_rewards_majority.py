@@ -38,6 +38,32 @@ def test_each_completion_scores_one_when_it_agrees_with_its_groups_majority():
     assert (vote.errors, vote.timeouts) == ([], 0)
 
 
+def test_each_completion_has_the_share_of_its_group_that_gave_its_answer():
+    """EMPO's reward, the probability of the completion's semantic cluster: group 0 gives
+    12, 12, 12.0, 13 (12.0 is its own cluster: the vote's clusters are normalised texts),
+    group 1 gives 4, none, 9, 4 (the completion without an answer scores 0, and counts in the
+    group's size), group 2 no answer at all."""
+    completions = [
+        tagged("12"), tagged("12"), tagged("12.0"), tagged("13"),
+        tagged("4"), "no answer here", tagged("9"), tagged("4"),
+        "nothing", "nothing either",
+    ]  # fmt: skip
+    vote = majority_vote_rewards(completions, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2], answers_match)
+    assert vote.shares == [0.5, 0.5, 0.25, 0.25, 0.5, 0.0, 0.25, 0.5, 0.0, 0.0]
+
+
+def test_the_share_score_is_a_model_reward_option_and_keeps_the_logged_numbers():
+    reward = MODEL_REWARDS.get("majority_vote")({"score": "share"}, RewardContext())
+    completions = [tagged("5"), tagged("5"), tagged("6"), tagged("8"), tagged("7"), tagged("7")]
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    out = reward(["p"] * 6, completions, groups, {"answer": ["5", "5", "5", "8", "8", "8"]})
+    assert out.scores == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3, 2 / 3, 2 / 3])
+    assert out.metrics == pytest.approx({"agreement": 2 / 3, "label_accuracy": 0.5})
+    assert (out.errors, out.timeouts) == (0, 0)
+    with pytest.raises(ConfigError, match=r"reward 'majority_vote': option 'score'"):
+        MODEL_REWARDS.get("majority_vote")({"score": "soft"}, RewardContext())
+
+
 def test_an_undecided_comparison_scores_zero_and_is_counted():
     def verifier(answer: str, label: str) -> bool:
         raise VerifierTimeout("slow") if answer == "x + 1" else VerifierError("died")

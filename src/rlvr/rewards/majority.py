@@ -8,6 +8,12 @@ and each completion scores 1 when the verifier finds its answer equal to that la
 estimation by majority voting, then the rule-based reward against the estimate). A group in
 which no completion has an answer scores 0 throughout.
 
+EMPO (Zhang et al. 2025, *Right Question is Already Half the Answer: Fully Unsupervised LLM
+Reasoning Incentivization*, arXiv:2504.05812) rewards each completion with the probability of
+its semantic cluster instead, the share of its group that gave the same answer
+(`MajorityVote.shares`; 0 without an answer): minimising the group's semantic entropy. Here
+the clusters are the vote's, answers equal after `normalize_answer`.
+
 The vote is over every sample of the prompt. The authors' code can train on only the first
 of them (``n_votes_per_prompt`` above ``n_samples_per_prompt``): here that is the group
 filter, which runs after the rewards, ``algorithm.group_filter.keep=K`` with
@@ -33,6 +39,9 @@ class MajorityVote:
     """Each group's pseudo-label (None: no completion in it gave an answer)."""
     agreement: dict[int, float]
     """Each group's share of completions that gave the pseudo-label (TTRL's majority ratio)."""
+    shares: list[float] = field(default_factory=list)
+    """Each completion's share of its group that gave its answer (EMPO's cluster probability;
+    0 without an answer)."""
     errors: list[str] = field(default_factory=list)
     """Comparisons the verifier could not decide (those completions scored 0)."""
     timeouts: int = 0
@@ -51,9 +60,13 @@ def majority_vote_rewards(
     members: dict[int, list[int]] = {}
     for index, group in enumerate(group_ids):
         members.setdefault(int(group), []).append(index)
-    vote = MajorityVote([0.0] * len(completions), {}, {})
+    vote = MajorityVote([0.0] * len(completions), {}, {}, [0.0] * len(completions))
     for group, rows in members.items():
-        label = majority_label([keys[i] for i in rows])
+        group_keys = [keys[i] for i in rows]
+        for i in rows:
+            if keys[i] is not None:
+                vote.shares[i] = group_keys.count(keys[i]) / len(rows)
+        label = majority_label(group_keys)
         vote.labels[group], vote.agreement[group] = label, 0.0
         if label is None:
             continue

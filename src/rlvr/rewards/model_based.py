@@ -270,24 +270,31 @@ def build_brpo(options: dict[str, Any], context: RewardContext) -> ModelReward:
 class MajorityVoteOptions(Section):
     timeout_s: float = Field(default=5.0, gt=0)
     """Seconds the verifier may take to compare one answer with its group's majority answer."""
+    score: Literal["majority", "share"] = "majority"
+    """`majority`: 1 for agreeing with the group's majority answer (TTRL); `share`: the share
+    of the group that gave the same answer (EMPO's semantic-cluster probability)."""
 
 
 @model_reward("majority_vote", MajorityVoteOptions)
 def build_majority_vote(options: dict[str, Any], context: RewardContext) -> ModelReward:
-    """TTRL's label-free reward (`rlvr.rewards.majority`): no gold answer is read to score.
-    Logged beside it, as TTRL logs them: ``agreement``, the mean share of a group that gave
-    its majority answer, and ``label_accuracy``, the share of groups whose majority answer is
-    the gold one (where the rows have one)."""
+    """TTRL's label-free reward, or EMPO's with ``score: share`` (`rlvr.rewards.majority`):
+    no gold answer is read to score. Logged beside it, as TTRL logs them: ``agreement``, the
+    mean share of a group that gave its majority answer, and ``label_accuracy``, the share of
+    groups whose majority answer is the gold one (where the rows have one)."""
     opts = parse_options(MajorityVoteOptions, "majority_vote", options)
 
     def matches(answer: str, label: str) -> bool:
         return answers_match(answer, label, opts.timeout_s)
 
+    def unequal(answer: str, label: str) -> bool:
+        return False  # `share` scores by the vote's clusters: no verifier call for the rewards
+
     def reward(
         prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
     ) -> ModelRewardResult:
         groups = group_ids.tolist()
-        vote = majority_vote_rewards(completions, groups, matches)
+        share = opts.score == "share"
+        vote = majority_vote_rewards(completions, groups, unequal if share else matches)
         metrics = {"agreement": sum(vote.agreement.values()) / max(len(vote.agreement), 1)}
         golds = dict(zip(groups, columns.get("answer") or [], strict=False))
         if golds and all(gold not in (None, "") for gold in golds.values()):  # "": unlabelled
@@ -297,7 +304,8 @@ def build_majority_vote(options: dict[str, Any], context: RewardContext) -> Mode
             ]
             metrics["label_accuracy"] = sum(right) / len(right)
         examples = vote.errors[:MAX_ERROR_EXAMPLES]
-        return ModelRewardResult(vote.rewards, len(vote.errors), vote.timeouts, examples, metrics)
+        scores = vote.shares if share else vote.rewards
+        return ModelRewardResult(scores, len(vote.errors), vote.timeouts, examples, metrics)
 
     return reward
 
