@@ -11,7 +11,7 @@ as ``reward(prompts, completions, group_ids, columns) -> ModelRewardResult``. Th
 - ``reward_model``: a sequence classifier's score (TRL's and verl's reward model,
   `rlvr.rewards.reward_model`);
 - ``majority_vote``: TTRL's label-free reward, 1 for an answer that is its group's majority
-  answer (`rlvr.rewards.majority`);
+  answer, or EMPO's, the share of the group that gave it (`rlvr.rewards.majority`);
 - ``confidence``: the policy's certainty in its own tokens (Intuitor's self-certainty, RENT's
   negative entropy, EM-RL's log-likelihood; `rlvr.rewards.certainty`), label-free too.
 

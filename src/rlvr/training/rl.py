@@ -93,8 +93,8 @@ def check_choices(cfg: RLConfig) -> None:
     """Look up every registered name the config chooses (advantage estimator, policy loss,
     rewards, GFPO's score) and check the model rewards' options, so that a misspelt one is a
     `ConfigError` naming its key before a model loads; refuse distillation alone without a
-    teacher, group sizes the advantages
-    cannot use (`_check_group_sizes`) and the vllm engine without vLLM (`_check_engine`)."""
+    teacher, group sizes the advantages cannot use (`_check_group_sizes`) and the vllm
+    engine without vLLM (`_check_engine`)."""
     critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
     group_filter = cfg.algorithm.group_filter
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
