@@ -74,12 +74,11 @@ PRESETS = {
     "ttrl": ["rollout.samples_per_prompt=16", "train.lr=1e-5", "train.steps=40"],
     # EM-RL's trajectory reward, log π(y | x) (`confidence` as logprob summed), alone: no gold
     # answer read. Within a group it ranks a right completion above a wrong one in 0.76 of
-    # the pairs at the cold start (self-certainty's mean: 0.57). 0.275 -> 0.335 after 40
-    # steps (train.seed 1 and 2: 0.318, 0.343); self-certainty's mean (`intuitor`'s reward)
-    # falls to 0.26 in the same run (docs/rewards.md)
+    # the pairs at the cold start (self-certainty's mean: 0.57). 0.275 -> 0.340 after 40
+    # steps (train.seed 1 and 2: 0.323, 0.326); self-certainty's mean (`intuitor`'s reward)
+    # falls (docs/rewards.md)
     "grpo+em_rl": [
         "reward.functions=[{name: confidence, options: {measure: logprob, aggregate: sum}}]",
-        "rollout.samples_per_prompt=16",
         "train.lr=1e-5",
         "train.steps=40",
     ],
