@@ -72,7 +72,7 @@ def test_held_out_nll_is_the_mean_nll_per_target_token_of_each_pair_scored_alone
     ids = torch.tensor([PROMPTS[0] + TARGETS[0]])
     logp = model(input_ids=ids).logits[0].log_softmax(-1)[len(PROMPTS[0]) - 1 : -1]
     token_nll = -logp.gather(-1, torch.tensor(TARGETS[0])[:, None])[:, 0]
-    marked = float(token_nll[[0, 2, 3]].mean())
+    marked = float(token_nll[[0, 2, 3]].mean().detach())
     assert held_out_nll(model, Encoded(PROMPTS, TARGETS, marks), 100, 0) == pytest.approx(marked)
 
 
