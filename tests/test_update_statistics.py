@@ -104,7 +104,7 @@ def test_the_loss_gradient_and_statistics_are_the_full_batch_formula(mode):
         - ent_coef * (entropy * mask).sum() / tokens
     )
     loss.backward()
-    assert stats["loss"] == pytest.approx(float(loss), abs=1e-5)
+    assert stats["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
     for got, want in zip(grads, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     detached = {
@@ -118,7 +118,7 @@ def test_the_loss_gradient_and_statistics_are_the_full_batch_formula(mode):
         "rollout_capped_tokens": ((rollout_ratio > 1.2) * mask).sum() * (mode != "none"),
     }
     for key, value in detached.items():
-        assert stats[key] == pytest.approx(float(value), rel=1e-4, abs=1e-5), key
+        assert stats[key] == pytest.approx(float(value.detach()), rel=1e-4, abs=1e-5), key
     assert 0 < stats["clip_tokens"] < stats["tokens"] == 31
     if mode == "none":
         assert stats["rollout_capped_tokens"] == 0 and stats["rollout_weight_sum"] == 31
