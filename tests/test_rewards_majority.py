@@ -48,8 +48,16 @@ def test_each_completion_has_the_share_of_its_group_that_gave_its_answer():
         tagged("4"), "no answer here", tagged("9"), tagged("4"),
         "nothing", "nothing either",
     ]  # fmt: skip
-    vote = majority_vote_rewards(completions, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2], answers_match)
-    assert vote.shares == [0.5, 0.5, 0.25, 0.25, 0.5, 0.0, 0.25, 0.5, 0.0, 0.0]
+
+    def no_call(answer: str, label: str) -> bool:
+        raise AssertionError("the share needs no verifier")
+
+    vote = majority_vote_rewards(completions, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2], no_call, "share")
+    assert vote.rewards == [0.5, 0.5, 0.25, 0.25, 0.5, 0.0, 0.25, 0.5, 0.0, 0.0]
+    assert vote.labels == {0: "12", 1: "4", 2: None}
+    assert vote.agreement == {0: 2 / 4, 1: 2 / 4, 2: 0.0}
+    with pytest.raises(ValueError, match="unknown score 'soft'"):
+        majority_vote_rewards(completions, [0] * 10, no_call, "soft")
 
 
 def test_the_share_score_is_a_model_reward_option_and_keeps_the_logged_numbers():

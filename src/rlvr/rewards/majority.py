@@ -11,7 +11,7 @@ which no completion has an answer scores 0 throughout.
 EMPO (Zhang et al. 2025, *Right Question is Already Half the Answer: Fully Unsupervised LLM
 Reasoning Incentivization*, arXiv:2504.05812) rewards each completion with the probability of
 its semantic cluster instead, the share of its group that gave the same answer
-(`MajorityVote.shares`; 0 without an answer): minimising the group's semantic entropy. Here
+(``score="share"``; 0 without an answer): minimising the group's semantic entropy. Here
 the clusters are the vote's, answers equal after `normalize_answer`.
 
 The vote is over every sample of the prompt. The authors' code can train on only the first
@@ -22,6 +22,7 @@ filter, which runs after the rewards, ``algorithm.group_filter.keep=K`` with
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,16 +33,14 @@ from rlvr.rewards.verify import VerifierError, VerifierTimeout, normalize_answer
 
 @dataclass
 class MajorityVote:
-    """The rewards of a batch under TTRL's majority vote, and what the vote decided."""
+    """The rewards of a batch under the majority vote (TTRL's or EMPO's), and what the vote
+    decided."""
 
     rewards: list[float]
     labels: dict[int, str | None]
     """Each group's pseudo-label (None: no completion in it gave an answer)."""
     agreement: dict[int, float]
     """Each group's share of completions that gave the pseudo-label (TTRL's majority ratio)."""
-    shares: list[float] = field(default_factory=list)
-    """Each completion's share of its group that gave its answer (EMPO's cluster probability;
-    0 without an answer)."""
     errors: list[str] = field(default_factory=list)
     """Comparisons the verifier could not decide (those completions scored 0)."""
     timeouts: int = 0
@@ -51,28 +50,31 @@ def majority_vote_rewards(
     completions: Sequence[str],
     group_ids: Sequence[int],
     matches: Callable[[str, str], bool],
+    score: str = "majority",
 ) -> MajorityVote:
-    """TTRL's reward of each completion: 1.0 when `matches(its answer, its group's majority
-    answer)`, else 0.0; answers are `extract_answer`'s, normalised (`normalize_answer`) for
-    the vote. An answer identical to the label scores 1 without a call to `matches`."""
+    """The reward of each completion, from the extracted answers (`extract_answer`'s),
+    normalised (`normalize_answer`) for the vote. ``majority`` (TTRL): 1.0 when `matches(its
+    answer, its group's majority answer)`, else 0.0; an answer identical to the label scores 1
+    without a call to `matches`. ``share`` (EMPO): the share of its group that gave the same
+    answer (0 without one), with no call to `matches`."""
+    if score not in ("majority", "share"):
+        raise ValueError(f"unknown score {score!r}; choose majority or share")
     answers = [extract_answer(c) for c in completions]
     keys = [None if a is None else normalize_answer(a) for a in answers]
     members: dict[int, list[int]] = {}
     for index, group in enumerate(group_ids):
         members.setdefault(int(group), []).append(index)
-    vote = MajorityVote([0.0] * len(completions), {}, {}, [0.0] * len(completions))
+    vote = MajorityVote([0.0] * len(completions), {}, {})
     for group, rows in members.items():
-        group_keys = [keys[i] for i in rows]
-        for i in rows:
-            if keys[i] is not None:
-                vote.shares[i] = group_keys.count(keys[i]) / len(rows)
-        label = majority_label(group_keys)
-        vote.labels[group], vote.agreement[group] = label, 0.0
-        if label is None:
-            continue
-        vote.agreement[group] = sum(keys[i] == label for i in rows) / len(rows)
+        counts = Counter(keys[i] for i in rows if keys[i] is not None)
+        label = majority_label([keys[i] for i in rows])
+        vote.labels[group] = label
+        vote.agreement[group] = counts[label] / len(rows) if label is not None else 0.0
         for i in rows:
             if keys[i] is None:
+                continue
+            if score == "share":
+                vote.rewards[i] = counts[keys[i]] / len(rows)
                 continue
             try:
                 right = keys[i] == label or matches(answers[i], label)

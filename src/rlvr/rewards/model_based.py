@@ -286,15 +286,11 @@ def build_majority_vote(options: dict[str, Any], context: RewardContext) -> Mode
     def matches(answer: str, label: str) -> bool:
         return answers_match(answer, label, opts.timeout_s)
 
-    def unequal(answer: str, label: str) -> bool:
-        return False  # `share` scores by the vote's clusters: no verifier call for the rewards
-
     def reward(
         prompts: list[str], completions: list[str], group_ids: torch.Tensor, columns: dict
     ) -> ModelRewardResult:
         groups = group_ids.tolist()
-        share = opts.score == "share"
-        vote = majority_vote_rewards(completions, groups, unequal if share else matches)
+        vote = majority_vote_rewards(completions, groups, matches, opts.score)
         metrics = {"agreement": sum(vote.agreement.values()) / max(len(vote.agreement), 1)}
         golds = dict(zip(groups, columns.get("answer") or [], strict=False))
         if golds and all(gold not in (None, "") for gold in golds.values()):  # "": unlabelled
@@ -304,8 +300,7 @@ def build_majority_vote(options: dict[str, Any], context: RewardContext) -> Mode
             ]
             metrics["label_accuracy"] = sum(right) / len(right)
         examples = vote.errors[:MAX_ERROR_EXAMPLES]
-        scores = vote.shares if share else vote.rewards
-        return ModelRewardResult(scores, len(vote.errors), vote.timeouts, examples, metrics)
+        return ModelRewardResult(vote.rewards, len(vote.errors), vote.timeouts, examples, metrics)
 
     return reward
 
