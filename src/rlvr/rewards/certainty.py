@@ -118,7 +118,7 @@ def certainty_rewards(
     measure: str = "self_certainty",
     aggregate: str = "mean",
     temperature: float = 1.0,
-    token_masks: Sequence[Sequence[bool]] | None = None,
+    token_masks: Sequence[Sequence[bool] | torch.Tensor] | None = None,
     micro_batch_tokens: int = 4096,
 ) -> list[float]:
     """The reward of each completion: `measure` of its tokens, averaged (``mean``) or added
@@ -147,7 +147,7 @@ def certainty_rewards(
                 raise ValueError(
                     f"sample {i}: {len(token_masks[i])} mask entries for {len(values)} tokens"
                 )
-            values = values[torch.tensor(token_masks[i], dtype=torch.bool)]
+            values = values[torch.as_tensor(token_masks[i], dtype=torch.bool)]
         total = float(values.double().sum())
         rewards.append(total / len(values) if aggregate == "mean" and len(values) else total)
     return rewards

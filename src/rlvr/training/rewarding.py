@@ -172,7 +172,7 @@ class RewardScorer:
             columns.setdefault("prompt_ids", batch.prompt_ids)
             columns.setdefault(
                 "completion_mask",
-                [row[:n].bool().tolist() for row, n in zip(batch.response_mask, batch.lengths)],
+                [row[:n] > 0 for row, n in zip(batch.response_mask, batch.lengths)],
             )
             add_model_rewards(
                 out,
