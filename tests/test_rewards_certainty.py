@@ -237,18 +237,26 @@ def test_model_reward_options_are_checked_before_the_run_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_documented_model_reward_registers_with_its_options(monkeypatch):
-    """docs/rewards.md's `group_diversity` example, run as written: its options are checked
-    (`check_options`) and it scores a completion no other of its group repeats."""
+def documented_model_reward(monkeypatch) -> str:
+    """The code of docs/rewards.md's `group_diversity` example; what registering it adds to
+    `MODEL_REWARDS` is undone after the test."""
     import re
     from pathlib import Path
 
-    from rlvr.rewards.model_based import MODEL_REWARDS, check_options
+    from rlvr.rewards.model_based import MODEL_REWARDS
 
-    monkeypatch.setattr(MODEL_REWARDS, "_entries", dict(MODEL_REWARDS._entries))  # undone after
+    monkeypatch.setattr(MODEL_REWARDS, "_entries", dict(MODEL_REWARDS._entries))
     text = (Path(__file__).parents[1] / "docs" / "rewards.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "diversity" in b]
-    exec(compile(example, "docs/rewards.md", "exec"), {})
+    return example
+
+
+def test_the_documented_model_reward_registers_with_its_options(monkeypatch):
+    """docs/rewards.md's `group_diversity` example, run as written: its options are checked
+    (`check_options`) and it scores a completion no other of its group repeats."""
+    from rlvr.rewards.model_based import MODEL_REWARDS, check_options
+
+    exec(compile(documented_model_reward(monkeypatch), "docs/rewards.md", "exec"), {})
     spec = RewardSpec(name="group_diversity", options={"bonus": 0.5})
     check_options([spec])
     with pytest.raises(ConfigError, match=r"unknown option 'bonuss' \(did you mean 'bonus'"):
@@ -256,3 +264,46 @@ def test_the_documented_model_reward_registers_with_its_options(monkeypatch):
     reward = MODEL_REWARDS.get("group_diversity")(spec.options, RewardContext())
     result = reward(["p"] * 3, ["a", "a", "b"], torch.tensor([0, 0, 0]), {})
     assert result.scores == [0.0, 0.0, 0.5]
+
+
+def test_a_model_reward_named_by_file_path_trains_from_the_cli(tmp_path, monkeypatch):
+    """A model reward in a file of one's own, named `file.py:builder` in reward.functions,
+    trains from the CLI without a launcher script (it was taken for a TRL-signature reward and
+    refused): each sample scores the documented diversity bonus within its group, and a bad
+    option is refused before the run directory is written."""
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    reward_file = tmp_path / "diversity.py"
+    reward_file.write_text(documented_model_reward(monkeypatch))
+    name = f"{reward_file}:build_group_diversity"
+    runner = CliRunner()
+    base = [
+        "train",
+        *TINY_RUN,
+        "train.steps=2",
+        "train.log_samples=12",
+        "rollout.temperature=0.1",
+        "rollout.max_new_tokens=3",
+    ]
+    bad = f"reward.functions=[{{name: '{name}', options: {{bonuss: 0.5}}}}]"
+    refused = runner.invoke(app, [*base, f"train.output_dir={tmp_path / 'bad'}", bad])
+    assert refused.exit_code != 0
+    assert f"reward '{name}': unknown option 'bonuss' (did you mean 'bonus'" in refused.output
+    assert not (tmp_path / "bad").exists()
+    run_dir = tmp_path / "run"
+    good = f"reward.functions=[{{name: '{name}', options: {{bonus: 0.5}}}}]"
+    result = runner.invoke(app, [*base, f"train.output_dir={run_dir}", good])
+    assert result.exit_code == 0, result.output
+    samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if "completion" in s]
+    assert len(samples) == 2 * 12
+    groups = {}
+    for sample in samples:
+        groups.setdefault((sample["step"], sample["prompt"]), []).append(sample["completion"])
+    expected = [
+        0.5 if groups[s["step"], s["prompt"]].count(s["completion"]) == 1 else 0.0 for s in samples
+    ]
+    assert [s["reward"] for s in samples] == expected and 0 < sum(expected) < 0.5 * len(samples)
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(m["reward/errors"] == 0 and f"reward/{name}" in m for m in steps)

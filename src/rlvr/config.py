@@ -302,7 +302,8 @@ class RewardSpec(Section):
     name: str
     """A registered reward (`math`, `format`, `countdown`), `verifier` (the task's own: `math`
     or `countdown`), a model reward (`brpo`, `reference_likelihood`) or
-    `package.module:function`."""
+    `package.module:function` / `file.py:function` (a reward function, or a model reward's
+    builder that `model_reward` decorates)."""
     weight: float = 1.0
     """Weight of this reward in the total."""
     conversational: bool = False

@@ -49,6 +49,7 @@ from rlvr.rewards.compose import RewardOutput
 from rlvr.rewards.judge import HFJudge, Judge, OpenAIJudge, brpo_rewards
 from rlvr.rewards.likelihood import reference_likelihood_rewards
 from rlvr.rewards.majority import majority_vote_rewards
+from rlvr.rewards.registry import UnknownRewardError, get_reward
 from rlvr.rewards.reward_model import (
     is_sequence_classifier,
     reward_model_scores,
@@ -90,9 +91,27 @@ def model_reward(name: str, options: type[Section]) -> Callable[[Builder], Build
 
     def register(build: Builder) -> Builder:
         build.options = options  # type: ignore[attr-defined]
+        build.model_reward = name  # type: ignore[attr-defined]
         return MODEL_REWARDS.register(name)(build)
 
     return register
+
+
+def model_reward_builder(name: str) -> Builder | None:
+    """The builder of the model reward a ``reward.functions`` name names, or None for a
+    TRL-signature reward: a name in `MODEL_REWARDS`, or a ``package.module:build`` or
+    ``file.py:build`` import path to a builder that `model_reward` decorated (importing it
+    registers it, so a launcher script is not needed). A path that does not import is None
+    here; the check of the TRL-signature rewards reports why."""
+    if name in MODEL_REWARDS:
+        return MODEL_REWARDS.get(name)
+    if ":" not in name:
+        return None
+    try:
+        found = get_reward(name)
+    except UnknownRewardError:
+        return None
+    return found if getattr(found, "model_reward", None) in MODEL_REWARDS else None
 
 
 @dataclass
@@ -482,11 +501,12 @@ def build_model_rewards(
     check_options(specs)
     built: dict[str, tuple[float, ModelReward]] = {}
     for spec in specs:
-        if spec.name not in MODEL_REWARDS:
+        build = model_reward_builder(spec.name)
+        if build is None:
             continue
         if spec.name in built:
             raise ConfigError(f"reward {spec.name!r} is listed twice in reward.functions")
-        built[spec.name] = (spec.weight, MODEL_REWARDS.get(spec.name)(spec.options, context))
+        built[spec.name] = (spec.weight, build(spec.options, context))
     return built
 
 
@@ -495,11 +515,13 @@ def check_options(specs: Sequence[RewardSpec]) -> None:
     only for model rewards, no `conversational` (they read the prompts themselves), and the
     options of each registered with its `Section` (`model_reward`) valid."""
     for spec in specs:
-        if spec.name not in MODEL_REWARDS:
+        build = model_reward_builder(spec.name)
+        if build is None:
             if spec.options:
                 raise ConfigError(
                     f"reward {spec.name!r} takes no options (got {sorted(spec.options)}); only "
-                    f"model rewards do: {', '.join(MODEL_REWARDS.names())}"
+                    f"model rewards do: {', '.join(MODEL_REWARDS.names())}, or a builder of "
+                    "one's own that @model_reward registers, named by import path"
                 )
             continue
         if spec.conversational:
@@ -507,7 +529,7 @@ def check_options(specs: Sequence[RewardSpec]) -> None:
                 f"reward {spec.name!r}: conversational is for TRL-signature rewards; a model "
                 "reward reads the prompts and completions itself"
             )
-        options = getattr(MODEL_REWARDS.get(spec.name), "options", None)
+        options = getattr(build, "options", None)
         if options is not None:
             parse_options(options, spec.name, spec.options)
 

@@ -18,10 +18,10 @@ from rlvr.data.problem import Problem
 from rlvr.data.tasks import Task, require_gold_answers
 from rlvr.rewards import RewardOutput, TrainerState, compose_rewards
 from rlvr.rewards.model_based import (
-    MODEL_REWARDS,
     RewardContext,
     add_model_rewards,
     build_model_rewards,
+    model_reward_builder,
 )
 from rlvr.rewards.registry import TASK_VERIFIER
 from rlvr.rollout.attempts import Attempts, retry_turn
@@ -122,15 +122,14 @@ class RewardScorer:
         `reference_likelihood`, see `rlvr.rewards.model_based`)."""
         functions = cfg.reward.functions or []
         named = named_rewards(functions, task.reward)
-        specs = [(name, s.weight) for name, s in named if name not in MODEL_REWARDS]
+        plain = [(name, s) for name, s in named if model_reward_builder(name) is None]
+        specs = [(name, s.weight) for name, s in plain]
         if not functions:
             specs = [(task.reward, 1.0)]
         if task.reward not in {name for name, _ in specs}:
             specs.append((task.reward, 0.0))
         self.verifier = task.reward
-        conversational = frozenset(
-            name for name, s in named if s.conversational and name not in MODEL_REWARDS
-        )
+        conversational = frozenset(name for name, s in plain if s.conversational)
         self.compose = compose_rewards(
             specs, timeout_s=cfg.reward.timeout_s, conversational=conversational
         )

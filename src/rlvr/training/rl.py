@@ -36,7 +36,7 @@ from rlvr.evaluation.evaluate import evaluate_as_configured
 from rlvr.models import fused
 from rlvr.models.loading import eos_token_ids, load_model_and_tokenizer, resolve_device
 from rlvr.rewards.compose import called_their_way, signature_mismatch
-from rlvr.rewards.model_based import MODEL_REWARDS, check_options
+from rlvr.rewards.model_based import check_options, model_reward_builder
 from rlvr.rewards.registry import TASK_VERIFIER, RewardFn, get_reward
 from rlvr.rollout.base import RolloutEngine
 from rlvr.rollout.hf import HFRolloutEngine
@@ -103,7 +103,7 @@ def check_choices(cfg: RLConfig) -> None:
     if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
         chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
     for i, spec in enumerate(cfg.reward.functions or []):
-        if spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER:
+        if model_reward_builder(spec.name) is None and spec.name != TASK_VERIFIER:
             chosen.append((f"reward.functions[{i}].name", spec.name, _callable_reward, ""))
     for key, name, look_up, alternative in chosen:
         try:
@@ -112,7 +112,7 @@ def check_choices(cfg: RLConfig) -> None:
             raise ConfigError(f"{key}: {error.args[0]}{alternative}") from None
     check_options(cfg.reward.functions or [])
     for i, spec in enumerate(cfg.reward.functions or []):
-        plain = spec.name not in MODEL_REWARDS and spec.name != TASK_VERIFIER
+        plain = model_reward_builder(spec.name) is None and spec.name != TASK_VERIFIER
         if plain and spec.conversational and called_their_way(get_reward(spec.name)):
             raise ConfigError(
                 f"reward.functions[{i}]: {spec.name!r} is a verl or OpenRLHF reward, called "
