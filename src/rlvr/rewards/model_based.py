@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field, ValidationError
@@ -83,16 +84,24 @@ MODEL_REWARDS: Registry = Registry("model reward")
 """Builders of model rewards: ``build(options: dict, context: RewardContext) -> ModelReward``."""
 
 Builder = Callable[[dict[str, Any], "RewardContext"], ModelReward]
+S = TypeVar("S", bound=Section)
 
 
-def model_reward(name: str, options: type[Section]) -> Callable[[Builder], Builder]:
-    """Decorator: register a builder in `MODEL_REWARDS` under `name`, with the `Section` its
-    options must fit, which `check_options` validates before a run loads anything."""
+def model_reward(
+    name: str, options: type[S]
+) -> Callable[[Callable[[S, RewardContext], ModelReward]], Builder]:
+    """Decorator: register ``build(options: S, context) -> ModelReward`` in `MODEL_REWARDS`
+    under `name`, as the `Builder` that parses its options dict into `S` (`parse_options`)
+    first; `check_options` validates the options against `S` before a run loads anything."""
 
-    def register(build: Builder) -> Builder:
-        build.options = options  # type: ignore[attr-defined]
-        build.model_reward = name  # type: ignore[attr-defined]
-        return MODEL_REWARDS.register(name)(build)
+    def register(build: Callable[[S, RewardContext], ModelReward]) -> Builder:
+        @functools.wraps(build)
+        def from_dict(given: dict[str, Any], context: RewardContext) -> ModelReward:
+            return build(parse_options(options, name, given), context)
+
+        from_dict.options = options  # type: ignore[attr-defined]
+        from_dict.model_reward = name  # type: ignore[attr-defined]
+        return MODEL_REWARDS.register(name)(from_dict)
 
     return register
 
@@ -247,10 +256,9 @@ def make_judge(opts: BRPOOptions, context: RewardContext) -> Judge:
 
 
 @model_reward("brpo", BRPOOptions)
-def build_brpo(options: dict[str, Any], context: RewardContext) -> ModelReward:
+def build_brpo(opts: BRPOOptions, context: RewardContext) -> ModelReward:
     """BRPO against a random in-group reference; the judge sees the raw question (the
     ``question`` column) rather than the templated prompt, when the caller provides it."""
-    opts = parse_options(BRPOOptions, "brpo", options)
     judge = make_judge(opts, context)
 
     def reward(
@@ -295,12 +303,11 @@ class MajorityVoteOptions(Section):
 
 
 @model_reward("majority_vote", MajorityVoteOptions)
-def build_majority_vote(options: dict[str, Any], context: RewardContext) -> ModelReward:
+def build_majority_vote(opts: MajorityVoteOptions, context: RewardContext) -> ModelReward:
     """TTRL's label-free reward, or EMPO's with ``score: share`` (`rlvr.rewards.majority`):
     no gold answer is read to score. Logged beside it, as TTRL logs them: ``agreement``, the
     mean share of a group that gave its majority answer, and ``label_accuracy``, the share of
     groups whose majority answer is the gold one (where the rows have one)."""
-    opts = parse_options(MajorityVoteOptions, "majority_vote", options)
 
     def matches(answer: str, label: str) -> bool:
         return answers_match(answer, label, opts.timeout_s)
@@ -349,11 +356,10 @@ class ConfidenceOptions(Section):
 
 
 @model_reward("confidence", ConfidenceOptions)
-def build_confidence(options: dict[str, Any], context: RewardContext) -> ModelReward:
+def build_confidence(opts: ConfidenceOptions, context: RewardContext) -> ModelReward:
     """The scoring model's certainty in each completion's sampled tokens (see
     `rlvr.rewards.certainty`); it reads the ``prompt_ids`` and ``completion_ids`` columns
     and, where given, ``completion_mask`` (the tokens the policy wrote)."""
-    opts = parse_options(ConfidenceOptions, "confidence", options)
     model, tokenizer = context.model(opts.model, "reward 'confidence': model")
 
     def reward(
@@ -397,9 +403,8 @@ class LikelihoodOptions(Section):
 
 
 @model_reward("reference_likelihood", LikelihoodOptions)
-def build_reference_likelihood(options: dict[str, Any], context: RewardContext) -> ModelReward:
+def build_reference_likelihood(opts: LikelihoodOptions, context: RewardContext) -> ModelReward:
     """Reference-likelihood improvement of each completion (see `rlvr.rewards.likelihood`)."""
-    opts = parse_options(LikelihoodOptions, "reference_likelihood", options)
     model, tokenizer = context.model(opts.model, "reward 'reference_likelihood': model")
 
     def reward(
@@ -469,10 +474,9 @@ def load_reward_model(
 
 
 @model_reward("reward_model", RewardModelOptions)
-def build_reward_model(options: dict[str, Any], context: RewardContext) -> ModelReward:
+def build_reward_model(opts: RewardModelOptions, context: RewardContext) -> ModelReward:
     """A learned reward model's score of each completion (see `rlvr.rewards.reward_model`);
     it reads each prompt's messages from the ``prompt_messages`` column when there is one."""
-    opts = parse_options(RewardModelOptions, "reward_model", options)
     model, tokenizer = load_reward_model(opts, context)
     chat = opts.chat_template
     if chat is None:
