@@ -6,7 +6,7 @@ from torch.distributed.tensor import DTensor
 
 from batches import token_batch
 from rlvr.algorithms.controllers import ema_update_
-from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, TrainConfig
+from rlvr.config import AlgorithmConfig, CriticConfig, DataConfig, PrimeConfig, TrainConfig
 from rlvr.config_offline import DPOConfig
 from rlvr.data.tasks import load_task
 from rlvr.evaluation.evaluate import evaluate
@@ -16,6 +16,7 @@ from rlvr.training import sharding
 from rlvr.training.batching import collate_shared_prefix, completion_token_stats
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks
+from rlvr.training.implicit_prm import ImplicitPRM
 from rlvr.training.optim import (
     build_optimizer,
     build_scheduler,
@@ -79,7 +80,8 @@ def held_out_scores(model, tokenizer, ranks: Ranks, chunk: range = range(5), see
 
 
 def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
-    """Scores, policy-update gradients and statistics of each case, a critic update's, an SFT
+    """Scores, policy-update gradients and statistics of each case, a critic update's, an
+    implicit PRM's (its gradient, statistics and process rewards), an SFT
     step's and a DPO step's (reference pass, gradient, pair statistics, held-out metrics), and
     the held-out evaluation's scores."""
     tok = build_tiny_tokenizer()
@@ -119,6 +121,17 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     out["critic/values"] = batch.values
     out["critic/value_loss"] = torch.tensor(critic.update(batch, ROWS)["value_loss"])
     out["critic/grad"] = torch.cat([p.grad.flatten() for p in critic.model.parameters()])
+    prm = ImplicitPRM(PrimeConfig(beta=0.5), model, TrainConfig(micro_batch_tokens=24), 0, ranks)
+    noise = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a PRM that differs from its reference
+        for p in prm.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=noise))
+    batch = four_group_batch()
+    batch.correct = torch.tensor([True, False, True, True, False, False, True, False])
+    prm.optimizer.step = lambda: None  # keep the weights: compare the gradients
+    out.update({k: torch.tensor(v) for k, v in prm.update(batch).items()})
+    out["prm/grad"] = torch.cat([p.grad.flatten() for p in prm.model.parameters()])
+    out["prm/rewards"] = prm.process_rewards(batch)
     model.zero_grad(set_to_none=True)
     prompts, targets = batch.prompt_ids, batch.completion_ids
     lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]

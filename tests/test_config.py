@@ -298,7 +298,8 @@ def test_help_config_rows_show_each_default_with_its_range():
         (
             RLConfig,
             "lr=1e-6",
-            "unknown config key 'lr'; did you mean 'algorithm.critic.lr' or 'train.lr'?",
+            "unknown config key 'lr'; did you mean 'algorithm.critic.lr', 'algorithm.prime.lr' or "
+            "'train.lr'?",
         ),
         (
             RLConfig,

@@ -179,7 +179,14 @@ def test_the_update_is_the_same_on_three_ranks_as_in_one_process(three_ranks):
     torch.manual_seed(0)
     same_scores_as_chunks(everyone[0], small_model(tok), tok, world)
     assert 0 < everyone[0]["eval/truncated_frac"] < 1  # lengths differ, so the weights matter
-    grads = ("token_mean/grad", "critic/grad", "skip_zero_advantage/grad", "sft/grad", "dpo/grad")
+    grads = (
+        "token_mean/grad",
+        "critic/grad",
+        "prm/grad",
+        "skip_zero_advantage/grad",
+        "sft/grad",
+        "dpo/grad",
+    )
     for name in grads:
         assert single[name].abs().max() > 1e-3  # a gradient that is really there
     assert (

@@ -42,6 +42,7 @@ ALL_PRESETS = {
     "opo",
     "orz",
     "ppo",
+    "prime",
     "prorl",
     "reinforce_pp",
     "remax",

@@ -23,6 +23,7 @@ from rlvr.config_algorithm import (
     GroupFilterConfig as GroupFilterConfig,
     KLConfig as KLConfig,
     OverlongConfig as OverlongConfig,
+    PrimeConfig as PrimeConfig,
     RolloutISConfig as RolloutISConfig,
     ShapingConfig as ShapingConfig,
     VespoConfig as VespoConfig,

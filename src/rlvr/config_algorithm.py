@@ -165,6 +165,25 @@ class CriticConfig(Section):
     """Initialise the critic from this causal LM (same tokenizer) instead of the policy."""
 
 
+class PrimeConfig(Section):
+    beta: float = Field(default=0.05, gt=0.0)
+    """β of the implicit PRM's token reward β·log π_φ/π_ref (verl's PRIME recipe: 0.05)."""
+    lr: float = Field(default=1e-6, gt=0.0)
+    """The implicit PRM's learning rate (the recipe: 1e-6)."""
+    max_grad_norm: float = Field(default=10.0, gt=0.0)
+    """Gradient-norm clip of the PRM's update (the recipe: 10)."""
+    process_coef: float = Field(default=5.0, ge=0.0)
+    """Weight of the process rewards' leave-one-out returns in the advantage (the recipe: 5)."""
+    outcome_coef: float = Field(default=5.0, ge=0.0)
+    """Weight of the outcome rewards' leave-one-out advantage (the recipe: 5)."""
+    scale_returns: bool = True
+    """Divide the process rewards by the batch's largest absolute return (the recipe's
+    `prime_norm: batch_norm`)."""
+    model: str | None = None
+    """Initialise the PRM and its reference from this causal LM (same tokenizer) instead of
+    the policy."""
+
+
 class RolloutISConfig(Section):
     mode: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
         "none"
@@ -217,7 +236,8 @@ class DistillConfig(Section):
 
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
-    """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), or `gae` for a learned critic."""
+    """Advantage estimator (see `rlvr.algorithms.ADVANTAGES`), `gae` for a learned critic, or
+    `prime` for PRIME's implicit process reward model."""
     std_normalization: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
     epsilon: float = Field(default=1e-6, ge=0.0)
@@ -258,6 +278,8 @@ class AlgorithmConfig(Section):
     """Length and repetition reward shaping."""
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """Value model and GAE, used when `advantage` is `gae`."""
+    prime: PrimeConfig = Field(default_factory=PrimeConfig)
+    """PRIME's implicit process reward model, used when `advantage` is `prime`."""
     positive_lm_coef: float = Field(default=0.0, ge=0.0)
     """Weight of VAPO's NLL loss on correct samples (paper: 0.1); 0 = off."""
     omd_tau: float = Field(default=0.1, gt=0.0)
@@ -296,6 +318,16 @@ class AlgorithmConfig(Section):
                 "in its group and the sum over the batch: it needs algorithm.advantage=grpo, "
                 "algorithm.std_normalization=group, no KL in the reward and no truncation "
                 f"reward; change {keys}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _prime_builds_its_own_returns(self) -> AlgorithmConfig:
+        if self.advantage == "prime" and self.kl.in_reward and self.kl.coef > 0:
+            raise ValueError(
+                "algorithm.advantage=prime builds its returns from the implicit PRM's rewards "
+                "and the outcome rewards alone, as PRIME does, so a KL penalty in the reward "
+                "would be dropped: set algorithm.kl.in_reward=false (the KL as a loss term)"
             )
         return self
 

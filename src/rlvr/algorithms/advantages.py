@@ -40,10 +40,11 @@ from rlvr.algorithms.registry import ADVANTAGES
 STD_NORMALIZATIONS = ("group", "batch", "none")
 
 GROUP_BASELINES = frozenset(
-    {"grpo", "rloo", "gpg", "reinforce_pp_baseline", "opo", "pass_at_k", "best_of_group"}
+    {"grpo", "rloo", "gpg", "reinforce_pp_baseline", "opo", "pass_at_k", "best_of_group", "prime"}
 )
 """The estimators that compare each sample with the others of its prompt: with one sample per
-prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2)."""
+prompt every advantage they give is 0 (as TRL, they need ``num_generations`` >= 2); `prime`,
+PRIME's leave-one-out (`rlvr.algorithms.implicit_prm`), is one of them."""
 
 GREEDY_BASELINES = frozenset({"remax"})
 """The estimators that take the reward of a greedy completion of each sample's prompt

@@ -66,6 +66,8 @@ class RolloutBatch:
     """[N, T] critic values before this step's updates (GAE presets)."""
     returns: torch.Tensor | None = None
     """[N, T] the critic's regression targets (GAE presets)."""
+    process_rewards: torch.Tensor | None = None
+    """[N, T] the implicit PRM's reward of each token (`algorithm.advantage: prime`)."""
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -1,4 +1,5 @@
-"""This step's advantages: from outcome rewards and groups, or from a critic with GAE.
+"""This step's advantages: from outcome rewards and groups, from a critic with GAE, or from
+PRIME's implicit process rewards and the outcome rewards.
 
 The KL penalty, when it sits in the reward, is subtracted here: per token before GAE
 (``outcome_token_rewards``), summed over the sequence for the outcome estimators.
@@ -14,6 +15,7 @@ import torch
 from rlvr.algorithms import ADVANTAGES, KL_ESTIMATORS, decoupled_group_advantages
 from rlvr.algorithms.controllers import high_entropy_mask
 from rlvr.algorithms.distillation import teacher_token_advantages
+from rlvr.algorithms.implicit_prm import prime_advantages
 from rlvr.algorithms.value import (
     gae_advantages,
     length_adaptive_lambda,
@@ -25,10 +27,13 @@ from rlvr.models import lora
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import ONE_PROCESS, Ranks
+from rlvr.training.implicit_prm import ImplicitPRM
 from rlvr.training.update import LossSettings, batch_logprobs, batch_token_stats
 
 CRITIC_ADVANTAGE = "gae"
 """The `algorithm.advantage` value that turns the critic on."""
+PRIME_ADVANTAGE = "prime"
+"""The `algorithm.advantage` value that turns PRIME's implicit PRM on."""
 
 
 def kl_reward_penalty(
@@ -71,6 +76,7 @@ def outcome_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([N, T] advantages, [N, T] critic returns or None) from the batch's rewards.
 
+    With `advantage: prime`, `batch.process_rewards` must hold the implicit PRM's rewards.
     With `advantage: gae`, `batch.values` must hold the critic's values; the policy's λ is
     `critic.lam` or VAPO's length-adaptive λ, the critic's targets use `critic.critic_lam`
     (VAPO's decoupled GAE). With `reward_aggregation: normalize_then_sum` the advantages are
@@ -92,6 +98,17 @@ def outcome_advantages(
         if c.whiten_advantages:
             advantages = whiten(advantages, mask)
         return advantages, returns
+    if algo.advantage == PRIME_ADVANTAGE:
+        p = algo.prime
+        advantages = prime_advantages(
+            batch.process_rewards,
+            batch.rewards,
+            mask,
+            batch.group_ids,
+            p.process_coef,
+            p.outcome_coef,
+        )
+        return advantages, None
     if algo.reward_aggregation == "normalize_then_sum":
         weights = {k: w for k, w in (reward_weights or {}).items() if w and k in batch.reward_parts}
         columns = [batch.reward_parts[k] for k in weights]
@@ -140,9 +157,11 @@ def prepare_update(
     needs_old_logprobs: bool,
     ranks: Ranks = ONE_PROCESS,
     teacher: torch.nn.Module | None = None,
-) -> None:
+    prm: ImplicitPRM | None = None,
+) -> dict[str, float | None]:
     """Add what the update reads to `batch`: reference / teacher / old log-probs, values,
-    advantages.
+    process rewards, advantages; return the implicit PRM's statistics (`ImplicitPRM.update`,
+    which runs first: PRIME scores with the PRM updated on the batch), or nothing.
 
     A `reference` that is the policy itself (a LoRA policy's, `Regularization`) is scored with
     its adapters off. With several ranks each scores its share of the rows and every rank
@@ -168,6 +187,10 @@ def prepare_update(
             batch.old_logprobs = old
     if critic is not None:
         batch.values = critic.predict(batch)
+    prm_stats: dict[str, float | None] = {}
+    if prm is not None:
+        prm_stats = prm.update(batch)
+        batch.process_rewards = prm.process_rewards(batch)
     batch.advantages, batch.returns = batch_advantages(
         batch, algo, settings.kl_coef, settings.reward_weights
     )
@@ -175,3 +198,4 @@ def prepare_update(
         batch.advantages = keep_high_entropy_tokens(
             batch.advantages, entropy, batch.response_mask, top_frac
         )
+    return prm_stats

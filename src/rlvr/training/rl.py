@@ -63,7 +63,8 @@ from rlvr.training.checkpoint import (
 )
 from rlvr.training.critic import Critic
 from rlvr.training.distributed import Ranks, data_parallel, rank_state
-from rlvr.training.estimation import CRITIC_ADVANTAGE, prepare_update
+from rlvr.training.estimation import CRITIC_ADVANTAGE, PRIME_ADVANTAGE, prepare_update
+from rlvr.training.implicit_prm import ImplicitPRM
 from rlvr.training.memory import keep_freed_memory
 from rlvr.training.metrics import step_metrics
 from rlvr.training.optim import (
@@ -95,12 +96,15 @@ def check_choices(cfg: RLConfig) -> None:
     `ConfigError` naming its key before a model loads; refuse distillation alone without a
     teacher, group sizes the advantages cannot use (`_check_group_sizes`) and the vllm
     engine without vLLM (`_check_engine`)."""
-    critic = f"; or {CRITIC_ADVANTAGE!r}, a learned critic"
+    critic = (
+        f"; or {CRITIC_ADVANTAGE!r}, a learned critic, or {PRIME_ADVANTAGE!r}, PRIME's implicit "
+        "process reward model"
+    )
     group_filter = cfg.algorithm.group_filter
     chosen = [("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES.get, "")]
     if group_filter.keep:
         chosen.append(("algorithm.group_filter.by", group_filter.by, GROUP_FILTER_SCORES.get, ""))
-    if cfg.algorithm.advantage != CRITIC_ADVANTAGE:
+    if cfg.algorithm.advantage not in (CRITIC_ADVANTAGE, PRIME_ADVANTAGE):
         chosen.append(("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES.get, critic))
     for i, spec in enumerate(cfg.reward.functions or []):
         if model_reward_builder(spec.name) is None and spec.name != TASK_VERIFIER:
@@ -298,6 +302,10 @@ def _train(
     )
     way_out = "set data.answer_column to the column that holds it, or eval.every_steps=0"
     require_gold_answers(task, held_out, cfg.data.test_path or cfg.data.path, evaluated, way_out)
+    if algo.advantage == PRIME_ADVANTAGE:
+        learns = "algorithm.advantage=prime trains its implicit PRM on the verifier's verdicts"
+        answers = "set data.answer_column to the column that holds it, or another advantage"
+        require_gold_answers(task, task.train, cfg.data.path, learns, answers)
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.train.seed)
     ranks.copy_from_main(model)
     if r.max_prompt_tokens is not None:
@@ -323,7 +331,10 @@ def _train(
     critic = None
     if algo.advantage == CRITIC_ADVANTAGE:
         critic = Critic(algo.critic, model, cfg.train, tokenizer.pad_token_id, ranks)
-    if cfg.train.fsdp:  # after the replicated reference and critic are copied
+    prm = None
+    if algo.advantage == PRIME_ADVANTAGE:
+        prm = ImplicitPRM(algo.prime, model, cfg.train, tokenizer.pad_token_id, ranks)
+    if cfg.train.fsdp:  # after the replicated reference, critic and PRM are copied
         sharding.shard(model, ranks, cfg.train.fsdp_reshard_after_forward, announce=show_progress)
     updates_per_step = cfg.train.epochs * cfg.train.mini_batches
     optimizer = build_optimizer(
@@ -350,6 +361,8 @@ def _train(
         regularization.load_state_dict(state["regularization"])
         if critic is not None:
             critic.load_state_dict(state["critic"])
+        if prm is not None:
+            prm.load_state_dict(state["prm"])
         start_step, bad_steps = state["step"], state["bad_steps"]
     for name in RUN_LOGS:
         if ranks.main:
@@ -399,6 +412,7 @@ def _train(
             "bad_steps": bad_steps,
             "regularization": regularization.state_dict(),
             "critic": critic.state_dict() if critic is not None else None,
+            "prm": prm.state_dict() if prm is not None else None,
         }
 
     def evaluate_after(step: int) -> None:
@@ -450,7 +464,9 @@ def _train(
                 settings.kl_coef = regularization.kl_coef
                 settings.entropy_coef = regularization.entropy_coef
                 several = updates_per_step > 1
-                prepare_update(batch, model, reference, critic, settings, several, ranks, teacher)
+                prm_stats = prepare_update(
+                    batch, model, reference, critic, settings, several, ranks, teacher, prm
+                )
             train_policy = critic is None or step > algo.critic.warmup_steps
 
             totals: dict[str, float] = {}
@@ -509,6 +525,7 @@ def _train(
                 }
             )
             metrics["kl_coef"], metrics["entropy_coef"] = settings.kl_coef, settings.entropy_coef
+            metrics.update(prm_stats)
             metrics.update({k: sum(v) / len(v) for k, v in data.rewards.metrics.items() if v})
             metrics.update(sampler.stats())
             metrics_log.write(metrics)
