@@ -117,3 +117,5 @@ def test_pairwise_accuracy_counts_same_prompt_pairs_with_different_labels():
     assert pairwise_accuracy(-scores, labels, groups) == pytest.approx(0.0)
     assert pairwise_accuracy(torch.tensor([0.1, 0.2, 0.0]), labels[:3], groups[:3]) == 0.5
     assert pairwise_accuracy(scores[:2], torch.ones(2), groups[:2]) is None
+    tie = torch.tensor([0.5, 0.5])
+    assert pairwise_accuracy(tie, torch.tensor([1, 0]), torch.zeros(2)) == 0.0  # not ranked
