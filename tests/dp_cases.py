@@ -62,8 +62,8 @@ CASES = {
 
 
 def held_out_scores(model, tokenizer, ranks: Ranks, chunk: range = range(5), seed: int = 0):
-    """`evaluate` on the held-out arithmetic problems `chunk` (k = 2, 8 new tokens), without
-    its wall-clock seconds."""
+    """`evaluate` on the held-out arithmetic problems `chunk` (k = 2, 8 new tokens, sc@2 too),
+    without its wall-clock seconds."""
     task = load_task(DataConfig(max_digits=1, train_size=10, test_size=5))
     problems = task.test[chunk.start : chunk.stop]
     scores = evaluate(
@@ -75,6 +75,7 @@ def held_out_scores(model, tokenizer, ranks: Ranks, chunk: range = range(5), see
         max_new_tokens=8,
         seed=seed,
         ranks=ranks,
+        self_certainty=True,
     )
     return {key: value for key, value in scores.items() if key != "seconds"}
 

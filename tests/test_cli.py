@@ -720,3 +720,28 @@ def test_in_training_evaluation_samples_with_eval_top_p(monkeypatch):
     cfg = resolve_config(overrides=["eval.top_p=0.95", "eval.temperature=0.6"])
     evaluation.evaluate_as_configured(None, None, [], "math", cfg)
     assert (seen["top_p"], seen["temperature"]) == (0.95, 0.6)
+
+
+def test_eval_reports_sc_at_k_when_asked_and_a_run_evaluates_it_from_its_config(
+    monkeypatch, tmp_path
+):
+    """`rlvr eval --self-certainty` adds sc@k beside maj@k (and only then); `eval.self_certainty`
+    reaches the in-training evaluation."""
+    import rlvr.evaluation.evaluate as evaluation
+    from rlvr.config import resolve_config
+
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--model", "tiny", "--samples", "3", "--k", "2", "--max-new-tokens", "4"]
+    for flag in ([], ["--self-certainty"]):
+        result = runner.invoke(app, [*args, *flag, "--output", str(out)])
+        assert result.exit_code == 0, result.output
+    plain, certain = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "sc@2" not in plain and 0.0 <= certain["sc@2"] <= certain["pass@2"]
+    assert {k: v for k, v in certain.items() if k not in ("sc@2", "seconds")} == {
+        k: v for k, v in plain.items() if k != "seconds"
+    }
+    seen = {}
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **settings: seen.update(settings))
+    cfg = resolve_config(overrides=["eval.self_certainty=true"])
+    evaluation.evaluate_as_configured(None, None, [], "math", cfg)
+    assert seen["self_certainty"] is True

@@ -150,6 +150,8 @@ def same_scores_as_chunks(results: dict, model, tok, world: int) -> None:
     for key in ("pass@1", "response_length/mean", "truncated_frac"):
         expected = sum(p[key] * n for p, n in zip(parts, samples, strict=True)) / sum(samples)
         assert float(results[f"eval/{key}"]) == pytest.approx(expected, rel=1e-6), key
+    sc = sum(p["sc@2"] * len(c) for p, c in zip(parts, chunks, strict=True)) / 5
+    assert float(results["eval/sc@2"]) == pytest.approx(sc, rel=1e-6)
     assert results["eval/problems"] == 5
 
 

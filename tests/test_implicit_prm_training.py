@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from batches import two_group_batch
 from rlvr.config import ConfigError, PrimeConfig, TrainConfig, resolve_config
-from rlvr.models.loading import load_model_and_tokenizer
+from rlvr.models.loading import load_model_and_tokenizer, save_pretrained
 from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
 from rlvr.run_layout import latest_checkpoint
 from rlvr.tracking.jsonl import read_jsonl
@@ -180,3 +180,19 @@ def test_prime_copies_are_not_the_policy():
     prm.update(batch)
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not any(p.requires_grad for p in prm.reference.parameters())
+
+
+def test_the_prm_starts_from_prime_model_when_given(tmp_path):
+    """`algorithm.prime.model`: the PRM and its reference are that model's weights, not the
+    policy's."""
+    tok = build_tiny_tokenizer()
+    other = build_tiny_model(
+        tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=7
+    )
+    save_pretrained(other, tok, tmp_path / "prm")
+    policy = tiny_policy()
+    prm = ImplicitPRM(PrimeConfig(model=str(tmp_path / "prm")), policy, TrainConfig(), 0)
+    for module in (prm.model, prm.reference):
+        weights = module.state_dict()
+        assert all(torch.equal(weights[k], v) for k, v in other.state_dict().items())
+        assert any(not torch.equal(weights[k], v) for k, v in policy.state_dict().items())

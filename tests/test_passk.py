@@ -255,3 +255,84 @@ def test_evaluate_draws_eight_samples_by_default_and_means_the_attempts():
     )
     assert len(engine.asked) == 2 and len(engine.asked[1][0]) == 1  # only the wrong one again
     assert (metrics["pass@1"], metrics["attempts/mean"]) == (1.0, 1.5)
+
+
+def test_mean_best_of_k_by_hand():
+    from rlvr.evaluation.metrics import mean_best_of_k
+
+    scores = [[0.1, 0.9, 0.3], [0.5, 0.5, 0.2], [2.0]]
+    correct = [[True, False, True], [True, False, False], [True]]
+    # problem 0 picks sample 1 (wrong); problem 1 the first of the tie (right); problem 2 right
+    assert mean_best_of_k(scores, correct) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="problem 1 has 2 scores and 3 verdicts"):
+        mean_best_of_k([[0.1], [0.1, 0.2]], [[True], [True, False, True]])
+    with pytest.raises(ValueError, match="scores for 0 problems"):
+        mean_best_of_k([], [])
+
+
+def test_evaluate_picks_the_most_self_certain_sample_for_sc_at_k(monkeypatch):
+    """sc@3 with scripted samples and certainties: problem 0's most certain sample is its
+    right one, problem 1's a wrong one, so sc@3 = 0.5; the certainties are asked for every
+    sample once, each with its own problem's prompt."""
+    from types import SimpleNamespace
+
+    from rlvr.data.problem import Problem
+    from rlvr.evaluation import evaluate as evaluation
+    from scripted_engine import TOK, Scripted, ids
+
+    texts = ["<answer>5</answer>", "<answer>4</answer>", "<answer>4</answer>"]
+    texts += ["<answer>2</answer>", "<answer>2</answer>", "<answer>7</answer>"]
+    asked = []
+
+    def certainties(model, prompt_ids, completion_ids, pad_id, token_masks=None):
+        asked.append((prompt_ids, completion_ids, token_masks))
+        return [0.9, 0.1, 0.3, 0.2, 0.1, 0.8]
+
+    monkeypatch.setattr(evaluation, "certainty_rewards", certainties)
+    engine = Scripted(texts)
+    engine.generator = None
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None))
+    problems = [Problem("What is 2+3?", "5"), Problem("What is 1+1?", "2")]
+    kwargs = {"reward": "math", "k": 3, "engine": engine}
+    metrics = evaluation.evaluate(model, TOK, problems, self_certainty=True, **kwargs)
+    assert metrics["sc@3"] == 0.5 and metrics["maj@3"] == 0.5
+    ((prompts, completions, masks),) = asked
+    assert [ids(t) for t in texts] == [c[: len(ids(t))] for c, t in zip(completions, texts)]
+    assert prompts[0] == prompts[2] != prompts[3] == prompts[5] and masks is None
+    engine = Scripted(texts)
+    engine.generator = None
+    assert "sc@3" not in evaluation.evaluate(model, TOK, problems, **{**kwargs, "engine": engine})
+
+
+def test_sc_at_k_ranks_the_samples_by_the_models_own_self_certainty(monkeypatch):
+    """On the tiny model, the certainties sc@4 ranks each problem's samples by are those
+    `certainty_rewards` measures apart on the same samples (the untrained model is never
+    right, so the ranking is compared, not the score); sc@1 = pass@1."""
+    from rlvr.config import DataConfig
+    from rlvr.data.tasks import load_task
+    from rlvr.evaluation import evaluate as evaluation
+    from rlvr.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from rlvr.rewards.certainty import certainty_rewards
+
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    task = load_task(DataConfig(max_digits=1, train_size=10, test_size=6))
+    problems = task.test
+    s = evaluation.sample_and_verify(model, tok, problems, task.reward, "chat", 4, 1.0, 1.0, 8, 0)
+    out = s.rollout
+    prompts = [s.prompt_ids[i] for i in out.prompt_index]
+    values = certainty_rewards(model, prompts, out.completion_ids, tok.pad_token_id)
+    ranked = []
+    best_of_k = evaluation.mean_best_of_k
+    monkeypatch.setattr(
+        evaluation, "mean_best_of_k", lambda scores, correct: ranked.append(scores) or 0.25
+    )
+    kwargs = {"reward": task.reward, "max_new_tokens": 8, "self_certainty": True}
+    assert evaluation.evaluate(model, tok, problems, k=4, **kwargs)["sc@4"] == 0.25
+    (scores,) = ranked
+    assert len(scores) == 6 and len(set(values)) == 24
+    for i, problem_scores in enumerate(scores):
+        assert problem_scores == pytest.approx(values[4 * i : 4 * i + 4], abs=1e-6)
+    monkeypatch.setattr(evaluation, "mean_best_of_k", best_of_k)
+    single = evaluation.evaluate(model, tok, problems, k=1, **kwargs)
+    assert single["sc@1"] == pytest.approx(single["pass@1"])

@@ -492,8 +492,16 @@ def eval_cmd(
             "extracted answer, correct, length"
         ),
     ] = None,
+    self_certainty: Annotated[
+        bool,
+        typer.Option(
+            help="Also sc@k: how often the most self-certain of a problem's k samples is right "
+            "(best-of-k without the verifier; one more forward pass)"
+        ),
+    ] = False,
 ) -> None:
-    """pass@1, pass@k, maj@k, mean response length and truncation on held-out problems."""
+    """pass@1, pass@k, maj@k (sc@k with --self-certainty), mean response length and truncation
+    on held-out problems."""
     from rlvr.config import ModelConfig
     from rlvr.data.tasks import eval_settings, load_eval_task
     from rlvr.evaluation.evaluate import evaluate
@@ -561,6 +569,7 @@ def eval_cmd(
             tools=tool_use,
             attempts=(attempts, retry_message),
             engine=sampler,
+            self_certainty=self_certainty,
             **sampling,
         )
     except ConfigError as exc:  # a tool format the tokenizer's chat template cannot write

@@ -429,6 +429,10 @@ class EvalConfig(Section):
     attempts: int = Field(default=1, ge=1)
     """Attempts per sample, as `rollout.attempts` (with its retry_message): pass@1 then counts
     a sample right when its last attempt is."""
+    self_certainty: bool = False
+    """Also report sc@k: how often a problem's most self-certain sample (the mean over its
+    tokens of KL(uniform ‖ p_t), Kang et al. 2025) is right, best-of-k chosen without the
+    verifier; one more forward pass over the samples."""
 
 
 class RLConfig(Section):

@@ -1,4 +1,4 @@
-"""Evaluate a policy on held-out problems: pass@1, pass@k, maj@k, lengths, truncation."""
+"""Evaluate a policy on held-out problems: pass@1, pass@k, maj@k, sc@k, lengths, truncation."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from transformers import PreTrainedModel
 
 from rlvr.data.problem import Problem
 from rlvr.data.templates import encode_prompts
-from rlvr.evaluation.metrics import mean_majority_at_k, mean_pass_at_k
+from rlvr.evaluation.metrics import mean_best_of_k, mean_majority_at_k, mean_pass_at_k
 from rlvr.models.loading import decode_completions, eos_token_ids
 from rlvr.rewards import compose_rewards, extract_answer
+from rlvr.rewards.certainty import certainty_rewards
 from rlvr.rewards.compose import RewardOutput
 from rlvr.rollout.base import Rollout, RolloutEngine, SamplingParams
 from rlvr.rollout.hf import HFRolloutEngine
@@ -100,6 +101,24 @@ def sample_and_verify(
     )
 
 
+def sample_certainties(
+    model: PreTrainedModel, pad_id: int, samples: VerifiedSamples
+) -> list[list[float]]:
+    """Per problem, the self-certainty of each of its samples under `model`: the mean over the
+    tokens the policy wrote (not a tool's output or a retry turn) of KL(U ‖ p_t), as the
+    `confidence` reward measures it (`rlvr.rewards.certainty`)."""
+    out, k = samples.rollout, len(samples.correct[0])
+    masks = None
+    if out.tool_mask is not None:
+        masks = [
+            [not t for t in by_tool] + [True] * (len(ids) - len(by_tool))
+            for by_tool, ids in zip(out.tool_mask, out.completion_ids, strict=True)
+        ]
+    prompts = [samples.prompt_ids[i] for i in out.prompt_index]
+    values = certainty_rewards(model, prompts, out.completion_ids, pad_id, token_masks=masks)
+    return [values[i * k : (i + 1) * k] for i in range(len(samples.correct))]
+
+
 def sample_records(
     problems: list[Problem], samples: VerifiedSamples, k: int, first: int = 0
 ) -> list[dict]:
@@ -142,10 +161,12 @@ def evaluate(
     tools: ToolUse = ToolUse(),
     attempts: tuple[int, str] = (1, ""),
     engine: RolloutEngine | None = None,
+    self_certainty: bool = False,
 ) -> dict[str, float]:
     """Sample `k` completions per problem and score them with the `reward` verifier; append
     every sample's `sample_records` to `records` when it is given; sample with `engine`
-    when one is given (`sample_and_verify`).
+    when one is given (`sample_and_verify`). With `self_certainty`, also sc@k: how often the
+    most self-certain of a problem's samples is right (`sample_certainties`, `mean_best_of_k`).
 
     pass@1 is the mean correctness over all k samples (the unbiased pass@1 estimate), pass@k
     uses the unbiased estimator of Chen et al. (2021), maj@k votes over extracted answers.
@@ -156,8 +177,8 @@ def evaluate(
     start = time.perf_counter()
     chunk = ranks.chunk(len(problems))
     mine = problems[chunk.start : chunk.stop]
-    part: tuple[list, list, list[int], int, int, int, list[dict], list[int]]
-    part = ([], [], [], 0, 0, 0, [], [])
+    part: tuple[list, list, list[int], int, int, int, list[dict], list[int], list]
+    part = ([], [], [], 0, 0, 0, [], [], [])
     if mine:
         s = sample_and_verify(
             model,
@@ -186,6 +207,7 @@ def evaluate(
             s.scored.timeouts,
             sample_records(mine, s, k, chunk.start) if records is not None else [],
             out.attempts or [],
+            sample_certainties(model, tokenizer.pad_token_id, s) if self_certainty else [],
         )
     parts = ranks.gather(part)
     if records is not None:
@@ -193,12 +215,14 @@ def evaluate(
     per_problem, votes, lengths = ([x for p in parts for x in p[i]] for i in range(3))
     truncated, errors, timeouts = (sum(p[i] for p in parts) for i in range(3, 6))
     tries = [n for p in parts for n in p[7]]
+    certainties = [x for p in parts for x in p[8]]
     return {
         "problems": len(problems),
         "k": k,
         "pass@1": mean_pass_at_k(per_problem, 1),
         f"pass@{k}": mean_pass_at_k(per_problem, k),
         f"maj@{k}": mean_majority_at_k(votes, per_problem, k),
+        **({f"sc@{k}": mean_best_of_k(certainties, per_problem)} if self_certainty else {}),
         "response_length/mean": sum(lengths) / len(lengths),
         "truncated_frac": truncated / len(lengths),
         **({"attempts/mean": sum(tries) / len(tries)} if tries else {}),
@@ -236,4 +260,5 @@ def evaluate_as_configured(
         tools=ToolUse.of(cfg.rollout),
         attempts=(cfg.eval.attempts, cfg.rollout.retry_message),
         engine=engine,
+        self_certainty=cfg.eval.self_certainty,
     )

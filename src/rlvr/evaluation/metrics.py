@@ -157,3 +157,29 @@ def mean_majority_at_k(
         except ValueError as exc:
             raise ValueError(f"mean_majority_at_k: problem {index}: {exc}") from None
     return total / len(answers)
+
+
+def mean_best_of_k(scores: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]]) -> float:
+    """Best-of-N selection by a score: the share of problems whose highest-scoring sample is
+    correct (the first of equal scores). With the samples' self-certainty as the score this is
+    Kang et al. 2025's selection (arXiv:2502.18581), `sc@k` beside maj@k.
+
+    Raises:
+        ValueError: if there are no problems, or a problem's scores and verdicts differ in
+            number or are empty (the message names the problem index).
+    """
+    if len(scores) != len(correct) or not scores:
+        raise ValueError(
+            f"mean_best_of_k: scores for {len(scores)} problems and correctness for "
+            f"{len(correct)}; both must be the same, non-zero number"
+        )
+    hits = 0
+    for index, (problem_scores, problem_correct) in enumerate(zip(scores, correct, strict=True)):
+        if len(problem_scores) != len(problem_correct) or not problem_scores:
+            raise ValueError(
+                f"mean_best_of_k: problem {index} has {len(problem_scores)} scores and "
+                f"{len(problem_correct)} verdicts"
+            )
+        best = max(range(len(problem_scores)), key=problem_scores.__getitem__)
+        hits += bool(problem_correct[best])
+    return hits / len(scores)
