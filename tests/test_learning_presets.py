@@ -75,9 +75,11 @@ PRESETS = {
     "gfpo": ["rollout.samples_per_prompt=16", "train.steps=32"],
     # TTRL never reads the gold answers: each group's majority answer is the label, right for
     # about half the groups of this cold start, so its gain is smaller (0.275 -> 0.334 after
-    # 40 steps; with train.seed 1 and 2: 0.316, 0.336). At the demo's 1e-4 the policy agrees
-    # with itself on wrong answers within 15 steps (pass@1 0.33 -> 0.14): TTRL's rise and fall
-    "ttrl": ["rollout.samples_per_prompt=16", "train.lr=1e-5", "train.steps=40"],
+    # 40 steps; with train.seed 1 and 2: 0.316, 0.336). On the EPYC VM of 12-07, whose cold
+    # start is 0.365, 40 steps gave 0.3775, under the margin, and 60 steps 0.419. At the
+    # demo's 1e-4 the policy agrees with itself on wrong answers within 15 steps (pass@1 0.33
+    # -> 0.14): TTRL's rise and fall
+    "ttrl": ["rollout.samples_per_prompt=16", "train.lr=1e-5", "train.steps=60"],
     # EM-RL's trajectory reward, log π(y | x) (`confidence` as logprob summed), alone: no gold
     # answer read. Within a group it ranks a right completion above a wrong one in 0.76 of
     # the pairs at the cold start (self-certainty's mean: 0.57). 0.275 -> 0.340 after 40
