@@ -130,9 +130,9 @@ def update_results(ranks: Ranks) -> dict[str, torch.Tensor]:
     batch = four_group_batch()
     batch.correct = torch.tensor([True, False, True, True, False, False, True, False])
     prm.optimizer.step = lambda: None  # keep the weights: compare the gradients
-    out.update({k: torch.tensor(v) for k, v in prm.update(batch).items()})
+    out["prm/rewards"], stats = prm.step(batch)
+    out.update({k: torch.tensor(v) for k, v in stats.items()})
     out["prm/grad"] = torch.cat([p.grad.flatten() for p in prm.model.parameters()])
-    out["prm/rewards"] = prm.process_rewards(batch)
     model.zero_grad(set_to_none=True)
     prompts, targets = batch.prompt_ids, batch.completion_ids
     lengths = [len(p) + len(t) for p, t in zip(prompts, targets)]

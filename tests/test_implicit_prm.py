@@ -9,7 +9,6 @@ import torch
 from rlvr.algorithms.implicit_prm import (
     implicit_prm_loss,
     implicit_process_rewards,
-    leave_one_out,
     pairwise_accuracy,
     prime_advantages,
     scale_by_largest_return,
@@ -46,14 +45,6 @@ def test_scaling_divides_by_the_largest_absolute_return():
     # returns: [-1, -2, 1] and [2, 0, 0] (the 5 is padding): the largest |return| is 2
     scaled = scale_by_largest_return(rewards, mask, epsilon=0.0)
     assert scaled.flatten().tolist() == pytest.approx([0.5, -1.5, 0.5, 1.0, 0.0, 0.0])
-
-
-def test_leave_one_out_subtracts_the_others_mean():
-    values = torch.tensor([1.0, 2.0, 0.0, 0.0, 4.0])
-    groups = torch.tensor([0, 1, 0, 0, 1])
-    assert leave_one_out(values, groups).tolist() == pytest.approx([1.0, -2.0, -0.5, -0.5, 2.0])
-    with pytest.raises(ValueError, match="at least two samples in every group"):
-        leave_one_out(values, torch.tensor([0, 0, 1, 1, 2]))
 
 
 def paper_advantages(process, outcome, lengths, groups, wp, wo):
@@ -103,7 +94,7 @@ def test_prime_advantages_of_equal_outcomes_come_from_the_process_rewards_alone(
     the process rewards (PRIME's dense signal)."""
     mask = torch.ones(2, 2)
     process = torch.tensor([[0.2, 0.2], [-0.2, -0.2]])
-    got = prime_advantages(process, torch.ones(2), mask, torch.zeros(2), 1.0, 5.0)
+    got = prime_advantages(process, torch.ones(2), mask, torch.zeros(2, dtype=torch.long), 1.0, 5.0)
     assert bool((got[0] > 0).all()) and bool((got[1] < 0).all())
     assert got[0, 0] > got[0, 1]  # the first token's return sums both of its tokens
 

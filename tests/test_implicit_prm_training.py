@@ -49,9 +49,14 @@ def test_a_fresh_prm_scores_zero_and_its_loss_is_log_2():
     batch = two_group_batch()
     batch.correct = LABELS
     prm = ImplicitPRM(PrimeConfig(), tiny_policy(), TrainConfig(), 0)
-    assert torch.equal(prm.process_rewards(batch), torch.zeros_like(batch.response_mask))
+    assert torch.equal(
+        prm.process_rewards(batch, prm.reference_logprobs(batch)),
+        torch.zeros_like(batch.response_mask),
+    )
     prm.optimizer.step = lambda: None
-    assert prm.update(batch)["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert prm.update(batch, prm.reference_logprobs(batch))["prm/loss"] == pytest.approx(
+        math.log(2), abs=1e-6
+    )
 
 
 def test_the_update_is_the_gradient_of_the_mean_cross_entropy():
@@ -69,7 +74,7 @@ def test_the_update_is_the_gradient_of_the_mean_cross_entropy():
     params = [p for p in prm.model.parameters() if p.requires_grad]
     expected = torch.autograd.grad(loss, params, allow_unused=True)
     prm.optimizer.step = lambda: None
-    stats = prm.update(batch)
+    stats = prm.update(batch, prm.reference_logprobs(batch))
     assert stats["prm/loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     for p, g in zip(params, expected, strict=True):
         if g is None:
@@ -88,14 +93,14 @@ def test_process_rewards_are_the_scaled_log_ratio_and_can_be_scaled_by_the_large
     raw = perturbed(
         ImplicitPRM(PrimeConfig(beta=0.2, scale_returns=False), tiny_policy(), TrainConfig(), 0)
     )
-    rewards = raw.process_rewards(batch)
+    rewards = raw.process_rewards(batch, raw.reference_logprobs(batch))
     ratios = zip(plain_logprobs(raw.model, batch), plain_logprobs(raw.reference, batch))
     for row, (lp, ref) in enumerate(ratios):
         n = len(lp)
         assert torch.allclose(rewards[row, :n], 0.2 * (lp - ref), atol=1e-6)
         assert not rewards[row, n:].any()
     raw.settings = PrimeConfig(beta=0.2, scale_returns=True)
-    scaled = raw.process_rewards(batch)
+    scaled = raw.process_rewards(batch, raw.reference_logprobs(batch))
     returns = scaled.flip(-1).cumsum(-1).flip(-1)
     assert float(returns.abs().max()) == pytest.approx(1.0, abs=1e-5)
     assert torch.allclose(scaled * rewards.flatten()[0] / scaled.flatten()[0], rewards, atol=1e-6)
@@ -107,9 +112,10 @@ def test_the_prm_learns_the_labels():
     batch = two_group_batch()
     batch.correct = LABELS
     prm = ImplicitPRM(PrimeConfig(beta=0.5, lr=1e-3), tiny_policy(), TrainConfig(), 0)
-    first = prm.update(batch)
+    ref = prm.reference_logprobs(batch)
+    first = prm.update(batch, ref)
     for _ in range(19):
-        last = prm.update(batch)
+        last = prm.update(batch, ref)
     assert first["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert last["prm/loss"] < 0.3 and last["prm/accuracy"] == 1.0
 
@@ -177,7 +183,7 @@ def test_prime_copies_are_not_the_policy():
     before = copy.deepcopy(policy.state_dict())
     batch = two_group_batch()
     batch.correct = LABELS
-    prm.update(batch)
+    prm.update(batch, prm.reference_logprobs(batch))
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not any(p.requires_grad for p in prm.reference.parameters())
 

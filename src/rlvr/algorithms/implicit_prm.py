@@ -12,8 +12,9 @@ entropy of the sequence's summed reward (eq. 4)
 
     L_CE(φ) = −E[ r_o · log σ(r_φ(y)) + (1 − r_o) · log(1 − σ(r_φ(y))) ],  r_φ(y) = Σ_t r_φ(y_t).
 
-The policy's advantages are RLOO's leave-one-out on both kinds of reward, the process part
-taken on each sequence's mean token reward, summed to returns with γ = 1 (eq. 5):
+The policy's advantages are RLOO's leave-one-out (`rloo_advantages`) on both kinds of
+reward, the process part taken on each sequence's mean token reward, summed to returns with
+γ = 1 (eq. 5):
 
     A_t^i = Σ_{s≥t} [ r_φ(y_s^i) − 1/(K−1) Σ_{j≠i} r_φ(y^j) / |y^j| ]
             + r_o(y^i) − 1/(K−1) Σ_{j≠i} r_o(y^j),
@@ -25,10 +26,10 @@ absolute return in the batch (``prime_norm: batch_norm``), `scale_by_largest_ret
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlvr.algorithms.advantages import rloo_advantages
 from rlvr.algorithms.value import whiten
 
 
@@ -56,22 +57,12 @@ def scale_by_largest_return(rewards: Tensor, mask: Tensor, epsilon: float = 1e-6
     masked = rewards * mask
     if masked.numel() == 0:
         return masked
-    returns = masked.flip(-1).cumsum(-1).flip(-1)
-    return masked / (returns.abs().max() + epsilon)
+    return masked / (returns_to_go(masked).abs().max() + epsilon)
 
 
-def leave_one_out(values: Tensor, group_ids: Tensor) -> Tensor:
-    """[N] each value minus the mean of the other members of its group (RLOO's baseline).
-
-    Raises:
-        ValueError: a group of one sample, which has no other member to compare with.
-    """
-    _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    if bool((counts < 2).any()):
-        raise ValueError("leave-one-out needs at least two samples in every group")
-    totals = torch.zeros(len(counts), dtype=values.dtype).index_add_(0, index, values)
-    size = counts[index].to(values.dtype)
-    return values - (totals[index] - values) / (size - 1)
+def returns_to_go(rewards: Tensor) -> Tensor:
+    """[N, T] Σ_{s≥t} r_s along the last axis (γ = 1)."""
+    return rewards.flip(-1).cumsum(-1).flip(-1)
 
 
 def prime_advantages(
@@ -94,11 +85,11 @@ def prime_advantages(
     mask = mask.to(process_rewards.dtype)
     lengths = mask.sum(-1).clamp(min=1)
     means = (process_rewards * mask).sum(-1) / lengths
-    process_baseline = means - leave_one_out(means, group_ids)
+    process_baseline = means - rloo_advantages(means, group_ids, std_normalization="none")
     process = (process_rewards - process_baseline[:, None]) * mask
-    returns = process_coef * process.flip(-1).cumsum(-1).flip(-1)
-    outcome = leave_one_out(outcome_rewards.to(process_rewards.dtype), group_ids)
-    returns = returns + outcome_coef * outcome[:, None] * mask
+    outcome = rloo_advantages(outcome_rewards, group_ids, std_normalization="none")
+    returns = process_coef * returns_to_go(process)
+    returns = returns + outcome_coef * outcome.to(returns.dtype)[:, None] * mask
     return whiten(returns, mask)
 
 

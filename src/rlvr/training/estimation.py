@@ -160,8 +160,8 @@ def prepare_update(
     prm: ImplicitPRM | None = None,
 ) -> dict[str, float | None]:
     """Add what the update reads to `batch`: reference / teacher / old log-probs, values,
-    process rewards, advantages; return the implicit PRM's statistics (`ImplicitPRM.update`,
-    which runs first: PRIME scores with the PRM updated on the batch), or nothing.
+    process rewards, advantages; return the implicit PRM's statistics (`ImplicitPRM.step`:
+    PRIME scores with the PRM updated on the batch), or nothing.
 
     A `reference` that is the policy itself (a LoRA policy's, `Regularization`) is scored with
     its adapters off. With several ranks each scores its share of the rows and every rank
@@ -189,8 +189,7 @@ def prepare_update(
         batch.values = critic.predict(batch)
     prm_stats: dict[str, float | None] = {}
     if prm is not None:
-        prm_stats = prm.update(batch)
-        batch.process_rewards = prm.process_rewards(batch)
+        batch.process_rewards, prm_stats = prm.step(batch)
     batch.advantages, batch.returns = batch_advantages(
         batch, algo, settings.kl_coef, settings.reward_weights
     )

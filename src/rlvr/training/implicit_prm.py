@@ -1,10 +1,11 @@
 """PRIME's implicit PRM in the RL step (`algorithm.advantage: prime`): its update, its rewards.
 
 The PRM is a copy of the initial policy (or of `algorithm.prime.model`) with its own AdamW,
-scored against a frozen copy of the same weights (`rlvr.algorithms.implicit_prm`). Each step,
-as verl's PRIME recipe does by default (``update: before``), it first takes one optimizer step
-of the cross entropy on the batch's verifier labels, then scores every response token with
-its updated weights; the policy's advantages are then PRIME's (`prime_advantages`).
+scored against a frozen copy of the same weights (`rlvr.algorithms.implicit_prm`). Each step
+(`ImplicitPRM.step`), as verl's PRIME recipe does by default (``update: before``), it first
+takes one optimizer step of the cross entropy on the batch's verifier labels, then scores
+every response token with its updated weights, the reference scored once for both; the
+policy's advantages are then PRIME's (`prime_advantages`).
 """
 
 from __future__ import annotations
@@ -60,9 +61,22 @@ class ImplicitPRM:
         ranks.copy_from_main(self.model)
         ranks.copy_from_main(self.reference)
 
-    def update(self, batch: RolloutBatch) -> dict[str, float | None]:
+    def step(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float | None]]:
+        """PRIME's step (verl's ``update: before``): `update` on the batch, then its
+        `process_rewards` under the updated PRM; the frozen reference is scored once for both.
+        Returns the rewards and the update's statistics."""
+        ref = self.reference_logprobs(batch)
+        stats = self.update(batch, ref)
+        return self.process_rewards(batch, ref), stats
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """[N, T] log π_ref of every response token (no gradient)."""
+        return batch_logprobs(self.reference, batch, 1.0, self.budget, self.pad_id, self.ranks)
+
+    def update(self, batch: RolloutBatch, ref: torch.Tensor) -> dict[str, float | None]:
         """One optimizer step of L_CE (`implicit_prm_loss`, the mean over the batch) on the
-        verifier's labels `batch.correct`; returns ``prm/loss`` and ``prm/accuracy`` (how often
+        verifier's labels `batch.correct`, `ref` the reference's log-probs
+        (`reference_logprobs`); returns ``prm/loss`` and ``prm/accuracy`` (how often
         the PRM, before this step, ranks a right sample of a prompt above a wrong one); None
         for what the batch cannot measure (no rows, no right and wrong pair)."""
         beta, n = self.settings.beta, len(batch)
@@ -80,12 +94,11 @@ class ImplicitPRM:
             width = mb.completion_ids.shape[1]
             mask = rows_on(batch.response_mask, rows, width, self.device)
             logprobs, _ = completion_token_stats(self.model, mb, 1.0, with_entropy=False)
-            with torch.no_grad():
-                ref, _ = completion_token_stats(self.reference, mb, 1.0, with_entropy=False)
-            loss = implicit_prm_loss(logprobs, ref, mask, labels[rows].to(self.device), beta)
+            base = rows_on(ref, rows, width, self.device)
+            loss = implicit_prm_loss(logprobs, base, mask, labels[rows].to(self.device), beta)
             (loss.sum() / n).backward()
             loss_sum += loss.detach().sum().double()
-            rewards = implicit_process_rewards(logprobs.detach(), ref, mask, beta)
+            rewards = implicit_process_rewards(logprobs.detach(), base, mask, beta)
             scores[rows] = rewards.sum(-1).double().cpu()
         self.ranks.sum_gradients(self.model.parameters())
         self.ranks.sum_(loss_sum)
@@ -98,13 +111,12 @@ class ImplicitPRM:
         return {"prm/loss": loss_value, "prm/accuracy": accuracy}
 
     @torch.no_grad()
-    def process_rewards(self, batch: RolloutBatch) -> torch.Tensor:
-        """[N, T] r_φ(y_t) of every response token under the current PRM, divided by the
-        batch's largest absolute return when `algorithm.prime.scale_returns`."""
+    def process_rewards(self, batch: RolloutBatch, ref: torch.Tensor) -> torch.Tensor:
+        """[N, T] r_φ(y_t) of every response token under the current PRM, `ref` the
+        reference's log-probs (`reference_logprobs`), divided by the batch's largest absolute
+        return when `algorithm.prime.scale_returns`."""
         self.model.eval()
-        args = (batch, 1.0, self.budget, self.pad_id, self.ranks)
-        logprobs = batch_logprobs(self.model, *args)
-        ref = batch_logprobs(self.reference, *args)
+        logprobs = batch_logprobs(self.model, batch, 1.0, self.budget, self.pad_id, self.ranks)
         rewards = implicit_process_rewards(logprobs, ref, batch.response_mask, self.settings.beta)
         if self.settings.scale_returns:
             rewards = scale_by_largest_return(rewards, batch.response_mask)
