@@ -334,13 +334,29 @@ RUN = [
 ]
 
 
+def train_command(run_dir: Path, *more: str) -> list[str]:
+    """`rlvr train`'s arguments: `RUN` for 4 steps into `run_dir`, then `more`."""
+    return [*RUN, "train.steps=4", f"train.output_dir={run_dir}", *more]
+
+
 def launch(run_dir: Path, *more: str) -> str:
     """`rlvr train` with `RUN` for 4 steps on two ranks into `run_dir`; its output."""
-    command = ["-m", "rlvr", *RUN, "train.steps=4", f"train.output_dir={run_dir}"]
-    done = torchrun(2, *command, *more)
+    done = torchrun(2, "-m", "rlvr", *train_command(run_dir, *more))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("run directory:") == 1  # rank 0 alone reports
     return done.stdout
+
+
+def launched(commands: list[tuple[str, list[str]]], root: Path) -> dict[str, str]:
+    """Each (name, arguments) `rlvr` command on two ranks, all in one torchrun launch
+    (`dp_commands.py`); each command's output by its name."""
+    (root / "commands.json").write_text(json.dumps(commands))
+    done = torchrun(2, "dp_commands.py", str(root / "commands.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = re.split(r"^=== (\S+)$", done.stdout, flags=re.MULTILINE)[1:]
+    outputs = dict(zip(parts[::2], parts[1::2], strict=True))
+    assert list(outputs) == [name for name, _ in commands]
+    return outputs
 
 
 def sharded_in_halves(output: str) -> None:
@@ -351,12 +367,9 @@ def sharded_in_halves(output: str) -> None:
     assert 0.4 * whole < kept < 0.6 * whole
 
 
-def resumed_the_same(straight: Path, parted: Path, *more: str) -> None:
-    """Resume `straight`'s run as a crash after step 3 leaves it (step 2 saved last) in
-    `parted`: it logs what `straight` logged, value for value."""
-    shutil.copytree(straight, parted)
-    shutil.rmtree(parted / "checkpoints" / "step-4")
-    launch(parted, "--resume", *more)
+def resumed_the_same(straight: Path, parted: Path) -> None:
+    """`parted`, `straight`'s run resumed from its step-2 checkpoint, logged what `straight`
+    logged, value for value."""
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(parted / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]
     assert a[-1]["kl"] > 1e-6  # the policy moved, so resuming covers the optimizer and RNGs
@@ -379,13 +392,37 @@ def replicated_run(tmp_path_factory) -> Path:
     return straight
 
 
+@pytest.fixture(scope="module")
+def continued_runs(tmp_path_factory, replicated_run) -> tuple[Path, dict[str, str]]:
+    """Three runs from the replicated run's, on two ranks in one launch, in one folder, and
+    their outputs: `parted`, the replicated run resumed as a crash after step 3 leaves it
+    (step 2 saved last); `sharded`, the same with `train.fsdp=true`; `distilled`, the run with
+    the replicated run's step-2 checkpoint as a distillation teacher."""
+    root = tmp_path_factory.mktemp("continued")
+    for name in ("parted", "sharded"):
+        shutil.copytree(replicated_run, root / name)
+        shutil.rmtree(root / name / "checkpoints" / "step-4")
+    # layers kept whole through each update (the SFT and DPO runs below free them per pass)
+    fsdp = ("train.fsdp=true", "train.fsdp_reshard_after_forward=false")
+    teacher = f"algorithm.distill.teacher={replicated_run / 'checkpoints' / 'step-2'}"
+    commands = [
+        ("parted", train_command(root / "parted", "--resume")),
+        ("sharded", train_command(root / "sharded", "--resume", *fsdp)),
+        ("distilled", train_command(root / "distilled", teacher)),
+    ]
+    outputs = launched(commands, root)
+    for output in outputs.values():
+        assert output.count("run directory:") == 1  # rank 0 alone reports
+    return root, outputs
+
+
 def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
-    tmp_path, replicated_run
+    replicated_run, continued_runs
 ):
     """Two ranks with the optimizer state sharded: one run directory, and a resume from a
     checkpoint continues the run as it went on."""
     straight = replicated_run
-    resumed_the_same(straight, tmp_path / "parted")
+    resumed_the_same(straight, continued_runs[0] / "parted")
     state = load_trainer_state(straight / "checkpoints" / "step-4")
     generators = [own["generator"] for own in state["ranks"]]
     assert len(generators) == 2 and not torch.equal(*generators)  # each rank samples its own
@@ -401,17 +438,14 @@ def test_train_under_torchrun_writes_one_run_and_resumes_on_the_same_trajectory(
         rl.train(cfg, resume=True, show_progress=False)
 
 
-def test_fsdp_train_resumes_the_replicated_run_and_continues_it(tmp_path, replicated_run):
+def test_fsdp_train_resumes_the_replicated_run_and_continues_it(replicated_run, continued_runs):
     """`train.fsdp=true` on two ranks, resumed from the replicated run's step-2 checkpoint (its
     whole weights and AdamW state sharded on loading): steps 3 and 4 (rollout and evaluation on
     the whole weights, the update sharded) log what the replicated run logged, to fp32
     rounding, and the step-4 checkpoint holds the whole model, saved as its own class."""
-    sharded = tmp_path / "sharded"
-    shutil.copytree(replicated_run, sharded)
-    shutil.rmtree(sharded / "checkpoints" / "step-4")
-    # layers kept whole through each update (the SFT and DPO runs below free them per pass)
-    more = ("train.fsdp=true", "train.fsdp_reshard_after_forward=false")
-    sharded_in_halves(launch(sharded, "--resume", *more))
+    root, outputs = continued_runs
+    sharded = root / "sharded"
+    sharded_in_halves(outputs["sharded"])
     # 4 AdamW steps of lr 1e-2, each lr · m / (√v + ε): where a rare token's gradient is
     # tiny, rounding moves its embedding by up to 1e-4 (a few of 3424 values; the rest to 1e-5)
     same_run(replicated_run, sharded, ("metrics.jsonl",), "checkpoints/step-4", atol=2e-4)
@@ -419,14 +453,12 @@ def test_fsdp_train_resumes_the_replicated_run_and_continues_it(tmp_path, replic
     assert config["architectures"] == ["LlamaForCausalLM"]
 
 
-def test_a_distillation_teacher_scores_every_row_on_two_ranks(tmp_path, replicated_run):
+def test_a_distillation_teacher_scores_every_row_on_two_ranks(replicated_run, continued_runs):
     """The replicated run again with its own step-2 checkpoint as a distillation teacher
     (GRPO plus the teacher's term): each rank scores its share with the teacher and every
     rank gets the whole batch's scores; step 1 samples what the run without a teacher sampled
     (the teacher changes the advantages, not the rollout), and trains on something else."""
-    teacher = replicated_run / "checkpoints" / "step-2"
-    launch(tmp_path / "distilled", f"algorithm.distill.teacher={teacher}")
-    with_teacher = read_jsonl(tmp_path / "distilled" / "metrics.jsonl")
+    with_teacher = read_jsonl(continued_runs[0] / "distilled" / "metrics.jsonl")
     without = read_jsonl(replicated_run / "metrics.jsonl")
     # the k1 estimate is a sample mean and may fall below 0 once the student nears the teacher
     assert all(math.isfinite(m["distill/reverse_kl"]) for m in with_teacher)
@@ -465,12 +497,9 @@ def same_run(
         torch.testing.assert_close(q, p, atol=atol, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("sharding", ["shard_optimizer", "fsdp"])
-def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding):
-    """SFT samples nothing, so two ranks, each on its share of every batch, must end with the
-    weights one process ends with (up to the order of the gradient sums), with AdamW's state
-    partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2)."""
-    settings = [
+def sft_settings(sharding: str) -> list[str]:
+    """`rlvr sft`'s settings for the two-rank comparison: 6 steps of a one-layer model."""
+    return [
         *ONE_LAYER,
         "data.train_size=40",
         "data.test_size=2",
@@ -482,33 +511,11 @@ def test_sft_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
         "sft.micro_batch_tokens=64",
         f"sft.{sharding}=true",  # shards on two ranks, nothing in one
     ]
-    one = resolve_config(
-        overrides=[*settings, f"sft.output_dir={tmp_path / 'one'}"], model=SFTConfig
-    )
-    run_sft(one, show_progress=False)
-    done = torchrun(2, "-m", "rlvr", "sft", *settings, f"sft.output_dir={tmp_path / 'two'}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("model saved to") == 1
-    if sharding == "fsdp":
-        sharded_in_halves(done.stdout)
-    losses = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
-    assert len(losses) == 6 and losses[-1] < 0.9 * losses[0]  # it trained
-    same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl",))
 
 
-@pytest.mark.parametrize("sharding, preset", [("shard_optimizer", "dpo"), ("fsdp", "kto")])
-def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, sharding, preset):
-    """Pairs from a file: two ranks end with one process's weights and held-out metrics, with
-    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2,
-    with KTO: the update of DPO's path plus its per-step reference point, a no-grad pass on
-    whole weights summed over the ranks, which comes out as one process's)."""
-    rows = [
-        {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
-        for a in range(40)
-    ]
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    settings = [
+def dpo_settings(sharding: str, data: Path) -> list[str]:
+    """`rlvr dpo`'s settings for the two-rank comparison: 4 steps on the pairs in `data`."""
+    return [
         *ONE_LAYER,
         "data.task=file",
         f"data.path={data}",
@@ -520,22 +527,85 @@ def test_dpo_under_torchrun_trains_the_model_one_process_trains(tmp_path, shardi
         "dpo.micro_batch_tokens=64",
         f"dpo.{sharding}=true",  # shards on two ranks, nothing in one
     ]
+
+
+SFT_SHARDINGS = ["shard_optimizer", "fsdp"]
+DPO_CASES = [("shard_optimizer", "dpo"), ("fsdp", "kto")]
+
+
+@pytest.fixture(scope="module")
+def offline_on_two_ranks(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The SFT and DPO runs below on two ranks, in one torchrun launch (`dp_commands.py`): the
+    folder holding each run's directory (named as the case) and the pairs file, and each
+    command's output by case."""
+    root = tmp_path_factory.mktemp("offline")
+    rows = [
+        {"prompt": f"{a} + {a}?", "chosen": f"It is {2 * a}.", "rejected": f"It is {2 * a + 1}."}
+        for a in range(40)
+    ]
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    commands = [
+        *(
+            (f"sft-{s}", ["sft", *sft_settings(s), f"sft.output_dir={root}/sft-{s}"])
+            for s in SFT_SHARDINGS
+        ),
+        *(
+            (
+                f"{p}-{s}",
+                ["dpo", "--preset", p, *dpo_settings(s, pairs), f"dpo.output_dir={root}/{p}-{s}"],
+            )
+            for s, p in DPO_CASES
+        ),
+    ]
+    return root, launched(commands, root)
+
+
+@pytest.mark.parametrize("sharding", SFT_SHARDINGS)
+def test_sft_under_torchrun_trains_the_model_one_process_trains(
+    tmp_path, sharding, offline_on_two_ranks
+):
+    """SFT samples nothing, so two ranks, each on its share of every batch, must end with the
+    weights one process ends with (up to the order of the gradient sums), with AdamW's state
+    partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2)."""
+    root, outputs = offline_on_two_ranks
+    output = outputs[f"sft-{sharding}"]
+    one = resolve_config(
+        overrides=[*sft_settings(sharding), f"sft.output_dir={tmp_path / 'one'}"],
+        model=SFTConfig,
+    )
+    run_sft(one, show_progress=False)
+    assert output.count("model saved to") == 1
+    if sharding == "fsdp":
+        sharded_in_halves(output)
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "one" / "metrics.jsonl")]
+    assert len(losses) == 6 and losses[-1] < 0.9 * losses[0]  # it trained
+    same_run(tmp_path / "one", root / f"sft-{sharding}", ("metrics.jsonl",))
+
+
+@pytest.mark.parametrize("sharding, preset", DPO_CASES)
+def test_dpo_under_torchrun_trains_the_model_one_process_trains(
+    tmp_path, sharding, preset, offline_on_two_ranks
+):
+    """Pairs from a file: two ranks end with one process's weights and held-out metrics, with
+    AdamW's state partitioned (ZeRO-1) or the weights, gradients and state sharded (FSDP2,
+    with KTO: the update of DPO's path plus its per-step reference point, a no-grad pass on
+    whole weights summed over the ranks, which comes out as one process's)."""
+    root, outputs = offline_on_two_ranks
+    output = outputs[f"{preset}-{sharding}"]
     one = resolve_config(
         None,
         preset,
-        [*settings, f"dpo.output_dir={tmp_path / 'one'}"],
+        [*dpo_settings(sharding, root / "pairs.jsonl"), f"dpo.output_dir={tmp_path / 'one'}"],
         model=DPOConfig,
         preset_package=PREFERENCE_PRESETS,
     )
     run_dpo(one, show_progress=False)
-    command = ["-m", "rlvr", "dpo", "--preset", preset, *settings]
-    done = torchrun(2, *command, f"dpo.output_dir={tmp_path / 'two'}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("model and logs saved to") == 1
+    assert output.count("model and logs saved to") == 1
     if sharding == "fsdp":
-        sharded_in_halves(done.stdout)
+        sharded_in_halves(output)
     metrics = read_jsonl(tmp_path / "one" / "metrics.jsonl")
     assert metrics[-1]["loss"] < metrics[0]["loss"]  # it trained
     if preset == "kto":
         assert metrics[-1]["kl"] > 0.0  # the reference point moved off 0
-    same_run(tmp_path / "one", tmp_path / "two", ("metrics.jsonl", "eval.jsonl"))
+    same_run(tmp_path / "one", root / f"{preset}-{sharding}", ("metrics.jsonl", "eval.jsonl"))
