@@ -48,7 +48,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q -m "not learning"
 
-# every preset's learning test from the cold start (about 13 minutes on 2 cores; `make test`
+# every preset's learning test from the cold start (about 12 minutes on 2 cores; `make test`
 # keeps GRPO's)
 test-learning: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m learning

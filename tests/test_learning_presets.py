@@ -17,7 +17,7 @@ own samples, verified (a right answer chosen over a wrong one); they must raise 
 same margin (measured gains: DPO +9, SimPO +7, IRPO +19 points).
 
 `make test` runs GRPO's test alone; the others are marked `learning` (`make test-learning`, which
-CI runs after `make test`): together they take about 13 minutes of a 2-core VM.
+CI runs after `make test`): together they took 12 min 01 s on a 2-core EPYC VM (12-08).
 """
 
 import pytest
