@@ -10,14 +10,12 @@ tokens (DESIGN rule 4).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from rlvr.algorithms import aggregate
 from rlvr.algorithms.value import clipped_value_loss
 from rlvr.config import CriticConfig, TrainConfig
-from rlvr.models.loading import load_pretrained
 from rlvr.models.value import ValueModel
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
@@ -28,11 +26,11 @@ from rlvr.training.batching import (
     to_device,
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.optim import build_optimizer, load_optimizer_state, optimizer_state
+from rlvr.training.second_model import SecondModel, starting_weights
 from rlvr.training.update import micro_batches, rank_share
 
 
-class Critic:
+class Critic(SecondModel):
     """Owns the value model and its optimizer; with several ranks, each scores and trains its
     share of the rows and the values and gradients are summed over the ranks."""
 
@@ -44,16 +42,10 @@ class Critic:
         pad_id: int,
         ranks: Ranks = ONE_PROCESS,
     ) -> None:
-        self.settings, self.ranks = settings, ranks
-        base = policy if settings.model is None else load_pretrained(settings.model)[0]
-        self.model = ValueModel(base).to(model_device(policy))
-        self.device = model_device(policy)
-        self.optimizer = build_optimizer(
-            self.model, settings.lr, train.weight_decay, train.betas, train.shard_optimizer
-        )
-        self.budget, self.pad_id = train.micro_batch_tokens, pad_id
+        value_model = ValueModel(starting_weights(policy, settings.model)).to(model_device(policy))
+        super().__init__(value_model, settings.lr, train, pad_id, ranks)
+        self.settings = settings
         self.max_grad_norm = train.max_grad_norm or math.inf
-        ranks.copy_from_main(self.model)
 
     def _values(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """[b, T] values of the completion tokens of `rows`, on the critic's device."""
@@ -102,13 +94,3 @@ class Critic:
         if math.isfinite(stats["value_loss"]):
             self.optimizer.step()
         return stats
-
-    def state_dict(self) -> dict[str, Any]:
-        """Weights and optimizer state (saved in the trainer state of a checkpoint; every rank
-        calls it, as `optim.optimizer_state` asks)."""
-        return {"model": self.model.state_dict(), "optimizer": optimizer_state(self.optimizer)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict`."""
-        self.model.load_state_dict(state["model"])
-        load_optimizer_state(self.optimizer, state["optimizer"], self.model)

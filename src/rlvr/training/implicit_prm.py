@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import torch
 
@@ -23,7 +22,6 @@ from rlvr.algorithms.implicit_prm import (
     scale_by_largest_return,
 )
 from rlvr.config import PrimeConfig, TrainConfig
-from rlvr.models.loading import load_pretrained
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import (
     collate_shared_prefix,
@@ -33,13 +31,15 @@ from rlvr.training.batching import (
     to_device,
 )
 from rlvr.training.distributed import ONE_PROCESS, Ranks
-from rlvr.training.optim import build_optimizer, load_optimizer_state, optimizer_state
+from rlvr.training.second_model import SecondModel, starting_weights
 from rlvr.training.update import batch_logprobs, micro_batches, rank_share
 
 
-class ImplicitPRM:
+class ImplicitPRM(SecondModel):
     """Owns the PRM, its frozen reference and its optimizer; with several ranks, each scores
-    and trains its share of the rows and the gradients and scores are summed over the ranks."""
+    and trains its share of the rows and the gradients and scores are summed over the ranks.
+    A checkpoint keeps the PRM and its optimizer (`state_dict`); the reference is rebuilt from
+    the initial model."""
 
     def __init__(
         self,
@@ -49,16 +49,11 @@ class ImplicitPRM:
         pad_id: int,
         ranks: Ranks = ONE_PROCESS,
     ) -> None:
-        self.settings, self.ranks = settings, ranks
-        base = policy if settings.model is None else load_pretrained(settings.model)[0]
-        self.device = model_device(policy)
-        self.model = copy.deepcopy(base).to(self.device).train()
-        self.reference = copy.deepcopy(base).to(self.device).eval().requires_grad_(False)
-        self.optimizer = build_optimizer(
-            self.model, settings.lr, train.weight_decay, train.betas, train.shard_optimizer
-        )
-        self.budget, self.pad_id = train.micro_batch_tokens, pad_id
-        ranks.copy_from_main(self.model)
+        base = starting_weights(policy, settings.model)
+        device = model_device(policy)
+        super().__init__(copy.deepcopy(base).to(device).train(), settings.lr, train, pad_id, ranks)
+        self.settings = settings
+        self.reference = copy.deepcopy(base).to(device).eval().requires_grad_(False)
         ranks.copy_from_main(self.reference)
 
     def step(self, batch: RolloutBatch) -> tuple[torch.Tensor, dict[str, float | None]]:
@@ -121,13 +116,3 @@ class ImplicitPRM:
         if self.settings.scale_returns:
             rewards = scale_by_largest_return(rewards, batch.response_mask)
         return rewards
-
-    def state_dict(self) -> dict[str, Any]:
-        """Weights and optimizer state (saved in the trainer state of a checkpoint; every rank
-        calls it, as `optim.optimizer_state` asks); the reference is the initial model's."""
-        return {"model": self.model.state_dict(), "optimizer": optimizer_state(self.optimizer)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `state_dict`."""
-        self.model.load_state_dict(state["model"])
-        load_optimizer_state(self.optimizer, state["optimizer"], self.model)
